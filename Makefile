@@ -1,0 +1,23 @@
+# The README's two commands. Each one creates or updates .venv (idempotent), then runs.
+PYTHON ?= python3.11
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/vitlab demo $(ARGS)
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m "not slow" $(ARGS)
+
+bench: $(STAMP)
+	$(VENV)/bin/python benchmarks/bench_core.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,548 @@
+"""The Vision Transformer of Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words", in one file.
+
+Read it next to Section 3.1 of the paper. The four equations:
+
+    Eq. 1   z_0  = [x_class; x_p^1 E; ...; x_p^N E] + E_pos        PatchEmbed, cls_token, pos_embed
+    Eq. 2   z'_l = MSA(LN(z_{l-1})) + z_{l-1}                        Block (first half), Attention
+    Eq. 3   z_l  = MLP(LN(z'_l)) + z'_l                              Block (second half), Mlp
+    Eq. 4   y    = LN(z_L^0)                                         VisionTransformer.forward_head
+
+Shapes: B batch, C channels, H x W image, P patch size, N = HW/P^2 patches, D width, h heads,
+d = D/h head width. Module names follow timm (`patch_embed.proj`, `blocks.0.attn.qkv`, ...), so a timm
+state dict loads with no renaming.
+
+The design switches the paper discusses are fields of `ViTConfig`: patch size, position embedding
+(`learned` 1-D as in the paper, `learned2d`, `sincos2d`, `relative`, `none`; Appendix D.4, Table 8),
+pooling (`cls` or `mean`; Appendix D.3), and the hybrid stem (`stem="hybrid"`, Section 3.1).
+
+Deliberate departures from the paper, each for a reason:
+- The pre-training head (an MLP with one tanh hidden layer) is not built: vitlab trains and fine-tunes
+  with the single linear, zero-initialised head the paper uses for fine-tuning (Section 3.2).
+- `pos_embed="learned2d"` concatenates a row and a column table of D/2 each, as in Appendix D.4;
+  the class token then gets no position (it is the same token at every position anyway).
+- `pool="mean"` applies the final LayerNorm after pooling (`fc_norm`), as timm and big_vision do for
+  global average pooling, so their GAP checkpoints load and agree.
+- The attention has two paths: `F.scaled_dot_product_attention` (fast, fused) and the explicit
+  softmax(QK^T / sqrt(d)) V of Eq. 5-7 in Appendix A, used when attention weights are asked for. The
+  caller picks per call (`return_attention=`); nothing global decides. Tests check they agree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from torchvision.ops import StochasticDepth
+
+from vitlab.errors import VitlabError
+
+POS_EMBEDS = ("learned", "learned2d", "sincos2d", "relative", "none")
+POOLS = ("cls", "mean")
+PATCH_EMBEDS = ("conv", "linear")
+STEMS = ("patch", "hybrid")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Configuration: the paper's defaults (ViT-B/16 at 224, Table 1)
+
+
+@dataclass
+class ViTConfig:
+    img_size: int | tuple[int, int] = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    dim: int = 768  # D, the "hidden size" of Table 1
+    depth: int = 12  # L, number of blocks
+    heads: int = 12  # h
+    mlp_dim: int | None = None  # MLP hidden size; None means mlp_ratio * dim (3072 for ViT-B)
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    pos_embed: str = "learned"  # one of POS_EMBEDS; the paper's default is a learned 1-D table
+    pool: str = "cls"  # "cls": read z_L^0 (Eq. 4); "mean": average the patch tokens
+    class_token: bool = True  # prepend x_class; must be True for pool="cls"
+    fc_norm: bool | None = None  # LayerNorm after pooling instead of before; None = (pool == "mean")
+    patch_embed: str = "conv"  # "conv": Conv2d(kernel = stride = P); "linear": flatten + Linear
+    stem: str = "patch"  # "hybrid": a ResNet-style conv stem makes the feature map (Section 3.1)
+    stem_width: int = 64  # hybrid stem only: channels of its first stage
+    dropout: float = 0.0  # after the position embedding and inside the MLP/projection
+    attn_dropout: float = 0.0  # on the attention weights
+    drop_path: float = 0.0  # stochastic depth, rising linearly to this rate in the last block
+    norm_eps: float = 1e-6  # LayerNorm epsilon (JAX, timm and torchvision use 1e-6)
+
+    def __post_init__(self) -> None:
+        self.img_size = _pair(self.img_size, "img_size")
+        _check_choice("pos_embed", self.pos_embed, POS_EMBEDS)
+        _check_choice("pool", self.pool, POOLS)
+        _check_choice("patch_embed", self.patch_embed, PATCH_EMBEDS)
+        _check_choice("stem", self.stem, STEMS)
+        H, W = self.img_size
+        P = self.patch_size
+        if P < 1 or H % P or W % P:
+            raise VitlabError(
+                f"img_size {H}x{W} is not divisible by patch_size {P}: "
+                f"expected a multiple of {P} (for example {max(P, H // P * P)})"
+            )
+        for name in ("dim", "depth", "heads", "num_classes", "in_chans"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < (0 if name == "num_classes" else 1):
+                raise VitlabError(f"{name} must be a positive integer, found {value!r}")
+        if self.dim % self.heads:
+            raise VitlabError(
+                f"dim {self.dim} is not divisible by heads {self.heads}: "
+                f"each head gets dim/heads channels (try heads in {_divisors(self.dim)})"
+            )
+        if self.pos_embed == "sincos2d" and self.dim % 4:
+            raise VitlabError(f"pos_embed 'sincos2d' needs dim divisible by 4, found dim {self.dim}")
+        if self.pos_embed == "learned2d" and self.dim % 2:
+            raise VitlabError(f"pos_embed 'learned2d' needs an even dim, found dim {self.dim}")
+        if self.pool == "cls" and not self.class_token:
+            raise VitlabError("pool 'cls' needs class_token=True; use pool='mean' without a class token")
+        if self.stem == "hybrid" and (P & (P - 1)):
+            raise VitlabError(f"stem 'hybrid' downsamples by powers of 2: patch_size must be one, found {P}")
+        for name in ("dropout", "attn_dropout", "drop_path"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise VitlabError(f"{name} must be in [0, 1), found {getattr(self, name)}")
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        gh, gw = self.grid_size
+        return gh * gw
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 1 if self.class_token else 0
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.mlp_dim if self.mlp_dim is not None else int(self.dim * self.mlp_ratio)
+
+    @property
+    def use_fc_norm(self) -> bool:
+        return self.pool == "mean" if self.fc_norm is None else self.fc_norm
+
+    def replace(self, **overrides) -> "ViTConfig":
+        """A copy with some fields changed; an unknown field is an error that lists the valid ones."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise VitlabError(f"unknown ViTConfig field(s) {unknown}; valid fields: {sorted(known)}")
+        return ViTConfig(**{**asdict(self), **overrides})
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["img_size"] = list(self.img_size)
+        return d
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    if isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return int(value[0]), int(value[1])
+    raise VitlabError(f"{name} must be an int or (height, width), found {value!r}")
+
+
+def _check_choice(name: str, value, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise VitlabError(f"{name} must be one of {', '.join(choices)}; found {value!r}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, min(n, 32) + 1) if n % k == 0]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Position embeddings (Eq. 1's E_pos, and the alternatives of Appendix D.4)
+
+
+def sincos_2d_embedding(grid_size: tuple[int, int], dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2-D sine-cosine embedding: D/4 frequencies each for sin(y), cos(y), sin(x), cos(x).
+
+    Returns (gh * gw, dim), rows in raster order (row-major over the patch grid).
+    """
+    gh, gw = grid_size
+    y, x = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij")
+    omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))  # (D/4,)
+    y = y.flatten()[:, None] * omega[None, :]  # (N, D/4)
+    x = x.flatten()[:, None] * omega[None, :]  # (N, D/4)
+    return torch.cat([y.sin(), y.cos(), x.sin(), x.cos()], dim=1).float()  # (N, D)
+
+
+def relative_position_index(grid_size: tuple[int, int]) -> torch.Tensor:
+    """For every pair of patches (i, j), the index of their offset (dy, dx) in a (2gh-1)(2gw-1) table.
+
+    Returns a (N, N) long tensor; offsets run from -(g-1) to g-1 and are shifted to start at 0.
+    """
+    gh, gw = grid_size
+    coords = torch.stack(torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")).flatten(1)  # (2, N)
+    rel = coords[:, :, None] - coords[:, None, :]  # (2, N, N): offset of patch i from patch j
+    dy, dx = rel[0] + gh - 1, rel[1] + gw - 1  # shift to [0, 2g-2]
+    return dy * (2 * gw - 1) + dx  # (N, N)
+
+
+class RelativePositionBias(nn.Module):
+    """A learned bias per head for every 2-D offset between two patches, added to the attention logits.
+
+    The class token has no position: its rows and columns get zero bias.
+    """
+
+    def __init__(self, grid_size: tuple[int, int], heads: int, num_prefix_tokens: int):
+        super().__init__()
+        gh, gw = grid_size
+        self.num_prefix_tokens = num_prefix_tokens
+        self.table = nn.Parameter(torch.zeros(heads, (2 * gh - 1) * (2 * gw - 1)))  # (h, #offsets)
+        nn.init.trunc_normal_(self.table, std=0.02)
+        self.register_buffer("index", relative_position_index(grid_size), persistent=False)  # (N, N)
+
+    def forward(self) -> torch.Tensor:
+        bias = self.table[:, self.index]  # (h, N, N)
+        p = self.num_prefix_tokens
+        return F.pad(bias, (p, 0, p, 0))  # (h, N+1, N+1): zero rows/columns for the class token
+
+
+# ----------------------------------------------------------------------------------------------------
+# Layers
+
+
+class PatchEmbed(nn.Module):
+    """x_p E of Eq. 1: cut the image into P x P patches and map each flattened patch linearly to D.
+
+    `conv`: a Conv2d with kernel = stride = P, which is exactly that linear map applied per patch.
+    `linear`: the literal reading, flatten each patch then nn.Linear. The flattening order is
+    (C, P, P), the order of the Conv2d kernel, so the two share weights (weight.reshape(D, -1)).
+    """
+
+    def __init__(self, *, img_size: tuple[int, int], patch_size: int, in_chans: int, dim: int, mode: str = "conv"):
+        super().__init__()
+        self.img_size, self.patch_size, self.mode = img_size, patch_size, mode
+        self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
+        P = patch_size
+        if mode == "conv":
+            self.proj = nn.Conv2d(in_chans, dim, kernel_size=P, stride=P)
+        else:
+            self.proj = nn.Linear(in_chans * P * P, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x.shape
+        if (H, W) != tuple(self.img_size):
+            raise VitlabError(
+                f"input image is {H}x{W} but the model was built for {self.img_size[0]}x{self.img_size[1]}; "
+                f"resize the input, or build the model with img_size=({H}, {W}) and resample the position embedding"
+            )
+        if self.mode == "conv":
+            return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, gh, gw) -> (B, N, D)
+        P = self.patch_size
+        gh, gw = self.grid_size
+        x = x.reshape(B, C, gh, P, gw, P)  # (B, C, gh, P, gw, P)
+        x = x.permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * P * P)  # (B, N, C*P*P), raster order
+        return self.proj(x)  # (B, N, D)
+
+
+class HybridEmbed(nn.Module):
+    """Section 3.1, "Hybrid Architecture": patches are taken from a CNN feature map instead of pixels.
+
+    The ResNet-style stem (vitlab.cnn.ConvStem) downsamples by P, so its feature map has the same
+    gh x gw grid as P x P patches would; the projection E is then a 1 x 1 patch (the paper's special case).
+    """
+
+    def __init__(self, *, img_size: tuple[int, int], patch_size: int, in_chans: int, dim: int, width: int):
+        super().__init__()
+        from vitlab.cnn import ConvStem  # the CNN lives with the CNN baseline
+
+        self.img_size, self.patch_size = img_size, patch_size
+        self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
+        self.backbone = ConvStem(in_chans=in_chans, width=width, downsample=patch_size)
+        self.proj = nn.Conv2d(self.backbone.out_channels, dim, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if tuple(x.shape[-2:]) != tuple(self.img_size):
+            raise VitlabError(f"input image is {x.shape[-2]}x{x.shape[-1]} but the model was built for {self.img_size}")
+        x = self.backbone(x)  # (B, C', gh, gw)
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention (MSA), Appendix A Eq. 5-8.
+
+    Two paths, one set of weights: `F.scaled_dot_product_attention` (fused, never materialises the
+    N x N matrix) and the explicit softmax(q k^T / sqrt(d)) v, taken when the weights are wanted.
+    """
+
+    def __init__(self, dim: int, heads: int, *, qkv_bias: bool = True, attn_dropout: float = 0.0, dropout: float = 0.0):
+        super().__init__()
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.scale = self.head_dim**-0.5  # 1/sqrt(d): keeps the logits' variance at 1 (Eq. 5)
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)  # U_qkv, all heads at once
+        self.attn_drop = nn.Dropout(attn_dropout)
+        self.proj = nn.Linear(dim, dim)  # U_msa of Eq. 8
+        self.proj_drop = nn.Dropout(dropout)
+
+    def forward(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, return_attention: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, N, D = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.heads, self.head_dim)  # (B, N, 3, h, d)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, h, N, d)
+        if return_attention:
+            logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, N, N)
+            if bias is not None:
+                logits = logits + bias
+            attn = logits.softmax(dim=-1)  # each row sums to 1 over the keys
+            out = self.attn_drop(attn) @ v  # (B, h, N, d)
+        else:
+            attn = None
+            drop = self.attn_drop.p if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)  # (B, h, N, d)
+        out = out.transpose(1, 2).reshape(B, N, D)  # concatenate the heads: (B, N, h*d)
+        return self.proj_drop(self.proj(out)), attn
+
+
+class Mlp(nn.Module):
+    """The MLP of Eq. 3: two layers with a GELU non-linearity (Section 3.1)."""
+
+    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop2 = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """One encoder layer: pre-LN, residual around each half (Eq. 2 and Eq. 3)."""
+
+    def __init__(self, cfg: ViTConfig, drop_path: float = 0.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.attn = Attention(cfg.dim, cfg.heads, qkv_bias=cfg.qkv_bias, attn_dropout=cfg.attn_dropout, dropout=cfg.dropout)
+        self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.mlp = Mlp(cfg.dim, cfg.hidden_dim, dropout=cfg.dropout)
+        self.drop_path = StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
+
+    def forward(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, return_attention: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y, attn = self.attn(self.norm1(x), bias, return_attention)
+        x = x + self.drop_path(y)  # Eq. 2: z' = MSA(LN(z)) + z
+        x = x + self.drop_path(self.mlp(self.norm2(x)))  # Eq. 3: z = MLP(LN(z')) + z'
+        return x, attn
+
+
+# ----------------------------------------------------------------------------------------------------
+# The model
+
+
+class VisionTransformer(nn.Module):
+    """ViT: patch embedding, class token and position embedding (Eq. 1), L blocks (Eq. 2-3),
+    LayerNorm and a linear head on the class token (Eq. 4).
+
+    `forward(x)` returns logits (B, num_classes). `forward(x, return_attention=True)` also returns the
+    attention weights of every block, a list of (B, h, N+1, N+1); `return_attention=[i, j]` only those
+    of blocks i and j (one N x N matrix per chosen block is kept, the rest take the fast path).
+    """
+
+    def __init__(self, cfg: ViTConfig | None = None, **overrides):
+        super().__init__()
+        cfg = (cfg or ViTConfig()).replace(**overrides) if overrides else (cfg or ViTConfig())
+        self.cfg = cfg
+        self.pretrained_cfg: dict = {}  # filled by vitlab.zoo / vitlab.weights: preprocessing, labels
+        self.grad_checkpointing = False
+        D = cfg.dim
+
+        if cfg.stem == "hybrid":
+            self.patch_embed = HybridEmbed(
+                img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, dim=D, width=cfg.stem_width
+            )
+        else:
+            self.patch_embed = PatchEmbed(
+                img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, dim=D, mode=cfg.patch_embed
+            )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None  # x_class
+        gh, gw = cfg.grid_size
+        n_tokens = cfg.num_patches + cfg.num_prefix_tokens
+        self.pos_embed = self.pos_embed_row = self.pos_embed_col = self.rel_pos = None
+        if cfg.pos_embed == "learned":  # E_pos: one learned row per position, class token included
+            self.pos_embed = nn.Parameter(torch.zeros(1, n_tokens, D))  # (1, N+1, D)
+        elif cfg.pos_embed == "learned2d":  # Appendix D.4: X- and Y-embeddings of D/2 each, concatenated
+            self.pos_embed_row = nn.Parameter(torch.zeros(1, gh, D // 2))
+            self.pos_embed_col = nn.Parameter(torch.zeros(1, gw, D // 2))
+        elif cfg.pos_embed == "sincos2d":  # fixed, not learned, not saved
+            self.register_buffer("pos_embed_fixed", sincos_2d_embedding((gh, gw), D)[None], persistent=False)
+        elif cfg.pos_embed == "relative":  # Appendix D.4: learned relative bias inside attention
+            self.rel_pos = nn.ModuleList(
+                RelativePositionBias((gh, gw), cfg.heads, cfg.num_prefix_tokens) for _ in range(cfg.depth)
+            )
+        self.pos_drop = nn.Dropout(cfg.dropout)
+
+        rates = torch.linspace(0, cfg.drop_path, cfg.depth).tolist()  # stochastic depth grows with depth
+        self.blocks = nn.ModuleList(Block(cfg, rate) for rate in rates)
+        self.norm = nn.Identity() if cfg.use_fc_norm else nn.LayerNorm(D, eps=cfg.norm_eps)  # Eq. 4's LN
+        self.fc_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.use_fc_norm else nn.Identity()
+        self.head = nn.Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    # --- initialisation ---------------------------------------------------------------------------
+
+    def init_weights(self) -> None:
+        """JAX/timm-style init: truncated normal 0.02 for linear maps and tables, zero biases, and a
+        zero head (Section 3.2: "we remove the pre-trained prediction head and attach a zero-initialized
+        D x K feedforward layer")."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        for p in (self.pos_embed, self.pos_embed_row, self.pos_embed_col):
+            if p is not None:
+                nn.init.trunc_normal_(p, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        if isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+
+    # --- Eq. 1-3 ----------------------------------------------------------------------------------
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos. (B, C, H, W) -> (B, N+1, D)."""
+        x = self.patch_embed(x)  # (B, N, D)
+        B, N, D = x.shape
+        patch_pos = self.patch_pos_embed()
+        if patch_pos is not None:  # the 2-D tables cover the patches only
+            x = x + patch_pos
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # (B, N+1, D)
+        if self.pos_embed is not None:  # the paper's 1-D table covers the class token too
+            x = x + self.pos_embed
+        return self.pos_drop(x)
+
+    def patch_pos_embed(self) -> torch.Tensor | None:
+        """The 2-D position embedding of the patches, (1, N, D), for `learned2d` and `sincos2d`."""
+        if self.pos_embed_row is not None:
+            gh, gw = self.cfg.grid_size
+            rows = self.pos_embed_row[:, :, None, :].expand(-1, gh, gw, -1)  # (1, gh, gw, D/2): Y-embedding
+            cols = self.pos_embed_col[:, None, :, :].expand(-1, gh, gw, -1)  # (1, gh, gw, D/2): X-embedding
+            return torch.cat([rows, cols], dim=-1).reshape(1, gh * gw, -1)  # (1, N, D)
+        return getattr(self, "pos_embed_fixed", None)
+
+    def forward_features(
+        self, x: torch.Tensor, return_attention: bool | Iterable[int] = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Eq. 1-3 and the final LayerNorm: (B, C, H, W) -> (B, N+1, D), plus attention if asked."""
+        wanted = self._attention_layers(return_attention)
+        x = self.embed(x)
+        attns = []
+        for i, block in enumerate(self.blocks):
+            bias = self.rel_pos[i]().to(x.dtype) if self.rel_pos is not None else None  # (h, N+1, N+1)
+            if self.grad_checkpointing and self.training and i not in wanted:
+                x, _ = checkpoint(block, x, bias, False, use_reentrant=False)  # recompute in backward
+            else:
+                x, attn = block(x, bias, i in wanted)
+                if attn is not None:
+                    attns.append(attn)
+        x = self.norm(x)
+        return (x, attns) if return_attention is not False else x
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Eq. 4: pool the tokens (class token, or the mean of the patch tokens), then the head."""
+        if self.cfg.pool == "cls":
+            x = x[:, 0]  # z_L^0: (B, D)
+        else:
+            x = x[:, self.cfg.num_prefix_tokens :].mean(dim=1)  # (B, D): average over patches
+        x = self.fc_norm(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(
+        self, x: torch.Tensor, return_attention: bool | Iterable[int] = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        if return_attention is False:
+            return self.forward_head(self.forward_features(x))
+        features, attns = self.forward_features(x, return_attention)
+        return self.forward_head(features), attns
+
+    def _attention_layers(self, return_attention: bool | Iterable[int]) -> set[int]:
+        if return_attention is False:
+            return set()
+        if return_attention is True:
+            return set(range(len(self.blocks)))
+        layers = {int(i) if int(i) >= 0 else len(self.blocks) + int(i) for i in return_attention}
+        bad = sorted(i for i in layers if not 0 <= i < len(self.blocks))
+        if bad:
+            raise VitlabError(f"return_attention asks for layer(s) {bad}; this model has layers 0..{len(self.blocks) - 1}")
+        return layers
+
+    # --- fine-tuning helpers (timm's API) ---------------------------------------------------------
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A new zero-initialised head for `num_classes` classes (Section 3.2)."""
+        self.cfg = self.cfg.replace(num_classes=num_classes)
+        self.head = nn.Linear(self.cfg.dim, num_classes) if num_classes > 0 else nn.Identity()
+        if isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        self.head.to(self.cls_token.device if self.cls_token is not None else next(self.parameters()).device)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that should not be decayed: the token, the position tables."""
+        names = {"cls_token", "pos_embed", "pos_embed_row", "pos_embed_col"}
+        names |= {n for n, _ in self.named_parameters() if n.startswith("rel_pos.")}
+        return {n for n in names if n in dict(self.named_parameters())}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass: less memory, ~30% more compute."""
+        self.grad_checkpointing = enable
+
+    # --- loading ------------------------------------------------------------------------------------
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """As nn.Module.load_state_dict, but a position table of the wrong length gets a message that
+        says what was expected, what was found and how to fix it (the seed's pitfall number one)."""
+        if self.pos_embed is not None and "pos_embed" in state_dict:
+            found = tuple(state_dict["pos_embed"].shape)
+            expected = tuple(self.pos_embed.shape)
+            if found != expected:
+                n_exp, n_found = expected[1], found[1] if len(found) == 3 else found[0]
+                raise VitlabError(
+                    f"pos_embed has {n_found} rows but this model expects {n_exp} "
+                    f"(N+1 = {self.cfg.num_patches} patches + {self.cfg.num_prefix_tokens} class token for "
+                    f"{self.cfg.img_size[0]}x{self.cfg.img_size[1]} images with patch {self.cfg.patch_size}); "
+                    "resample it with vitlab.weights.resample_pos_embed, or build the model at the checkpoint's img_size"
+                )
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = [
+    "ViTConfig",
+    "PatchEmbed",
+    "HybridEmbed",
+    "Attention",
+    "Mlp",
+    "Block",
+    "VisionTransformer",
+    "RelativePositionBias",
+    "sincos_2d_embedding",
+    "relative_position_index",
+    "count_parameters",
+]
