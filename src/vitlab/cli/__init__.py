@@ -14,7 +14,7 @@ import sys
 from vitlab.errors import VitlabError
 
 # The command modules, in the order `vitlab --help` lists them.
-COMMAND_MODULES = ["demo", "info"]
+COMMAND_MODULES = ["demo", "info", "attention", "inspect"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,321 @@
+"""Figures of what a ViT attends to: heatmap overlays, grids of heads per layer, and Figure 7 (a, b, c).
+
+matplotlib without pyplot: every figure is a `matplotlib.figure.Figure` rendered by the Agg canvas,
+so nothing here touches a global backend or opens a window. Every file is written to a temporary
+name in the same folder and moved into place (`os.replace`), so no half-written PNG or CSV is left.
+
+Orientation: a (gh, gw) map has row 0 at the top of the image and column 0 at the left, the raster
+order of the patches; `imshow(origin="upper")` and the upsampling below keep it that way.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from PIL import Image
+
+DPI = 100
+
+
+# ----------------------------------------------------------------------------------------------------
+# Writing files atomically
+
+
+def _atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` on a temporary file next to `path`, then move it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Save a Figure as PNG at `DPI`; its pixel size is exactly figsize * DPI (no tight bbox)."""
+    FigureCanvasAgg(fig)
+    return _atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
+
+
+def save_image(image: np.ndarray, path: str | Path) -> Path:
+    """Save an (H, W, 3) uint8 array as a PNG of exactly W x H pixels."""
+    return _atomic_write(path, lambda tmp: Image.fromarray(image).save(tmp, format="PNG"))
+
+
+def write_csv(path: str | Path, header: Sequence[str], rows: Sequence[Sequence]) -> Path:
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(rows)
+
+    return _atomic_write(path, write)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Images and heatmaps
+
+
+def to_display(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """Undo the eval normalisation of one image: (C, H, W) normalised -> (H, W, 3) float in [0, 1]."""
+    C = x.shape[0]
+    mean_t = torch.as_tensor(mean, dtype=torch.float32).reshape(-1, 1, 1)[:C]
+    std_t = torch.as_tensor(std, dtype=torch.float32).reshape(-1, 1, 1)[:C]
+    img = (x.detach().float().cpu() * std_t + mean_t).clamp(0, 1)  # (C, H, W)
+    if C == 1:
+        img = img.expand(3, -1, -1)  # grey -> RGB
+    return img.permute(1, 2, 0).numpy()  # (H, W, 3)
+
+
+def enlarge(image: np.ndarray, min_side: int = 224) -> np.ndarray:
+    """Repeat pixels (nearest neighbour) by an integer factor until the shorter side is >= min_side,
+    so a 32 px image shows as crisp patches rather than a blur."""
+    f = max(1, math.ceil(min_side / min(image.shape[:2])))
+    return image.repeat(f, axis=0).repeat(f, axis=1)
+
+
+def upsample(heat: torch.Tensor | np.ndarray, size: tuple[int, int], mode: str = "bilinear") -> np.ndarray:
+    """A (gh, gw) map -> (H, W), each patch's value centred on that patch (align_corners=False)."""
+    h = torch.as_tensor(np.asarray(heat), dtype=torch.float32)[None, None]  # (1, 1, gh, gw)
+    kwargs = {} if mode == "nearest" else {"align_corners": False}
+    return F.interpolate(h, size=size, mode=mode, **kwargs)[0, 0].numpy()  # (H, W)
+
+
+def normalize01(a: np.ndarray) -> np.ndarray:
+    """Min-max to [0, 1]; a constant map becomes all zeros."""
+    a = np.asarray(a, dtype=np.float32)
+    lo, hi = float(a.min()), float(a.max())
+    return (a - lo) / (hi - lo) if hi > lo else np.zeros_like(a)
+
+
+def overlay(
+    image: np.ndarray, heat: torch.Tensor | np.ndarray, *, alpha: float = 0.5, cmap: str = "jet", mode: str = "bilinear"
+) -> np.ndarray:
+    """Blend a coloured heatmap on an image: (H, W, 3) in [0, 1] and a (gh, gw) map -> (H, W, 3) uint8.
+
+    The map is upsampled to the image size, min-max normalised, coloured with `cmap`, and mixed as
+    (1 - alpha) * image + alpha * colour.
+    """
+    H, W = image.shape[:2]
+    colour = colormaps[cmap](normalize01(upsample(heat, (H, W), mode)))[..., :3]  # (H, W, 3)
+    out = (1 - alpha) * np.asarray(image, dtype=np.float32) + alpha * colour
+    return (out.clip(0, 1) * 255).round().astype(np.uint8)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Attention figures
+
+
+def attention_grid(
+    image: np.ndarray,
+    maps: torch.Tensor | np.ndarray,
+    path: str | Path,
+    *,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    title: str = "",
+    alpha: float = 0.5,
+    mode: str = "bilinear",
+    tile: float = 1.6,
+    wrap: int = 7,
+) -> Path:
+    """A grid of overlays from (R, C, gh, gw) maps, rows typically layers and columns heads.
+
+    With several columns: R rows of (1 + C) tiles, the image first in each row. With one column (one
+    map per layer): the image then the R maps, wrapped after `wrap` tiles. Each tile is min-max
+    normalised on its own, so colours compare places within a tile, not strengths across tiles.
+    """
+    maps = np.asarray(maps)
+    R, C = maps.shape[:2]
+    tiles: list[tuple[np.ndarray, str]] = []  # (picture, label) in reading order
+    if C > 1:
+        for r in range(R):
+            tiles.append((image, row_labels[r]))
+            tiles += [(overlay(image, maps[r, c], alpha=alpha, mode=mode), col_labels[c]) for c in range(C)]
+        rows, cols = R, C + 1
+    else:
+        tiles.append((image, "image"))
+        tiles += [(overlay(image, maps[r, 0], alpha=alpha, mode=mode), row_labels[r]) for r in range(R)]
+        cols = min(len(tiles), wrap)
+        rows = math.ceil(len(tiles) / cols)
+    label_h, head = 0.3, (0.5 if title else 0.0)  # inches: above each tile, above the grid
+    fig = Figure(figsize=(tile * cols, head + rows * (tile + label_h)))
+    H = fig.get_figheight()
+    axes = fig.subplots(rows, cols, squeeze=False, gridspec_kw=dict(
+        left=0.005, right=0.995, bottom=0.005, top=1 - (head + label_h) / H, wspace=0.04, hspace=label_h / tile))
+    for ax in axes.flat:
+        ax.set_axis_off()
+    for ax, (picture, label) in zip(axes.flat, tiles):
+        ax.imshow(picture)
+        ax.set_title(label, fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10, y=1 - 0.1 / H, va="top")
+    return save_figure(fig, path)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Figure 7
+
+
+def _mosaic(tiles: np.ndarray, rows: int, cols: int, gap: int = 1) -> np.ndarray:
+    """(n, h, w[, 3]) tiles -> one (rows*(h+gap)-gap, cols*(w+gap)-gap[, 3]) array, NaN in the gaps."""
+    n, h, w = tiles.shape[:3]
+    out = np.full((rows * (h + gap) - gap, cols * (w + gap) - gap, *tiles.shape[3:]), np.nan, dtype=np.float32)
+    for i in range(n):
+        r, c = divmod(i, cols)
+        out[r * (h + gap) : r * (h + gap) + h, c * (w + gap) : c * (w + gap) + w] = tiles[i]
+    return out
+
+
+def figure7a(components: torch.Tensor, explained: torch.Tensor, path: str | Path, *, cols: int = 7) -> Path:
+    """Figure 7 (left): the principal components of the patch-embedding filters, (k, C, P, P), each
+    min-max scaled to [0, 1] on its own and shown as an RGB P x P tile (grey when C != 3)."""
+    comps = components.detach().float().cpu().numpy()
+    k, C, P, _ = comps.shape
+    tiles = np.stack([normalize01(c) for c in comps])  # (k, C, P, P)
+    tiles = tiles.transpose(0, 2, 3, 1) if C == 3 else np.repeat(tiles.mean(axis=1)[..., None], 3, axis=-1)  # (k, P, P, 3)
+    rows = math.ceil(k / cols)
+    mosaic = _mosaic(tiles, rows, cols, gap=max(1, P // 8))
+    mosaic = np.where(np.isnan(mosaic), 1.0, mosaic)  # white gaps
+    fig = Figure(figsize=(7, 1.0 * rows + 0.8))
+    ax = fig.add_axes((0.02, 0.02, 0.96, 1 - 0.8 / fig.get_figheight() - 0.02))
+    ax.imshow(mosaic, interpolation="nearest")
+    ax.set_axis_off()
+    total = float(explained.sum())
+    fig.suptitle(f"RGB embedding filters (first {k} principal components, {total:.0%} of the variance)", fontsize=10)
+    return save_figure(fig, path)
+
+
+def figure7b(similarity: torch.Tensor, grid_size: tuple[int, int], path: str | Path) -> Path:
+    """Figure 7 (centre): one tile per patch position on the gh x gw grid; tile (r, c) shows the
+    cosine similarity of that position's embedding with every other position's embedding."""
+    gh, gw = grid_size
+    sim = similarity.detach().float().cpu().numpy().reshape(gh * gw, gh, gw)  # row i -> (gh, gw)
+    mosaic = _mosaic(sim, gh, gw, gap=1)
+    cmap = colormaps["viridis"].with_extremes(bad="white")
+    fig = Figure(figsize=(6.4, 5.6))
+    ax = fig.add_axes((0.1, 0.1, 0.72, 0.8))
+    im = ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
+    step = gh + 1, gw + 1
+    ax.set_xticks([c * step[1] + (gw - 1) / 2 for c in range(gw)], [str(c + 1) for c in range(gw)], fontsize=6)
+    ax.set_yticks([r * step[0] + (gh - 1) / 2 for r in range(gh)], [str(r + 1) for r in range(gh)], fontsize=6)
+    ax.set_xlabel("Input patch column")
+    ax.set_ylabel("Input patch row")
+    ax.set_title("Position embedding similarity")
+    cax = fig.add_axes((0.86, 0.1, 0.03, 0.8))
+    fig.colorbar(im, cax=cax, label="Cosine similarity")
+    return save_figure(fig, path)
+
+
+def figure7c(
+    layers: Sequence[int], distances: torch.Tensor, path: str | Path, *, uniform: float | None = None, title: str = ""
+) -> Path:
+    """Figure 7 (right): mean attention distance (pixels) of every head against the layer's depth.
+
+    `distances` is (len(layers), h); `uniform`, if given, draws the distance uniform attention would
+    give as a dashed line (the largest mean distance a head can have on average is not far above it).
+    """
+    d = distances.detach().float().cpu().numpy()
+    fig = Figure(figsize=(5.6, 4.4))
+    ax = fig.add_axes((0.14, 0.12, 0.62, 0.78))
+    depth = np.asarray(layers) + 1  # the paper counts layers from 1
+    cmap = colormaps["tab20"]
+    for h in range(d.shape[1]):
+        ax.scatter(depth, d[:, h], s=14, color=cmap(h % 20), label=f"Head {h + 1}")
+    if uniform is not None:
+        ax.axhline(uniform, color="grey", linestyle="--", linewidth=1, label="uniform")
+    ax.set_xlabel("Network depth (layer)")
+    ax.set_ylabel("Mean attention distance (pixels)")
+    ax.set_xticks(depth if len(depth) <= 16 else depth[:: math.ceil(len(depth) / 16)])
+    ax.set_ylim(0, max(float(d.max()), uniform or 0.0) * 1.1 + 1e-6)
+    ax.set_title(title or "Mean attention distance per head")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return save_figure(fig, path)
+
+
+
+def write_figure7(model, images, out_dir: str | Path, *, batch_size: int | None = None, k: int = 28) -> dict:
+    """The paper's Figure 7 for `model`, as PNGs and CSVs in `out_dir`; returns what was written and
+    the headline numbers. (a) needs a patch stem and (b) an absolute position embedding; a model
+    without them gets a note instead of that panel.
+
+        fig7a_patch_embedding_pcs.png/.csv           first k principal components of E's filters
+        fig7b_position_embedding_similarity.png/.csv cosine similarity of every pair of positions
+        fig7c_mean_attention_distance.png/.csv       per layer and head, pixels, mean over `images`
+    """
+    from vitlab.analysis import attention as A
+    from vitlab.errors import VitlabError
+
+    out_dir = Path(out_dir)
+    cfg = model.cfg
+    summary: dict = {"files": [], "notes": []}
+    try:
+        comps, ratio = A.patch_embedding_pcs(model, k=k)
+        summary["files"].append(figure7a(comps, ratio, out_dir / "fig7a_patch_embedding_pcs.png"))
+        summary["files"].append(write_csv(out_dir / "fig7a_patch_embedding_pcs.csv", ["component", "explained_variance_ratio"],
+                                          [(i, f"{r:.6f}") for i, r in enumerate(ratio.tolist())]))
+        summary["pcs_explained"] = float(ratio.sum())
+    except VitlabError as e:
+        summary["notes"].append(f"(a) skipped: {e}")
+    try:
+        sim = A.position_embedding_similarity(model)  # (N, N)
+        gh, gw = cfg.grid_size
+        summary["files"].append(figure7b(sim, (gh, gw), out_dir / "fig7b_position_embedding_similarity.png"))
+        header = ["position", "row", "col"] + [f"p{j}" for j in range(gh * gw)]
+        rows = [[i, i // gw, i % gw] + [f"{v:.5f}" for v in sim[i].tolist()] for i in range(gh * gw)]
+        summary["files"].append(write_csv(out_dir / "fig7b_position_embedding_similarity.csv", header, rows))
+        summary["pe_neighbour_vs_far"] = _neighbour_vs_far(sim, (gh, gw))
+    except VitlabError as e:
+        summary["notes"].append(f"(b) skipped: {e}")
+    layers, dist = A.mean_attention_distance(model, images, batch_size=batch_size)  # (L, h)
+    uniform = float(A.patch_distances(cfg.grid_size, cfg.patch_size).mean())
+    summary["files"].append(figure7c(layers, dist, out_dir / "fig7c_mean_attention_distance.png", uniform=uniform))
+    summary["files"].append(write_csv(out_dir / "fig7c_mean_attention_distance.csv", ["layer", "head", "mean_distance_px"],
+                                      [(l, h, f"{dist[i, h]:.4f}") for i, l in enumerate(layers) for h in range(dist.shape[1])]))
+    summary["distance_per_layer"] = dist.mean(dim=1).tolist()
+    summary["distance_uniform"] = uniform
+    return summary
+
+
+def _neighbour_vs_far(sim: torch.Tensor, grid_size: tuple[int, int]) -> tuple[float, float]:
+    """Mean similarity of 4-neighbour positions and of positions at least half the grid apart."""
+    gh, gw = grid_size
+    ys, xs = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    ys, xs = ys.flatten(), xs.flatten()
+    manhattan = (ys[:, None] - ys[None]).abs() + (xs[:, None] - xs[None]).abs()  # (N, N)
+    near = sim[manhattan == 1]
+    far = sim[manhattan >= (gh + gw) // 2]  # at least half the grid apart
+    return float(near.mean()), float(far.mean()) if far.numel() else float("nan")
+
+__all__ = [
+    "DPI",
+    "save_figure",
+    "save_image",
+    "write_csv",
+    "to_display",
+    "enlarge",
+    "upsample",
+    "normalize01",
+    "overlay",
+    "attention_grid",
+    "figure7a",
+    "figure7b",
+    "figure7c",
+    "write_figure7",
+]
