@@ -389,7 +389,7 @@ class VisionTransformer(nn.Module):
             )
         self.pos_drop = nn.Dropout(cfg.dropout)
 
-        rates = torch.linspace(0, cfg.drop_path, cfg.depth).tolist()  # stochastic depth grows with depth
+        rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # stochastic depth grows with depth
         self.blocks = nn.ModuleList(Block(cfg, rate) for rate in rates)
         self.norm = nn.Identity() if cfg.use_fc_norm else nn.LayerNorm(D, eps=cfg.norm_eps)  # Eq. 4's LN
         self.fc_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.use_fc_norm else nn.Identity()
