@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from mpl_toolkits.axes_grid1 import make_axes_locatable
 from PIL import Image
 
 DPI = 100
@@ -193,8 +194,9 @@ def figure7a(components: torch.Tensor, explained: torch.Tensor, path: str | Path
     rows = math.ceil(k / cols)
     mosaic = _mosaic(tiles, rows, cols, gap=max(1, P // 8))
     mosaic = np.where(np.isnan(mosaic), 1.0, mosaic)  # white gaps
-    fig = Figure(figsize=(7, 1.0 * rows + 0.8))
-    ax = fig.add_axes((0.02, 0.02, 0.96, 1 - 0.8 / fig.get_figheight() - 0.02))
+    width, title_h = 7.0, 0.5  # inches
+    fig = Figure(figsize=(width, round(0.96 * width * mosaic.shape[0] / mosaic.shape[1] + title_h + 0.2, 1)))
+    ax = fig.add_axes((0.02, 0.02, 0.96, 1 - (title_h + 0.1) / fig.get_figheight()))
     ax.imshow(mosaic, interpolation="nearest")
     ax.set_axis_off()
     total = float(explained.sum())
@@ -210,7 +212,7 @@ def figure7b(similarity: torch.Tensor, grid_size: tuple[int, int], path: str | P
     mosaic = _mosaic(sim, gh, gw, gap=1)
     cmap = colormaps["viridis"].with_extremes(bad="white")
     fig = Figure(figsize=(6.4, 5.6))
-    ax = fig.add_axes((0.1, 0.1, 0.72, 0.8))
+    ax = fig.add_axes((0.1, 0.1, 0.78, 0.8))
     im = ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
     step = gh + 1, gw + 1
     ax.set_xticks([c * step[1] + (gw - 1) / 2 for c in range(gw)], [str(c + 1) for c in range(gw)], fontsize=6)
@@ -218,7 +220,7 @@ def figure7b(similarity: torch.Tensor, grid_size: tuple[int, int], path: str | P
     ax.set_xlabel("Input patch column")
     ax.set_ylabel("Input patch row")
     ax.set_title("Position embedding similarity")
-    cax = fig.add_axes((0.86, 0.1, 0.03, 0.8))
+    cax = make_axes_locatable(ax).append_axes("right", size="4%", pad=0.15)  # as tall as the image
     fig.colorbar(im, cax=cax, label="Cosine similarity")
     return save_figure(fig, path)
 
@@ -237,7 +239,7 @@ def figure7c(
     depth = np.asarray(layers) + 1  # the paper counts layers from 1
     cmap = colormaps["tab20"]
     for h in range(d.shape[1]):
-        ax.scatter(depth, d[:, h], s=14, color=cmap(h % 20), label=f"Head {h + 1}")
+        ax.scatter(depth, d[:, h], s=14, color=cmap((2 * h + h // 10) % 20), label=f"Head {h + 1}")
     if uniform is not None:
         ax.axhline(uniform, color="grey", linestyle="--", linewidth=1, label="uniform")
     ax.set_xlabel("Network depth (layer)")

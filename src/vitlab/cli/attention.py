@@ -62,33 +62,17 @@ def image_paths(items: list[str]) -> list[Path]:
 
 
 def load_images(paths: list[Path], model: torch.nn.Module) -> torch.Tensor:
-    """Open and preprocess images for `model` with the eval transform of its pretrained_cfg:
-    resize the short side to img/crop_pct, centre crop, scale to [0, 1], normalise. (B, C, H, W)."""
-    from PIL import Image, UnidentifiedImageError
-    from torchvision.transforms import InterpolationMode, v2
+    """Open and preprocess images for `model` with the eval transform of its pretrained_cfg
+    (vitlab.preprocess: the weights' own resize, crop and normalisation). (B, C, H, W)."""
+    from vitlab.preprocess import eval_transform, open_image
 
-    cfg = dict(model.pretrained_cfg or {})
-    H, W = model.cfg.img_size
     C = model.cfg.in_chans
-    crop_pct = float(cfg.get("crop_pct") or 1.0)
-    interp = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
-              "nearest": InterpolationMode.NEAREST}[cfg.get("interpolation", "bicubic")]
-    mean, std = list(cfg.get("mean", (0.5,) * C))[:C], list(cfg.get("std", (0.5,) * C))[:C]
-    transform = v2.Compose([
-        v2.Resize(int(min(H, W) / crop_pct), interpolation=interp, antialias=True),  # the short side
-        v2.CenterCrop((H, W)),
-        v2.ToImage(),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(mean, std),
-    ])
-    out = []
-    for path in paths:
-        try:
-            with Image.open(path) as im:
-                out.append(transform(im.convert("RGB" if C == 3 else "L")))
-        except (UnidentifiedImageError, OSError) as e:
-            raise VitlabError(f"image {path}: cannot be read as an image ({e}); expected a PNG/JPEG file") from None
-    return torch.stack(out)  # (B, C, H, W)
+    cfg = dict(model.pretrained_cfg or {})
+    cfg["mean"] = list(cfg.get("mean", (0.5,) * 3))[:C]  # a grey (C = 1) model keeps one channel's values
+    cfg["std"] = list(cfg.get("std", (0.5,) * 3))[:C]
+    transform = eval_transform(cfg, img_size=model.cfg.img_size)
+    images = [open_image(path) for path in paths]  # RGB; a bad file is a VitlabError naming it
+    return torch.stack([transform(im if C == 3 else im.convert("L")) for im in images])  # (B, C, H, W)
 
 
 def register(subparsers) -> None:
