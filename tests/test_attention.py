@@ -157,6 +157,11 @@ def test_rollout_by_hand_on_two_layers():
     # R = [[1,0],[.5,.5]] @ [[2/3,1/3],[0,1]] = [[2/3,1/3],[1/3,2/3]].
     r = A.attention_rollout([l1, l2], head_fusion="max")
     torch.testing.assert_close(r[0], torch.tensor([[2 / 3, 1 / 3], [1 / 3, 2 / 3]]))
+    # discard_ratio 1/3 of 3 keys: each row loses its lowest off-diagonal weight, then + I and renormalise.
+    a = torch.tensor([[0.5, 0.1, 0.4], [0.3, 0.2, 0.5], [0.6, 0.3, 0.1]])[None, None]
+    r = A.attention_rollout([a], discard_ratio=1 / 3)
+    expected = torch.tensor([[1.5, 0.0, 0.4], [0.0, 1.2, 0.5], [0.6, 0.0, 1.1]])
+    torch.testing.assert_close(r[0], expected / expected.sum(-1, keepdim=True))
     # start_layer=1: layer 2 alone.
     r = A.attention_rollout({0: l1, 1: l2}, start_layer=1)
     torch.testing.assert_close(r[0], torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
