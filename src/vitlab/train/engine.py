@@ -221,6 +221,8 @@ def fit(
     )
     history, start = History(), 0
     out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
     if resume:
         if out is None or not (out / "last.json").exists():
             raise VitlabError(f"--resume: no checkpoint to resume from in {out} (expected {out}/last.json)")

@@ -1,0 +1,132 @@
+"""Dataset X, the optimiser and schedule, the training engine, checkpoints and resume."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from vitlab import VitlabError, create_model
+from vitlab.data.synthetic import dataset_x_splits, make_dataset_x
+from vitlab.train import TensorLoader, TrainConfig, build_optimizer, fit, param_groups, warmup_cosine
+from vitlab.train.checkpoint import load_model
+
+
+def test_dataset_x_is_deterministic_balanced_and_has_the_seed_structure():
+    x1, y1 = make_dataset_x(200, seed=3)
+    x2, y2 = make_dataset_x(200, seed=3)
+    x3, _ = make_dataset_x(200, seed=4)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert not torch.equal(x1, x3)
+    assert x1.shape == (200, 3, 32, 32) and x1.dtype == torch.float32
+    assert y1.bincount().tolist() == [100, 100]
+    left, right = x1[..., :16].mean(dim=(1, 2, 3)), x1[..., 16:].mean(dim=(1, 2, 3))
+    assert ((left > right) == (y1 == 0)).float().mean() > 0.97  # class A: left half brighter
+    raw, _ = make_dataset_x(50, seed=0, normalize=False)
+    assert raw.min() >= 0 and raw.max() <= 1
+
+
+def test_dataset_x_rejects_impossible_settings():
+    with pytest.raises(VitlabError, match="dark < bright"):
+        make_dataset_x(10, bright=0.2, dark=0.5)
+
+
+def test_param_groups_do_not_decay_norms_biases_tokens_and_positions():
+    model = create_model("vit_mini_x")
+    decay, no_decay = param_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    no_decay_names = {names[id(p)] for p in no_decay["params"]}
+    decay_names = {names[id(p)] for p in decay["params"]}
+    assert {"cls_token", "pos_embed", "norm.weight", "blocks.0.attn.qkv.bias", "blocks.1.norm1.weight"} <= no_decay_names
+    assert {"blocks.0.attn.qkv.weight", "patch_embed.proj.weight", "head.weight"} <= decay_names
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+
+
+def test_warmup_then_cosine():
+    model = torch.nn.Linear(2, 2)
+    opt = build_optimizer(model, lr=1.0)
+    sched = warmup_cosine(opt, warmup_steps=4, total_steps=12)
+    lrs = []
+    for _ in range(12):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert lrs[4] == pytest.approx(1.0) and lrs[8] == pytest.approx(0.5 * (1 + math.cos(math.pi * 4 / 8)))
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))  # monotone decay after warmup
+
+
+def _loaders(n_train=512, n_val=256, seed=0):
+    (xt, yt), (xv, yv) = dataset_x_splits(n_train, n_val, seed=seed)
+    return TensorLoader(xt, yt, batch_size=32, shuffle=True, seed=seed), TensorLoader(xv, yv, batch_size=256)
+
+
+def test_short_training_run_learns_dataset_x():
+    """The seed's configuration (AdamW, lr 3e-3, batch 32), shortened: 3 epochs of 512 images."""
+    train, val = _loaders()
+    model = create_model("vit_mini_x")
+    history = fit(model, train, val, TrainConfig(epochs=3, warmup_epochs=1, device="cpu"), progress=False)
+    assert history.rows[0]["train_loss"] > history.rows[-1]["train_loss"]
+    assert history.last["val_acc"] >= 0.95
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_resume_reproduces_an_uninterrupted_run_bitwise(tmp_path):
+    """Same seed, same config on CPU: a run that crashes after epoch 2 and resumes ends with the same
+    weights and metrics, bit for bit, as one that never stopped (dropout and drop-path included)."""
+    cfg = TrainConfig(epochs=3, warmup_epochs=1, device="cpu", seed=7)
+
+    def run(out, resume=False, crash_after=None):
+        torch.manual_seed(0)
+        model = create_model("vit_mini_x", drop_path=0.1, dropout=0.1)
+        train, val = _loaders(256, 64, seed=7)
+
+        def crash(row):
+            if row["epoch"] == crash_after:
+                raise _Crash
+
+        return model, fit(model, train, val, cfg, out_dir=out, resume=resume, progress=False, on_epoch_end=crash)
+
+    full, h_full = run(tmp_path / "full")
+    with pytest.raises(_Crash):
+        run(tmp_path / "cut", crash_after=2)
+    assert json.loads((tmp_path / "cut" / "last.json").read_text())["epoch"] == 2
+    resumed, h_resumed = run(tmp_path / "cut", resume=True)
+    for (n, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), n
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time_s"} for r in rows]  # noqa: E731
+    assert strip(h_full.rows) == strip(h_resumed.rows)
+    reloaded = load_model(tmp_path / "full")
+    assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), full.state_dict().values()))
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
+    train, val = _loaders(64, 32)
+    with pytest.raises(VitlabError, match="no checkpoint to resume from"):
+        fit(create_model("vit_mini_x"), train, val, TrainConfig(epochs=1, device="cpu"), out_dir=tmp_path, resume=True,
+            progress=False)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    train, val = _loaders(64, 32)
+    model = create_model("vit_mini_x")
+    cfg = TrainConfig(epochs=3, warmup_epochs=0, device="cpu")
+
+    def poison(row):  # after the first good epoch, make the weights NaN
+        with torch.no_grad():
+            model.patch_embed.proj.weight.fill_(float("nan"))
+
+    with pytest.raises(VitlabError, match=r"training loss became nan at epoch 2: stopped. The last good checkpoint is kept"):
+        fit(model, train, val, cfg, out_dir=tmp_path, progress=False, on_epoch_end=poison)
+    assert json.loads((tmp_path / "last.json").read_text())["epoch"] == 1
+    assert torch.isfinite(load_model(tmp_path).patch_embed.proj.weight).all()
+
+
+def test_bad_training_options_are_named():
+    with pytest.raises(VitlabError, match="--batch-size is out of range"):
+        TrainConfig(batch_size=0)
+    with pytest.raises(VitlabError, match="--lr is out of range"):
+        TrainConfig(lr=-1.0)
