@@ -122,6 +122,8 @@ def _plan(model: nn.Module, layers: list[int], batch_size: int | None, max_bytes
     groups = [layers[i : i + group] for i in range(0, len(layers), group)]
     if batch_size is None:
         batch_size = max(1, max_bytes // (group * per_layer_image))
+    elif batch_size < 1:
+        raise VitlabError(f"--batch-size must be at least 1; found {batch_size}")
     return int(batch_size), groups
 
 
