@@ -6,13 +6,15 @@ write your own normalisation values" -- a mismatch silently costs accuracy (visi
 
     source                     resize                          crop               mean / std
     JAX, HF google/vit-*       straight to 224, bilinear       none               0.5 / 0.5
+                               (HF's ViTImageProcessor resizes the uint8 tensor, antialiased)
     timm augreg                short side 224/0.9, bicubic     centre 224         0.5 / 0.5
     torchvision vit_b_16       short side 256, bilinear        centre 224         ImageNet
 
 `eval_transform(pretrained_cfg)` builds exactly that with torchvision.transforms.v2, in timm's
-arithmetic (scale = floor(size / crop_pct)), on PIL images so the resize is PIL's, like timm's and
-Hugging Face's. `open_image(path)` turns any JPEG/PNG/WebP/BMP/TIFF into an RGB image the same way
-everywhere, and a bad file into a VitlabError naming it.
+arithmetic (scale = floor(size / crop_pct)), on PIL images so the resize is PIL's like timm's, or on
+the uint8 tensor like Hugging Face's ViTImageProcessor (`resize_backend`). `open_image(path)` turns
+any JPEG/PNG/WebP/BMP/TIFF into an RGB image the same way everywhere, and a bad file into a
+VitlabError naming it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def eval_transform(pretrained_cfg: dict, img_size: int | tuple[int, int] | None 
     pretrained_cfg keys: input_size (C, H, W), mean, std, crop_pct (default 0.875), crop_mode
     ("center": resize the short side to size / crop_pct then centre-crop; "squash": resize both sides
     to size / crop_pct, so crop_pct 1.0 is a plain resize to the input size), interpolation.
+    resize_backend: "pil" (default; timm, torchvision and the JAX release resize PIL images) or "tensor"
+    (resize the uint8 tensor with torchvision's antialiased kernels, as Hugging Face's ViTImageProcessor does).
     img_size overrides the input size (for a model built at another resolution).
     """
     if img_size is None:
@@ -63,11 +67,15 @@ def eval_transform(pretrained_cfg: dict, img_size: int | tuple[int, int] | None 
         resize = v2.Resize(max(scale), interpolation=interpolation)
     else:
         raise VitlabError(f"pretrained_cfg crop_mode {crop_mode!r} is unknown; expected center or squash")
+    backend = pretrained_cfg.get("resize_backend") or "pil"
+    if backend not in ("pil", "tensor"):
+        raise VitlabError(f"pretrained_cfg resize_backend {backend!r} is unknown; expected pil or tensor")
+    to_image = v2.ToImage()  # PIL (H, W, 3) uint8 -> tv_tensors.Image (3, H, W) uint8
+    geometry = [resize, v2.CenterCrop((H, W))]
+    steps = geometry + [to_image] if backend == "pil" else [to_image] + geometry
     return v2.Compose(
-        [
-            resize,
-            v2.CenterCrop((H, W)),
-            v2.ToImage(),  # PIL (H, W, 3) uint8 -> tv_tensors.Image (3, H, W) uint8
+        steps
+        + [
             v2.ToDtype(torch.float32, scale=True),  # [0, 255] -> [0, 1]
             v2.Normalize(mean=list(pretrained_cfg.get("mean", (0.5,) * 3)), std=list(pretrained_cfg.get("std", (0.5,) * 3))),
         ]

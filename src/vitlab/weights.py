@@ -54,7 +54,10 @@ PREPROCESSING = {
     "timm": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=0.9, crop_mode="center", interpolation="bicubic"),
     # Original JAX release and HF google/vit-*: resize straight to the input size, bilinear, no crop.
     "jax": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash", interpolation="bilinear"),
-    "hf": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash", interpolation="bilinear"),
+    # HF's ViTImageProcessor (transformers >= 5) resizes the uint8 tensor with torchvision (antialiased), not PIL.
+    "hf": dict(
+        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash", interpolation="bilinear", resize_backend="tensor"
+    ),
     # torchvision vit_b_16 IMAGENET1K_V1: resize 256 bilinear, centre crop 224 (224/256 = 0.875), ImageNet stats.
     "torchvision": dict(
         mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=0.875, crop_mode="center", interpolation="bilinear"
@@ -504,12 +507,15 @@ def infer_config(sd: dict[str, torch.Tensor], config: dict | None = None) -> dic
 
 
 def _vitlab_config(config: dict) -> dict:
-    """The ViTConfig fields stored by vitlab (export, fine-tuning): `vit_config` or `vitlab.config`."""
-    from vitlab.model import ViTConfig
+    """The ViTConfig fields stored by vitlab: `{"kind": "vit", "config": {...}}` (vitlab.train.checkpoint,
+    vitlab.export) or `vit_config`."""
     from dataclasses import fields
 
+    from vitlab.model import ViTConfig
+
     known = {f.name for f in fields(ViTConfig)}
-    for candidate in (config.get("vit_config"), (config.get("vitlab") or {}).get("config"), config.get("model_config")):
+    stored = config.get("config") if config.get("kind") == "vit" else None
+    for candidate in (stored, config.get("vit_config")):
         if isinstance(candidate, dict) and {"dim", "depth", "heads"} <= set(candidate):
             return {k: v for k, v in candidate.items() if k in known}
     return {}
@@ -576,7 +582,7 @@ def load_checkpoint(source: str | Path, *, cache_dir: str | Path | None = None) 
         fmt = "vitlab"
     cfg = infer_config(sd, config)
     sd.pop("_jax_heads", None)
-    architecture = config.get("architecture") or (config.get("vitlab") or {}).get("architecture")
+    architecture = config.get("architecture") or (config.get("pretrained_cfg") or {}).get("architecture")
     return Checkpoint(
         state_dict=sd,
         format=fmt,
@@ -603,7 +609,7 @@ def _source_pretrained_cfg(fmt: str, config: dict, preproc: dict, cfg: dict) -> 
             size, crop = preproc["size"], preproc["crop_size"]
             short = size.get("shortest_edge", size.get("height"))
             out.update(crop_mode="center", crop_pct=crop.get("height", short) / short)
-    labels = config.get("label_names")
+    labels = config.get("label_names") or saved.get("label_names")
     if labels is None and isinstance(config.get("id2label"), dict):
         id2label = {int(k): v for k, v in config["id2label"].items()}
         labels = [id2label.get(i, str(i)) for i in range(len(id2label))]
@@ -751,11 +757,26 @@ def _check_architecture(name: str | None, cfg, inferred: dict, ckpt: Checkpoint)
     if diffs:
         listing = ", ".join(f"{f}: model {m!r} vs checkpoint {t!r}" for f, m, t in diffs)
         fix = ", ".join(f"{f}={t!r}" for f, _, t in diffs)
+        like = _matching_variants(inferred)
+        hint = f" (it looks like {', '.join(like)})" if like else ""
         raise VitlabError(
             f"checkpoint {ckpt.path} ({ckpt.format} layout) does not fit model {name!r}: {listing}. "
-            f"Name the model the checkpoint was trained as, or pass the overrides {fix}. "
+            f"Name the model the checkpoint was trained as{hint}, or pass the overrides {fix}. "
             + _key_report(name, cfg, ckpt)
         )
+
+
+def _matching_variants(inferred: dict) -> list[str]:
+    """vitlab model names whose structure agrees with everything the checkpoint says."""
+    from vitlab.zoo import VARIANTS
+
+    out = []
+    for vname, variant in VARIANTS.items():
+        c = variant.config
+        values = {f: (c.hidden_dim if f == "mlp_dim" else getattr(c, f)) for f in STRUCTURAL_FIELDS}
+        if all(values[f] == inferred[f] for f in STRUCTURAL_FIELDS if f in inferred):
+            out.append(vname)
+    return out[:4]
 
 
 def _key_report(name, cfg, ckpt: Checkpoint) -> str:
@@ -765,7 +786,8 @@ def _key_report(name, cfg, ckpt: Checkpoint) -> str:
     try:
         grid = ckpt.grid_size
         size = tuple(g * cfg.patch_size for g in grid) if grid else cfg.img_size
-        model_sd = VisionTransformer(cfg.replace(img_size=size, num_classes=ckpt.config.get("num_classes", cfg.num_classes))).state_dict()
+        with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+            model_sd = VisionTransformer(cfg.replace(img_size=size, num_classes=ckpt.config.get("num_classes", cfg.num_classes))).state_dict()
     except VitlabError:
         return ""
     return _diff_keys(model_sd, ckpt.state_dict)

@@ -1,0 +1,36 @@
+"""`vitlab export --model NAME --pretrained SOURCE --out PATH`: safetensors (+ JSON) or ONNX.
+
+`.safetensors`: the weights under timm's names plus `<stem>.json`, which `vitlab predict --checkpoint`
+and `vitlab.create_model(name, pretrained=PATH)` reload. `.onnx`: a dynamic batch axis, checked with
+ONNX Runtime against PyTorch (max abs difference <= 1e-4) before the file is put in place.
+"""
+
+from __future__ import annotations
+
+from vitlab.cli.predict import add_weights_arguments, load_model_from_args
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export",
+        help="write a model as .safetensors + .json (reloadable, timm-compatible names) or .onnx (checked)",
+        description="Load weights like `vitlab predict` does and export them. The format comes from the "
+        "--out suffix: .safetensors (with a .json config next to it) or .onnx (dynamic batch axis, "
+        "checked with ONNX Runtime against PyTorch).",
+    )
+    add_weights_arguments(p)
+    p.add_argument("--out", required=True, metavar="PATH", help="output file: *.safetensors or *.onnx")
+    p.add_argument("--no-check", action="store_true", help="ONNX: skip the ONNX Runtime comparison")
+    p.add_argument("--opset", type=int, default=None, help="ONNX opset version (default: the exporter's)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from vitlab.export import export_model
+
+    model = load_model_from_args(args)
+    report = export_model(model, args.out, check=not args.no_check, opset=args.opset)
+    print(f"wrote {', '.join(report['files'])}")
+    if "max_abs_diff" in report:
+        print(f"ONNX Runtime vs PyTorch: max abs difference {report['max_abs_diff']:.2e} (tolerance {report['tolerance']:.0e})")
+    return 0

@@ -1,0 +1,142 @@
+"""Export a model: safetensors weights (+ a JSON config vitlab reloads), or ONNX checked against PyTorch.
+
+    export_model(model, "vit.safetensors")   # vit.safetensors + vit.json; the weights keep timm's names,
+                                             # so timm's VisionTransformer.load_state_dict takes them as they are
+    export_model(model, "vit.onnx")          # input "image" (B, 3, H, W) with a dynamic batch axis, output
+                                             # "logits" (B, K); checked with onnxruntime (max abs diff <= 1e-4)
+
+Nothing half-written is ever left: files are written in a temporary folder next to the target and
+moved into place only when complete (and, for ONNX, only when the check passed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vitlab.errors import VitlabError
+
+ONNX_TOLERANCE = 1e-4  # max abs difference of the logits, ONNX Runtime vs PyTorch (fp32)
+SUFFIXES = (".safetensors", ".onnx")
+
+
+def export_model(model: nn.Module, out: str | Path, *, check: bool = True, opset: int | None = None) -> dict:
+    """Write `model` to `out` (format from the suffix). Returns a report: the files written and, for
+    ONNX, the max abs difference to PyTorch measured by ONNX Runtime."""
+    out = Path(out)
+    if out.suffix.lower() not in SUFFIXES:
+        raise VitlabError(f"--out {out}: unknown export format {out.suffix!r}; expected a path ending in {' or '.join(SUFFIXES)}")
+    if out.is_dir():
+        raise VitlabError(f"--out {out} is a folder; give a file name such as {out / ('model' + out.suffix)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model = model.eval().float().cpu()
+    if out.suffix.lower() == ".safetensors":
+        return export_safetensors(model, out)
+    return export_onnx(model, out, check=check, opset=opset)
+
+
+@contextmanager
+def _staging(out: Path):
+    """A temporary folder next to `out`; its files are moved into place only if the block succeeds."""
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        yield tmp
+        for f in sorted(tmp.iterdir()):
+            os.replace(f, out.parent / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def export_config(model: nn.Module) -> dict:
+    """The JSON written next to the weights: vitlab's checkpoint config ({"kind": "vit", "config",
+    "pretrained_cfg"}, as vitlab.train.checkpoint writes it) plus timm's top-level fields."""
+    from vitlab.train.checkpoint import model_config
+
+    meta = model_config(model)
+    pcfg = meta["pretrained_cfg"]
+    if getattr(model, "head", None) is not None and isinstance(model.head, nn.Linear):
+        pcfg["head"] = "loaded" if model.head.weight.detach().any() else "zero"
+    pcfg["notes"] = []  # the notes described the original load, not this file
+    meta.update(
+        architecture=pcfg.get("architecture"),
+        num_classes=getattr(getattr(model, "cfg", None), "num_classes", None),
+        label_names=pcfg.get("label_names"),
+        format="vitlab",
+    )
+    return meta
+
+
+def export_safetensors(model: nn.Module, out: Path) -> dict:
+    """`out` (the state dict, timm names) and `out.with_suffix('.json')` (export_config)."""
+    from safetensors.torch import save_file
+
+    from vitlab.train.checkpoint import write_json_atomic
+
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    config_path = out.with_suffix(".json")
+    with _staging(out) as tmp:
+        save_file(tensors, str(tmp / out.name), metadata={"format": "pt", "producer": "vitlab"})
+        write_json_atomic(tmp / config_path.name, export_config(model))
+    return {"files": [str(out), str(config_path)], "tensors": len(tensors)}
+
+
+def export_onnx(model: nn.Module, out: Path, *, check: bool = True, opset: int | None = None) -> dict:
+    """ONNX with a dynamic batch axis, checked with ONNX Runtime on a batch size other than the one traced."""
+    C, H, W = getattr(model, "cfg").in_chans, *model.cfg.img_size
+    example = torch.randn(2, C, H, W, generator=torch.Generator().manual_seed(0))
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    big = sum(p.numel() * p.element_size() for p in model.parameters()) > 1.8 * 2**30  # ONNX's 2 GB protobuf limit
+    report = {"files": [str(out)]}
+    with _staging(out) as tmp:
+        try:
+            program = torch.onnx.export(
+                model,
+                (example,),
+                dynamo=True,
+                input_names=["image"],
+                output_names=["logits"],
+                dynamic_shapes=({0: batch},),
+                opset_version=opset,
+                report=False,
+                verbose=False,
+            )
+            program.save(str(tmp / out.name), external_data=big)
+        except Exception as e:  # the exporter's errors are many and unrelated
+            raise VitlabError(f"ONNX export to {out} failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+        if big:
+            report["files"] += [str(out.parent / f.name) for f in tmp.iterdir() if f.name != out.name]
+        if check:
+            report["max_abs_diff"] = check_onnx(model, tmp / out.name, batch_size=3)
+            report["tolerance"] = ONNX_TOLERANCE
+            if report["max_abs_diff"] > ONNX_TOLERANCE:
+                raise VitlabError(
+                    f"ONNX export to {out}: ONNX Runtime's logits differ from PyTorch's by {report['max_abs_diff']:.2e} "
+                    f"(max abs), over the tolerance {ONNX_TOLERANCE:.0e}; nothing was written"
+                )
+    return report
+
+
+def check_onnx(model: nn.Module, path: str | Path, *, batch_size: int = 3, seed: int = 0) -> float:
+    """Max abs difference between PyTorch's and ONNX Runtime's logits on random images."""
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        raise VitlabError("checking an ONNX export needs onnxruntime: pip install onnxruntime (or pass check=False)") from e
+    C, H, W = model.cfg.in_chans, *model.cfg.img_size
+    x = torch.randn(batch_size, C, H, W, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        expected = model(x).numpy()
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (got,) = session.run(["logits"], {"image": x.numpy()})
+    if got.shape != expected.shape:
+        raise VitlabError(f"ONNX export {path}: output shape {got.shape}, expected {expected.shape}")
+    return float(abs(got - expected).max())
+
+
+__all__ = ["export_model", "export_safetensors", "export_onnx", "check_onnx", "export_config", "ONNX_TOLERANCE"]

@@ -1,0 +1,103 @@
+"""Top-k predictions for image files, with the preprocessing of the weights' source (seed 004, 7.2).
+
+    model = vitlab.create_model("vit_base_patch16_224", pretrained="hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")
+    results = predict_files(model, ["cat.jpg"], topk=5)
+
+One bad file does not stop the others: its result carries an `error` (a one-line message naming the
+file) instead of `predictions`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vitlab.errors import VitlabError
+from vitlab.preprocess import eval_transform, load_images
+from vitlab.runtime import autocast, resolve_device
+
+
+def class_names(model: nn.Module) -> list[str] | None:
+    names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+    return list(names) if names else None
+
+
+@torch.no_grad()
+def predict_tensors(
+    model: nn.Module, images: torch.Tensor, *, topk: int = 5, device: torch.device | None = None, precision: str = "fp32"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, 3, H, W) preprocessed images -> (probabilities (B, k), class indices (B, k)), best first."""
+    device = device or next(model.parameters()).device
+    with autocast(device, precision):
+        logits = model(images.to(device))  # (B, num_classes)
+    probs = logits.float().softmax(dim=-1)  # softmax in fp32 even under bf16 autocast
+    k = min(topk, probs.shape[-1])
+    top = probs.topk(k, dim=-1)
+    return top.values.cpu(), top.indices.cpu()
+
+
+def predict_files(
+    model: nn.Module,
+    paths,
+    *,
+    topk: int = 5,
+    device: str | torch.device | None = "auto",
+    precision: str = "fp32",
+    batch_size: int = 16,
+    img_size: int | tuple[int, int] | None = None,
+) -> list[dict]:
+    """Predict every file in `paths`, in order. Each result is
+    {"file": path, "predictions": [{"rank", "index", "label", "prob"}, ...]} or {"file": path, "error": message}.
+
+    The model's `pretrained_cfg` decides the preprocessing (resize, crop, interpolation, mean, std).
+    """
+    if topk < 1:
+        raise VitlabError(f"--topk must be at least 1, found {topk}")
+    pcfg = getattr(model, "pretrained_cfg", None) or {}
+    head = getattr(model, "head", None)
+    if isinstance(head, nn.Linear) and not head.weight.detach().any():  # zeroed (in21k), absent or new head
+        raise VitlabError(
+            f"the weights {pcfg.get('source')!r} have no trained classifier (the head is all zeros: an "
+            "ImageNet-21k pre-training checkpoint, a backbone, or a new head), so predictions would be "
+            "meaningless; use weights fine-tuned for classification (e.g. an ..._in1k checkpoint) or fine-tune first"
+        )
+    dev = resolve_device(device)
+    model = model.to(dev).eval()
+    size = img_size or getattr(getattr(model, "cfg", None), "img_size", None)
+    transform = eval_transform(pcfg, size)
+    names = class_names(model)
+    paths = [str(p) for p in paths]
+    results: dict[str, dict] = {}
+    for start in range(0, len(paths), batch_size):
+        chunk = paths[start : start + batch_size]
+        good, bad = load_images(chunk, transform)
+        for path, message in bad:
+            results[path] = {"file": path, "error": message}
+        if not good:
+            continue
+        batch = torch.stack([t for _, t in good])  # (B, 3, H, W)
+        probs, indices = predict_tensors(model, batch, topk=topk, device=dev, precision=precision)
+        for (path, _), p_row, i_row in zip(good, probs.tolist(), indices.tolist()):
+            results[path] = {
+                "file": path,
+                "predictions": [
+                    {"rank": r + 1, "index": i, "label": names[i] if names and i < len(names) else str(i), "prob": p}
+                    for r, (p, i) in enumerate(zip(p_row, i_row))
+                ],
+            }
+    return [results[p] for p in paths]
+
+
+def format_results(results: list[dict]) -> str:
+    """Human-readable top-k lists, one block per image."""
+    lines = []
+    for r in results:
+        if "error" in r:
+            continue  # errors go to stderr, one line each
+        lines.append(r["file"])
+        for p in r["predictions"]:
+            lines.append(f"  {p['rank']}. {p['prob']:7.2%}  {p['label']}  (class {p['index']})")
+    return "\n".join(lines)
+
+
+__all__ = ["predict_files", "predict_tensors", "format_results", "class_names"]

@@ -1,0 +1,323 @@
+"""Preprocessing parity, robust image opening, `vitlab predict` and `vitlab export`.
+
+All weights are random-init reference models saved by the tests (no network). The preprocessing
+checks use a natural photo (skimage.data.chelsea, 300x451, so the resize-then-crop path is exercised).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from vitlab.cli import main
+from vitlab.errors import VitlabError
+from vitlab.preprocess import eval_transform, open_image
+from vitlab.weights import PREPROCESSING, load_pretrained
+
+timm = pytest.importorskip("timm")
+skimage_data = pytest.importorskip("skimage.data")
+
+
+@pytest.fixture(scope="module")
+def chelsea() -> Image.Image:
+    return Image.fromarray(skimage_data.chelsea())  # (300, 451, 3) uint8, a cat
+
+
+@pytest.fixture(scope="module")
+def timm_dir(tmp_path_factory):
+    """A random-init vit_tiny_patch16_224 in timm's hub layout (config.json + model.safetensors)."""
+    from timm.models._hub import save_for_hf
+
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_tiny_patch16_224").eval()
+    folder = tmp_path_factory.mktemp("timm") / "vit_tiny"
+    save_for_hf(ref, folder, safe_serialization=True)
+    return folder, ref
+
+
+def max_diff(a, b) -> float:
+    return (torch.as_tensor(a) - torch.as_tensor(b)).abs().max().item()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Preprocessing parity with each source's own pipeline
+
+
+def test_eval_transform_equals_timm_for_timm_weights(timm_dir, chelsea):
+    from timm.data import create_transform, resolve_data_config
+
+    folder, ref = timm_dir
+    model = load_pretrained("vit_tiny_patch16_224", str(folder))
+    ours = eval_transform(model.pretrained_cfg)(chelsea)
+    theirs = create_transform(**resolve_data_config(model=ref))(chelsea)
+    assert ours.shape == theirs.shape == (3, 224, 224)
+    assert max_diff(ours, theirs) <= 1e-3
+
+
+def test_eval_transform_equals_hf_vit_image_processor(tmp_path, chelsea):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128)
+    transformers.ViTForImageClassification(config).save_pretrained(tmp_path / "hf")
+    processor = transformers.ViTImageProcessor()  # google/vit-*: 224x224 bilinear, no crop, 0.5/0.5
+    processor.save_pretrained(tmp_path / "hf")
+    model = load_pretrained(None, str(tmp_path / "hf"))
+    ours = eval_transform(model.pretrained_cfg)(chelsea)
+    theirs = processor(images=chelsea, return_tensors="pt").pixel_values[0]
+    assert ours.shape == theirs.shape == (3, 224, 224)
+    assert max_diff(ours, theirs) <= 1e-3
+
+
+def test_eval_transform_equals_torchvision_weights_transforms(chelsea):
+    from torchvision.models import ViT_B_16_Weights
+
+    cfg = {**PREPROCESSING["torchvision"], "input_size": (3, 224, 224)}
+    ours = eval_transform(cfg)(chelsea)
+    theirs = ViT_B_16_Weights.IMAGENET1K_V1.transforms()(chelsea)  # resize 256 bilinear, crop 224, ImageNet stats
+    assert max_diff(ours, theirs) <= 1e-3
+
+
+def test_sources_really_preprocess_differently(chelsea):
+    """The reason pretrained_cfg is per source: JAX squash-resize and timm crop give different inputs."""
+    jax = eval_transform({**PREPROCESSING["jax"], "input_size": (3, 224, 224)})(chelsea)
+    tm = eval_transform({**PREPROCESSING["timm"], "input_size": (3, 224, 224)})(chelsea)
+    assert max_diff(jax, tm) > 0.1
+
+
+# ----------------------------------------------------------------------------------------------------
+# Opening images
+
+
+def photo(size=(48, 32)) -> Image.Image:
+    return Image.fromarray(skimage_data.astronaut()).resize(size)
+
+
+def test_modes_are_converted_to_rgb_by_meaning(tmp_path):
+    rgb = photo()
+    gray = rgb.convert("L")
+    gray.save(tmp_path / "gray.png")
+    out = np.asarray(open_image(tmp_path / "gray.png"))
+    assert out.shape == (32, 48, 3) and (out == np.asarray(gray)[..., None]).all()
+
+    # 16-bit grayscale: values are scaled (x / 257), not clipped at 255
+    deep = (np.asarray(gray).astype(np.uint16) * 257)
+    Image.fromarray(deep).save(tmp_path / "deep.png")
+    assert Image.open(tmp_path / "deep.png").mode.startswith("I")
+    out = np.asarray(open_image(tmp_path / "deep.png"))[..., 0].astype(int)
+    assert np.abs(out - np.asarray(gray)).max() <= 1
+
+    pal = rgb.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    pal.save(tmp_path / "pal.png")
+    assert (np.asarray(open_image(tmp_path / "pal.png")) == np.asarray(pal.convert("RGB"))).all()
+
+    rgba = rgb.convert("RGBA")
+    alpha = np.full((32, 48), 255, np.uint8)
+    alpha[:, :10] = 0  # a transparent strip
+    rgba.putalpha(Image.fromarray(alpha))
+    rgba.save(tmp_path / "rgba.png")
+    out = np.asarray(open_image(tmp_path / "rgba.png"))
+    assert (out[:, :10] == 255).all() and (out[:, 10:] == np.asarray(rgb)[:, 10:]).all()
+
+    rgb.convert("CMYK").save(tmp_path / "cmyk.jpg", quality=95)
+    assert Image.open(tmp_path / "cmyk.jpg").mode == "CMYK"
+    out = np.asarray(open_image(tmp_path / "cmyk.jpg")).astype(float)
+    assert np.abs(out - np.asarray(rgb)).mean() < 10
+
+    for suffix in ("webp", "bmp", "tiff"):
+        rgb.save(tmp_path / f"x.{suffix}")
+        assert open_image(tmp_path / f"x.{suffix}").size == (48, 32)
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    img = photo((48, 32))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
+    img.save(tmp_path / "rotated.jpg", exif=exif)
+    assert Image.open(tmp_path / "rotated.jpg").size == (48, 32)
+    assert open_image(tmp_path / "rotated.jpg").size == (32, 48)
+
+
+def bomb_png(path: Path, width: int = 40000, height: int = 40000) -> None:
+    """A tiny PNG whose header claims width x height pixels (1.6 G): PIL refuses it at open."""
+    buf = io.BytesIO()
+    Image.new("L", (1, 1)).save(buf, "PNG")
+    data = bytearray(buf.getvalue())
+    ihdr = 8 + 8  # signature, then length + b"IHDR"
+    data[ihdr : ihdr + 8] = struct.pack(">II", width, height)
+    crc = zlib.crc32(bytes(data[ihdr - 4 : ihdr + 13]))
+    data[ihdr + 13 : ihdr + 17] = struct.pack(">I", crc)
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def bad_files(tmp_path) -> dict[str, Path]:
+    photo().save(tmp_path / "good.jpg")
+    full = (tmp_path / "good.jpg").read_bytes()
+    files = {
+        "empty": tmp_path / "empty.jpg",
+        "text": tmp_path / "notes.png",
+        "truncated": tmp_path / "truncated.jpg",
+        "corrupt": tmp_path / "corrupt.png",
+        "bomb": tmp_path / "bomb.png",
+    }
+    files["empty"].write_bytes(b"")
+    files["text"].write_text("this is not an image\n")
+    files["truncated"].write_bytes(full[: len(full) // 2])
+    png = io.BytesIO()
+    photo().save(png, "PNG")
+    raw = bytearray(png.getvalue())
+    raw[60:200] = bytes(140)  # zero a stretch of the compressed pixel data
+    files["corrupt"].write_bytes(bytes(raw))
+    bomb_png(files["bomb"])
+    return files
+
+
+def test_bad_files_raise_errors_naming_the_file(bad_files):
+    expected = {"empty": "empty", "text": "not an image", "truncated": "truncated", "corrupt": "corrupt",
+                "bomb": "decompression bomb"}
+    for kind, path in bad_files.items():
+        with pytest.raises(VitlabError) as err:
+            open_image(path)
+        assert str(path) in str(err.value) and expected[kind] in str(err.value), (kind, str(err.value))
+
+
+# ----------------------------------------------------------------------------------------------------
+# vitlab predict
+
+
+def test_predict_matches_timm_end_to_end_and_reports_bad_files(timm_dir, bad_files, tmp_path, capsys, chelsea):
+    from timm.data import create_transform, resolve_data_config
+
+    folder, ref = timm_dir
+    chelsea.save(tmp_path / "cat.jpg", quality=95)
+    Image.fromarray(skimage_data.camera()).save(tmp_path / "camera.png")  # grayscale
+    good = [tmp_path / "cat.jpg", tmp_path / "camera.png"]
+    args = [str(p) for p in good] + [str(p) for p in bad_files.values()]
+    rc = main(["predict", *args, "--model", "vit_tiny_patch16_224", "--pretrained", str(folder), "--json", "--topk", "3",
+               "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert rc == 2  # some files failed
+    doc = json.loads(out)
+    results = {Path(r["file"]).name: r for r in doc["results"]}
+    assert [Path(r["file"]).name for r in doc["results"]] == [Path(a).name for a in args]  # order kept
+    for path in bad_files.values():
+        assert "error" in results[path.name]
+    error_lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == len(bad_files) and all(any(str(p) in line for line in error_lines) for p in bad_files.values())
+    # the good images: the same top-3 as timm with timm's own preprocessing
+    transform = create_transform(**resolve_data_config(model=ref))
+    for path in good:
+        preds = results[path.name]["predictions"]
+        assert len(preds) == 3 and preds[0]["prob"] >= preds[1]["prob"] >= preds[2]["prob"]
+        with torch.no_grad():
+            probs = ref(transform(Image.open(path).convert("RGB"))[None]).softmax(-1)[0]
+        top = probs.topk(3)
+        assert [p["index"] for p in preds] == top.indices.tolist()
+        assert max_diff([p["prob"] for p in preds], top.values) <= 1e-4
+        names = (Path(__file__).parents[1] / "src/vitlab/resources/imagenet_classes.txt").read_text().splitlines()
+        assert preds[0]["label"] == names[preds[0]["index"]]
+
+
+def test_predict_text_output_bf16_and_img_size(timm_dir, tmp_path, capsys, chelsea):
+    folder, _ = timm_dir
+    chelsea.save(tmp_path / "cat.png")
+    rc = main(["predict", str(tmp_path / "cat.png"), "--pretrained", str(folder), "--precision", "bf16",
+               "--img-size", "384", "--device", "cpu"])  # --model taken from config.json's architecture
+    out, err = capsys.readouterr()
+    assert rc == 0
+    lines = out.strip().splitlines()
+    assert lines[0] == str(tmp_path / "cat.png") and len(lines) == 6 and lines[1].lstrip().startswith("1.")
+    probs = [float(line.split()[1].rstrip("%")) for line in lines[1:]]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 100.01
+
+
+def test_predict_refuses_a_zero_head(tmp_path):
+    from safetensors.torch import save_file
+
+    from vitlab.predict import predict_files
+
+    model = timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=21843)
+    torch.nn.init.zeros_(model.head.weight), torch.nn.init.zeros_(model.head.bias)
+    save_file(model.state_dict(), tmp_path / "in21k.safetensors")
+    photo().save(tmp_path / "a.png")
+    with pytest.warns(UserWarning, match="all zeros"):
+        ours = load_pretrained("vit_tiny_patch16_224", str(tmp_path / "in21k.safetensors"), depth=1)
+    with pytest.raises(VitlabError, match="no trained classifier"):
+        predict_files(ours, [tmp_path / "a.png"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# vitlab export
+
+
+def test_export_safetensors_reloads_in_vitlab_and_timm(timm_dir, tmp_path, capsys):
+    folder, ref = timm_dir
+    out = tmp_path / "export" / "tiny.safetensors"
+    rc = main(["export", "--model", "vit_tiny_patch16_224", "--pretrained", str(folder), "--out", str(out)])
+    assert rc == 0 and out.is_file() and out.with_suffix(".json").is_file()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["tiny.json", "tiny.safetensors"]  # no temp files left
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(x)
+        again = load_pretrained(None, str(out))  # architecture from the JSON
+        assert max_diff(again(x), expected) <= 1e-5
+        other = timm.create_model("vit_tiny_patch16_224").eval()
+        other.load_state_dict(load_file(out), strict=True)  # timm's names: loads as is
+        assert max_diff(other(x), expected) <= 1e-5
+    assert again.pretrained_cfg["mean"] == (0.5, 0.5, 0.5) and again.pretrained_cfg["format"] == "vitlab"
+    # and predict reads it back through --checkpoint
+    photo().save(tmp_path / "a.png")
+    capsys.readouterr()
+    rc = main(["predict", str(tmp_path / "a.png"), "--checkpoint", str(out), "--json", "--device", "cpu"])
+    assert rc == 0 and len(json.loads(capsys.readouterr().out)["results"][0]["predictions"]) == 5
+
+
+def test_fine_tuning_checkpoint_folder_loads(tmp_path):
+    """The training engine's checkpoint folders (model.safetensors + config.json) are a source too."""
+    import vitlab
+    from vitlab.train.checkpoint import save_checkpoint
+
+    model = vitlab.create_model("vit_mini", num_classes=3)
+    torch.nn.init.normal_(model.head.weight, std=0.1)
+    folder = save_checkpoint(tmp_path / "run", "epoch_001", model, {"epoch": 1})
+    again = load_pretrained(None, str(folder))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert max_diff(again(x), model.eval()(x)) <= 1e-6
+
+
+def test_export_onnx_dynamic_batch_matches_pytorch(timm_dir, tmp_path):
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: ONNX export cannot be checked")
+    from vitlab.export import export_model
+
+    folder, _ = timm_dir
+    import vitlab
+
+    model = vitlab.create_model("vit_tiny_patch16_224", depth=2)
+    torch.nn.init.normal_(model.head.weight, std=0.05)
+    report = export_model(model, tmp_path / "m.onnx")
+    assert report["max_abs_diff"] <= 1e-4
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    for batch in (1, 5):  # the batch axis is dynamic
+        x = torch.randn(batch, 3, 224, 224)
+        (got,) = session.run(["logits"], {"image": x.numpy()})
+        with torch.no_grad():
+            assert got.shape == (batch, 1000) and max_diff(got, model(x)) <= 1e-4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_export_rejects_unknown_suffix_and_writes_nothing(tmp_path):
+    import vitlab
+    from vitlab.export import export_model
+
+    with pytest.raises(VitlabError, match="expected a path ending in .safetensors or .onnx"):
+        export_model(vitlab.create_model("vit_mini_x"), tmp_path / "m.pt")
+    assert list(tmp_path.iterdir()) == []
