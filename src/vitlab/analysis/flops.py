@@ -1,0 +1,386 @@
+"""What a ViT costs: parameters per component, FLOPs per image, training memory (`vitlab info`).
+
+Counting conventions (the seed's "FLOPs miscounted" pitfall, ../shared/docs/paper.md item 8):
+- A MAC is one multiply-accumulate; FLOPs = 2 x MACs. torchvision and fvcore print MACs and call
+  them "GFLOPS"; `torch.utils.flop_counter.FlopCounterMode` prints FLOPs. Both are given here.
+- Counted: every matrix product, the two attention products QK^T and AV included (each T^2 d per head,
+  so T^2 D per layer), the patch projection and the head. Not counted: LayerNorm, softmax, GELU,
+  residual adds and the position-embedding add (elementwise, O(T D), under 1% of the total).
+
+Per image, with T = N + 1 tokens, D width, M MLP width, L layers, K classes (Eq. 1-4, Appendix A):
+
+    patch embedding      N * (C P^2) * D                  Eq. 1, x_p E
+    qkv projection       L * T * D * 3D                   Eq. 5, U_qkv
+    attention QK^T       L * T^2 * D                      Eq. 6, all heads together: h * T^2 * (D/h)
+    attention AV         L * T^2 * D                      Eq. 7
+    output projection    L * T * D * D                    Eq. 8, U_msa
+    MLP                  L * 2 * T * D * M                Eq. 3
+    head                 D * K                            Eq. 4
+
+ViT-B/16 at 224 comes to 17.56 GMACs (the paper's tables count the same; torchvision prints "17.56").
+The attention products grow as T^2 D while everything else grows as T D^2: this is the seed's
+O(N^2 D) point, and `patch_size_tradeoff` makes it concrete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitlab.errors import VitlabError
+from vitlab.model import ViTConfig, VisionTransformer
+
+BYTES_FP32 = 4
+# The seed's table (seed 000 section 3.2 = the paper's Table 1), with the paper's rounded sizes.
+SEED_TABLE = (("ViT-Base", "vit_base_patch16_224", "86M"), ("ViT-Large", "vit_large_patch16_224", "307M"),
+              ("ViT-Huge", "vit_huge_patch14_224", "632M"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Parameters
+
+
+def build_on_meta(cfg: ViTConfig) -> VisionTransformer:
+    """The model with shapes only (device "meta"): instant and free even for ViT-H."""
+    with torch.device("meta"):
+        return VisionTransformer(cfg)
+
+
+def _component(name: str) -> str:
+    if name.startswith("patch_embed."):
+        return "patch_embed"
+    if name in ("cls_token", "pos_embed", "pos_embed_row", "pos_embed_col") or name.startswith("rel_pos."):
+        return "cls_token + pos_embed"
+    if name.startswith("blocks."):
+        return "blocks"
+    if name.startswith(("norm.", "fc_norm.")):
+        return "norm"
+    if name.startswith("head."):
+        return "head"
+    return "other"
+
+
+def parameter_breakdown(model: nn.Module) -> dict[str, int]:
+    """Parameters per component of Eq. 1-4: patch_embed, cls_token + pos_embed, blocks, norm, head
+    (in that order; `total` last). Components the model lacks are reported as 0."""
+    out = {k: 0 for k in ("patch_embed", "cls_token + pos_embed", "blocks", "norm", "head")}
+    for name, p in model.named_parameters():
+        key = _component(name)
+        out[key] = out.get(key, 0) + p.numel()
+    out["total"] = sum(out.values())
+    return out
+
+
+def block_breakdown(model: nn.Module) -> dict[str, int]:
+    """Parameters of one encoder block: attention (qkv + proj), MLP (fc1 + fc2), the two LayerNorms."""
+    block = model.blocks[0]
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    return {"attn": count(block.attn), "mlp": count(block.mlp), "norms": count(block.norm1) + count(block.norm2)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# FLOPs
+
+
+@dataclass
+class FlopCount:
+    """MACs per image, by component (see the module docstring for what each row counts)."""
+
+    rows: dict[str, int]
+    note: str = ""
+
+    @property
+    def macs(self) -> int:
+        return sum(self.rows.values())
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.macs
+
+    @property
+    def attention_macs(self) -> int:
+        """The two products that grow with T^2: QK^T and AV."""
+        return self.rows.get("attention QK^T", 0) + self.rows.get("attention AV", 0)
+
+
+def count_macs(cfg: ViTConfig) -> FlopCount:
+    """Analytic MACs per image of a ViT (Eq. 1-4 and Appendix A). The hybrid stem's convolutions are
+    counted by torch's FlopCounterMode on a shape-only copy (they do not follow one formula)."""
+    N, T = cfg.num_patches, cfg.num_patches + cfg.num_prefix_tokens
+    D, M, L, K, P, C = cfg.dim, cfg.hidden_dim, cfg.depth, cfg.num_classes, cfg.patch_size, cfg.in_chans
+    rows: dict[str, int] = {}
+    note = ""
+    if cfg.stem == "hybrid":
+        rows["hybrid CNN stem"] = _hybrid_stem_macs(cfg)
+        rows["patch embedding (1x1)"] = N * build_on_meta(cfg).patch_embed.backbone.out_channels * D
+        note = "hybrid stem measured with FlopCounterMode"
+    else:
+        rows["patch embedding"] = N * (C * P * P) * D  # one (C P^2) x D map per patch
+    rows["qkv projection"] = L * T * D * 3 * D
+    rows["attention QK^T"] = L * T * T * D  # h heads x T^2 x d, d = D/h
+    rows["attention AV"] = L * T * T * D
+    rows["output projection"] = L * T * D * D
+    rows["MLP"] = L * 2 * T * D * M
+    rows["head"] = D * K
+    return FlopCount(rows, note)
+
+
+def _hybrid_stem_macs(cfg: ViTConfig) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    stem = build_on_meta(cfg).patch_embed.backbone
+    x = torch.empty(1, cfg.in_chans, *cfg.img_size, device="meta")
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        stem(x)
+    return counter.get_total_flops() // 2
+
+
+def measured_flops(model: nn.Module, img_size: tuple[int, int], in_chans: int = 3) -> tuple[int, dict[str, int]]:
+    """FLOPs of one forward pass at batch 1 as torch's FlopCounterMode counts them (it counts
+    convolutions, matrix products and scaled_dot_product_attention), on a shape-only copy when the
+    model lives on "meta". Returns (total FLOPs, {op: FLOPs})."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    device = next(model.parameters()).device
+    x = torch.zeros(1, in_chans, *img_size, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model(x)
+    finally:
+        model.train(was_training)
+    by_op = {str(op).split(".")[-1]: int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    return int(counter.get_total_flops()), by_op
+
+
+# ----------------------------------------------------------------------------------------------------
+# Memory
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes for training at one batch size in fp32 with AdamW.
+
+    Activations are the tensors autograd keeps for the backward pass (counted per block below);
+    weights, gradients and AdamW's two moment buffers are 4 bytes each per parameter (16 in all).
+    """
+
+    batch_size: int
+    params: int
+    activations: int  # with fused attention (SDPA keeps no T x T matrix)
+    attention_matrices: int  # extra, when the explicit path keeps softmax(QK^T/sqrt(d)) per layer
+    rows: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def weights(self) -> int:
+        return self.params * BYTES_FP32
+
+    @property
+    def optimizer_state(self) -> int:
+        return self.params * BYTES_FP32 * 3  # gradients + AdamW exp_avg + exp_avg_sq
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.optimizer_state + self.activations
+
+
+def activation_elements(cfg: ViTConfig) -> dict[str, int]:
+    """Elements autograd saves per image in one training forward pass (fused attention, no dropout).
+
+    Per block, per token: the LN1 input and output (D + D), the qkv output (3D: q, k, v are views of
+    it), the SDPA output (D; the output projection reads it as a view, heads concatenated), the LN2
+    input and output (D + D), the GELU input and output (M + M): 8D + 2M; plus each LayerNorm's mean
+    and 1/std (2 + 2) and SDPA's log-sum-exp (h). Before the blocks, the image (the patch projection's
+    input); after them, the final LN's input, output and statistics, and the loss's log-softmax.
+    The test checks this against what autograd actually saves (`measure_saved_activations`).
+    """
+    T, D, M, L = cfg.num_patches + cfg.num_prefix_tokens, cfg.dim, cfg.hidden_dim, cfg.depth
+    H, W = cfg.img_size
+    return {
+        "input image": cfg.in_chans * H * W,
+        "blocks": L * T * (8 * D + 2 * M + 4 + cfg.heads),
+        "final norm + head": T * (2 * D + 2) + cfg.num_classes,
+    }
+
+
+def training_memory(cfg: ViTConfig, batch_size: int, params: int) -> MemoryEstimate:
+    """An estimate of training memory at `batch_size` (fp32, AdamW); see `activation_elements`."""
+    if batch_size < 1:
+        raise VitlabError(f"--batch-size must be at least 1; found {batch_size}")
+    T = cfg.num_patches + cfg.num_prefix_tokens
+    rows = {k: v * batch_size * BYTES_FP32 for k, v in activation_elements(cfg).items()}
+    attn = cfg.depth * cfg.heads * T * T * batch_size * BYTES_FP32  # one (h, T, T) matrix per layer
+    return MemoryEstimate(batch_size, params, sum(rows.values()), attn, rows)
+
+
+def measure_saved_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one training forward pass and
+    loss (parameters excluded): the measured counterpart of `training_memory(...).activations`."""
+    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in param_ptrs:
+            saved[s.data_ptr()] = s.nbytes()
+        return t
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        F.cross_entropy(model(x), y)
+    return sum(saved.values())
+
+
+# ----------------------------------------------------------------------------------------------------
+# The seed's points, made concrete
+
+
+def seed_table() -> list[dict]:
+    """Base / Large / Huge as in the seed's table (the paper's Table 1), parameters counted here."""
+    from vitlab.zoo import get_config
+
+    rows = []
+    for label, name, paper in SEED_TABLE:
+        cfg = get_config(name)
+        params = sum(p.numel() for p in build_on_meta(cfg).parameters())
+        rows.append({"model": label, "name": name, "layers": cfg.depth, "dim": cfg.dim, "mlp": cfg.hidden_dim,
+                     "heads": cfg.heads, "params": params, "paper": paper})
+    return rows
+
+
+def patch_size_tradeoff(cfg: ViTConfig, img_size: int = 224, patches: tuple[int, int] = (16, 8)) -> list[dict]:
+    """The seed's O(N^2 D) point: the same width and depth at `img_size` with two patch sizes.
+    Halving P gives 4x the patches, ~16x the attention products and ~4x everything else."""
+    rows = []
+    for P in patches:
+        c = cfg.replace(img_size=img_size, patch_size=P, stem="patch")
+        count = count_macs(c)
+        rows.append({"patch": P, "N": c.num_patches, "T": c.num_patches + c.num_prefix_tokens,
+                     "attention_macs": count.attention_macs, "macs": count.macs})
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------
+# The report `vitlab info` prints
+
+
+def _si(n: float, unit: str = "") -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {prefix}{unit}"
+    return f"{n:.0f} {unit}".rstrip()
+
+
+def _bytes(n: float) -> str:
+    for scale, prefix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= scale:
+            return f"{n / scale:.2f} {prefix}"
+    return f"{n:.0f} B"
+
+
+def info_report(name: str, *, img_size: int | None = None, patch_size: int | None = None,
+                batch_size: int = 64, dim: int | None = None, depth: int | None = None,
+                heads: int | None = None) -> str:
+    """The text of `vitlab info NAME`: parameters, tokens, FLOPs, memory, the seed's table and the
+    patch-size trade-off. Every size is checked before anything is built."""
+    from vitlab.zoo import CNN_VARIANTS, get_config
+
+    for flag, value in (("--img-size", img_size), ("--patch-size", patch_size), ("--batch-size", batch_size),
+                        ("--dim", dim), ("--depth", depth), ("--heads", heads)):
+        if value is not None and value < 1:
+            raise VitlabError(f"{flag} must be a positive integer; found {value}")
+    if name in CNN_VARIANTS:
+        return _cnn_report(name, img_size or 32, batch_size)
+    cfg = get_config(name, img_size=img_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads)
+    model = build_on_meta(cfg)
+    params = parameter_breakdown(model)
+    block = block_breakdown(model)
+    count = count_macs(cfg)
+    measured, _ = measured_flops(model, cfg.img_size, cfg.in_chans)
+    mem = training_memory(cfg, batch_size, params["total"])
+    H, W = cfg.img_size
+    gh, gw = cfg.grid_size
+    T = cfg.num_patches + cfg.num_prefix_tokens
+
+    lines = [f"{name}: D={cfg.dim} L={cfg.depth} h={cfg.heads} (d={cfg.dim // cfg.heads}) MLP={cfg.hidden_dim} "
+             f"P={cfg.patch_size} img={H}x{W} classes={cfg.num_classes} pos_embed={cfg.pos_embed} pool={cfg.pool}",
+             "", "Parameters"]
+    for key in ("patch_embed", "cls_token + pos_embed", "blocks", "norm", "head"):
+        extra = ""
+        if key == "blocks":
+            extra = (f"  ({cfg.depth} x {sum(block.values()):,}: attn {block['attn']:,}, mlp {block['mlp']:,}, "
+                     f"norms {block['norms']:,})")
+        lines.append(f"  {key:<24}{params[key]:>14,}{extra}")
+    if params.get("other"):
+        lines.append(f"  {'other':<24}{params['other']:>14,}")
+    lines.append(f"  {'total':<24}{params['total']:>14,}")
+    lines += ["", f"Sequence: {gh}x{gw} = {cfg.num_patches} patches + {cfg.num_prefix_tokens} class token "
+              f"= {T} tokens (N+1)", "",
+              "Compute per image (1 MAC = one multiply-add; FLOPs = 2 x MACs)"]
+    for key, macs in count.rows.items():
+        lines.append(f"  {key:<24}{_si(macs, 'MACs'):>14}  {100 * macs / count.macs:5.1f}%")
+    lines.append(f"  {'total':<24}{_si(count.macs, 'MACs'):>14}  = {_si(count.flops, 'FLOPs')}")
+    lines.append(f"  torch FlopCounterMode: {_si(measured, 'FLOPs')} "
+                 f"(analytic / counted = {count.flops / measured:.4f}; it skips LayerNorm, softmax, GELU too)")
+    if count.note:
+        lines.append(f"  ({count.note})")
+    lines += ["", f"Training memory at batch {batch_size} (fp32, AdamW)",
+              f"  weights                 {_bytes(mem.weights):>12}",
+              f"  grads + AdamW moments   {_bytes(mem.optimizer_state):>12}",
+              f"  activations (fused)     {_bytes(mem.activations):>12}  "
+              f"(per image per block: ~T x (8D + 2M) floats = {T} x {8 * cfg.dim + 2 * cfg.hidden_dim})",
+              f"  total                   {_bytes(mem.total):>12}",
+              f"  + attention matrices    {_bytes(mem.attention_matrices):>12}  "
+              f"if the explicit path keeps softmax(QK^T/sqrt(d)): L x h x T^2 floats per image", ""]
+    lines.append("The seed's table (paper Table 1), parameters counted at 224 px with 1000 classes")
+    lines.append(f"  {'model':<10}{'layers':>7}{'D':>6}{'MLP':>6}{'heads':>6}{'params':>14}{'paper':>7}")
+    for r in seed_table():
+        lines.append(f"  {r['model']:<10}{r['layers']:>7}{r['dim']:>6}{r['mlp']:>6}{r['heads']:>6}"
+                     f"{r['params']:>14,}{r['paper']:>7}")
+    a, b = patch_size_tradeoff(cfg)
+    lines += ["", f"Self-attention is O(N^2 D): this width and depth at 224 px, patch {a['patch']} vs {b['patch']}",
+              f"  {'patch':<7}{'N':>6}{'N+1':>6}{'QK^T + AV':>16}{'whole model':>16}"]
+    for r in (a, b):
+        lines.append(f"  {r['patch']:<7}{r['N']:>6}{r['T']:>6}{_si(r['attention_macs'], 'MACs'):>16}"
+                     f"{_si(r['macs'], 'MACs'):>16}")
+    lines.append(f"  {b['N'] // a['N']}x the patches -> {b['attention_macs'] / a['attention_macs']:.1f}x the attention "
+                 f"products and {b['macs'] / a['macs']:.1f}x the whole model's MACs")
+    return "\n".join(lines)
+
+
+def _cnn_report(name: str, img_size: int, batch_size: int) -> str:
+    from vitlab.zoo import create_model
+
+    with torch.device("meta"):
+        model = create_model(name, img_size=img_size)
+    total = sum(p.numel() for p in model.parameters())
+    measured, _ = measured_flops(model, (img_size, img_size), 3)
+    lines = [f"{name}: a CNN baseline (vitlab.cnn.ResNetMini), {img_size}x{img_size} input", "", "Parameters"]
+    for child_name, child in model.named_children():
+        lines.append(f"  {child_name:<24}{sum(p.numel() for p in child.parameters()):>14,}")
+    lines += [f"  {'total':<24}{total:>14,}", "",
+              f"Compute per image (torch FlopCounterMode): {_si(measured / 2, 'MACs')} = {_si(measured, 'FLOPs')}",
+              f"Weights + grads + AdamW moments: {_bytes(16 * total)} (batch {batch_size}: activations not estimated "
+              "for CNNs)"]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "FlopCount",
+    "MemoryEstimate",
+    "parameter_breakdown",
+    "block_breakdown",
+    "count_macs",
+    "measured_flops",
+    "activation_elements",
+    "training_memory",
+    "measure_saved_activations",
+    "seed_table",
+    "patch_size_tradeoff",
+    "info_report",
+    "build_on_meta",
+]
