@@ -46,3 +46,44 @@ def stratified_split(labels: torch.Tensor, val_fraction: float, *, seed: int = 0
         val.append(idx[:k])
         train.append(idx[k:])
     return torch.cat(train).sort().values, torch.cat(val).sort().values
+
+
+def write_digits_folder(out, *, size: int = 32, val_split: float = 0.2, seed: int = 0,
+                        per_class: int | None = None) -> dict:
+    """Write the digits as an image folder, `out/{train,val}/<digit>/<index>.png` (grey PNGs).
+
+    The split is `stratified_split(val_split, seed)`; `per_class` keeps at most that many images per
+    class (before splitting), for quick tests. The folder is built under a temporary name and moved
+    into place, so `out` is either complete or absent. Returns {"train": n, "val": n}.
+    """
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from PIL import Image
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise VitlabError(f"--out {out} already exists and is not empty; choose a new folder or delete it")
+    if per_class is not None and per_class < 2:
+        raise VitlabError(f"--per-class must be at least 2 (one image to train, one to validate); found {per_class}")
+    x, y = load_digits(size, channels=1, normalize=False)  # (1797, 1, size, size) in [0, 1]
+    keep = torch.arange(len(y))
+    if per_class is not None:
+        keep = torch.cat([(y == c).nonzero().flatten()[:per_class] for c in range(10)]).sort().values
+    train_idx, val_idx = stratified_split(y[keep], val_split, seed=seed)
+    pixels = (x[:, 0] * 255 + 0.5).to(torch.uint8).numpy()  # (1797, size, size)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        for part, idx in (("train", train_idx), ("val", val_idx)):
+            for c in CLASS_NAMES:
+                (tmp / part / c).mkdir(parents=True)
+            for i in keep[idx].tolist():
+                Image.fromarray(pixels[i], "L").save(tmp / part / CLASS_NAMES[int(y[i])] / f"{i:04d}.png")
+        os.replace(tmp, out)  # an empty `out` folder is replaced too
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"train": len(train_idx), "val": len(val_idx)}

@@ -1,0 +1,101 @@
+"""Training on several processes or machines: the same command under torchrun.
+
+    torchrun --nproc_per_node=4 -m vitlab finetune --data DIR ...          # one machine, 4 processes
+    torchrun --nnodes=2 --node_rank=R --master_addr=HOST --master_port=29500 \\
+             --nproc_per_node=8 -m vitlab finetune --data DIR ...          # two machines
+
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `setup` reads them (the
+standard env:// rendezvous) and joins the process group: NCCL when the processes train on GPUs, gloo
+on CPU. Each process sees 1/N of every epoch through a DistributedSampler and computes the mean
+loss of its own per-process batch; DistributedDataParallel averages the gradients, so a step is the
+step of one process with the global batch = per-process batch x N. Only rank 0 writes files and
+prints. Without torchrun's variables everything runs as one process (world size 1).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from vitlab.errors import VitlabError
+from vitlab.runtime import resolve_device
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def setup(device: str = "auto") -> DistInfo:
+    """Join torchrun's process group if launched by it; pick this process's device. Idempotent."""
+    if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
+        return DistInfo(device=resolve_device(device))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise VitlabError(
+                f"torchrun started {os.environ.get('LOCAL_WORLD_SIZE', '?')} processes on this machine but only "
+                f"{torch.cuda.device_count()} GPU(s) are visible; use --nproc_per_node={torch.cuda.device_count()}"
+            )
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    elif dev.type == "mps":
+        raise VitlabError("multi-process training on MPS is not supported by torch.distributed; use --device cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+
+
+def wrap(model: nn.Module, info: DistInfo) -> nn.Module:
+    """DistributedDataParallel over the parameters that train now (call again when that set changes:
+    DDP fixes the set of synchronised parameters when it is built)."""
+    if not info.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [info.device.index] if info.device.type == "cuda" else None
+    return DDP(model, device_ids=ids, broadcast_buffers=True)
+
+
+def all_mean(values: dict[str, float], info: DistInfo) -> dict[str, float]:
+    """The mean of each value over all processes (for train loss/accuracy of the epoch)."""
+    if not info.enabled:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=info.device)
+    dist.all_reduce(t)
+    return {k: v / info.world_size for k, v in zip(keys, t.tolist())}
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def cleanup(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+__all__ = ["DistInfo", "setup", "wrap", "all_mean", "barrier", "cleanup", "launched_by_torchrun"]

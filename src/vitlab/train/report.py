@@ -1,0 +1,76 @@
+"""The pictures and tables a training run ends with: learning curves, the confusion matrix, and
+per-class accuracy. matplotlib without pyplot; files are written atomically (vitlab.analysis.plots)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from vitlab.analysis.plots import _atomic_write, save_figure
+
+
+def plot_curves(rows: list[dict], path: str | Path, *, freeze_epochs: int = 0, title: str = "") -> Path:
+    """Loss, accuracy and learning rate against epoch; a dashed line where stage 2 (unfreezing) begins."""
+    epochs = [r["epoch"] for r in rows]
+    fig = Figure(figsize=(13, 4))
+    ax_loss, ax_acc, ax_lr = fig.subplots(1, 3)
+    ax_loss.plot(epochs, [r["train_loss"] for r in rows], "o-", ms=3, label="train")
+    ax_loss.plot(epochs, [r["val_loss"] for r in rows], "o-", ms=3, label="val")
+    ax_loss.set(xlabel="epoch", ylabel="cross-entropy loss", title="loss")
+    ax_acc.plot(epochs, [r["train_acc"] for r in rows], "o-", ms=3, label="train (hard labels)")
+    ax_acc.plot(epochs, [r["val_acc"] for r in rows], "o-", ms=3, label="val")
+    if "val_acc_ema" in rows[0]:
+        ax_acc.plot(epochs, [r["val_acc_ema"] for r in rows], "o--", ms=3, label="val (EMA weights)")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy", ylim=(0, 1.02))
+    ax_lr.plot(epochs, [r["lr"] for r in rows], "o-", ms=3, color="tab:gray", label="head lr (end of epoch)")
+    ax_lr.set(xlabel="epoch", ylabel="learning rate", title="learning rate")
+    for ax in (ax_loss, ax_acc, ax_lr):
+        if 0 < freeze_epochs < max(epochs):
+            ax.axvline(freeze_epochs + 0.5, color="k", ls="--", lw=0.8, label="unfreeze (stage 2)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_confusion(confusion: torch.Tensor, classes: list[str], path: str | Path, *, title: str = "") -> Path:
+    """Rows: true class, columns: predicted class; colour = share of the row, text = count."""
+    cm = confusion.cpu().numpy().astype(np.int64)
+    share = cm / np.maximum(cm.sum(1, keepdims=True), 1)
+    n = len(classes)
+    side = min(16, max(5, 0.5 * n + 2))
+    fig = Figure(figsize=(side + 1, side))
+    ax = fig.subplots()
+    im = ax.imshow(share, cmap="Blues", vmin=0, vmax=1, origin="upper")
+    fig.colorbar(im, ax=ax, fraction=0.046, label="share of the true class")
+    if n <= 30:
+        ax.set_xticks(range(n), labels=classes, rotation=90 if max(map(len, classes)) > 3 else 0)
+        ax.set_yticks(range(n), labels=classes)
+        for i in range(n):
+            for j in range(n):
+                if cm[i, j]:
+                    ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=8,
+                            color="white" if share[i, j] > 0.5 else "black")
+    ax.set(xlabel="predicted class", ylabel="true class", title=title or "confusion matrix (validation)")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def write_per_class(path: str | Path, classes: list[str], accuracy: list[float], counts: list[int]) -> Path:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["class", "accuracy", "val_images"])
+    w.writerows([c, f"{a:.6f}", n] for c, a, n in zip(classes, accuracy, counts))
+    return _atomic_write(path, lambda tmp: Path(tmp).write_text(buf.getvalue()))
+
+
+__all__ = ["plot_curves", "plot_confusion", "write_per_class"]
