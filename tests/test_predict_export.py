@@ -233,7 +233,8 @@ def test_predict_text_output_bf16_and_img_size(timm_dir, tmp_path, capsys, chels
                "--img-size", "384", "--device", "cpu"])  # --model taken from config.json's architecture
     out, err = capsys.readouterr()
     assert rc == 0
-    lines = out.strip().splitlines()
+    header, *lines = out.strip().splitlines()
+    assert "resize short side to 426 (bicubic), centre-crop 384x384, mean (0.5, 0.5, 0.5)" in header  # 384 / 0.9
     assert lines[0] == str(tmp_path / "cat.png") and len(lines) == 6 and lines[1].lstrip().startswith("1.")
     probs = [float(line.split()[1].rstrip("%")) for line in lines[1:]]
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 100.01

@@ -48,6 +48,7 @@ def _staging(out: Path):
     try:
         yield tmp
         for f in sorted(tmp.iterdir()):
+            f.chmod(0o644)  # temp files are created private (0600); the exported files are ordinary ones
             os.replace(f, out.parent / f.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -63,12 +64,7 @@ def export_config(model: nn.Module) -> dict:
     if getattr(model, "head", None) is not None and isinstance(model.head, nn.Linear):
         pcfg["head"] = "loaded" if model.head.weight.detach().any() else "zero"
     pcfg["notes"] = []  # the notes described the original load, not this file
-    meta.update(
-        architecture=pcfg.get("architecture"),
-        num_classes=getattr(getattr(model, "cfg", None), "num_classes", None),
-        label_names=pcfg.get("label_names"),
-        format="vitlab",
-    )
+    meta.update(architecture=pcfg.get("architecture"), num_classes=getattr(getattr(model, "cfg", None), "num_classes", None))
     return meta
 
 

@@ -82,6 +82,24 @@ def eval_transform(pretrained_cfg: dict, img_size: int | tuple[int, int] | None 
     )
 
 
+def describe(pretrained_cfg: dict, img_size: int | tuple[int, int] | None = None) -> str:
+    """One line saying what eval_transform(pretrained_cfg, img_size) does, for logs and `vitlab predict`."""
+    if img_size is None:
+        H, W = tuple(pretrained_cfg.get("input_size", (3, 224, 224)))[1:]
+    else:
+        H, W = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    crop_pct = pretrained_cfg.get("crop_pct") or 0.875
+    scale = (math.floor(H / crop_pct), math.floor(W / crop_pct))
+    interp = pretrained_cfg.get("interpolation", "bicubic")
+    if (pretrained_cfg.get("crop_mode") or "center") == "squash":
+        steps = f"resize to {scale[0]}x{scale[1]} ({interp})" + ("" if scale == (H, W) else f", centre-crop {H}x{W}")
+    else:
+        steps = f"resize short side to {max(scale)} ({interp}), centre-crop {H}x{W}"
+    fmt = lambda v: "(" + ", ".join(f"{x:g}" for x in v) + ")"  # noqa: E731
+    mean, std = pretrained_cfg.get("mean", (0.5,) * 3), pretrained_cfg.get("std", (0.5,) * 3)
+    return f"{steps}, mean {fmt(mean)}, std {fmt(std)}"
+
+
 def open_image(path: str | Path) -> Image.Image:
     """Open an image file as an RGB PIL image, or raise a VitlabError that names the file.
 
@@ -145,4 +163,4 @@ def load_images(paths, transform) -> tuple[list[tuple[str, torch.Tensor]], list[
     return good, bad
 
 
-__all__ = ["eval_transform", "open_image", "to_rgb", "load_images", "INTERPOLATIONS"]
+__all__ = ["eval_transform", "describe", "open_image", "to_rgb", "load_images", "INTERPOLATIONS"]

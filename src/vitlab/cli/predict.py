@@ -96,7 +96,11 @@ def run(args) -> int:
         }
         print(json.dumps(doc, indent=2))
     else:
+        from vitlab.preprocess import describe
+
         text = format_results(results)
+        print(f"{pcfg.get('architecture') or 'model'} with weights {pcfg.get('source')} ({pcfg.get('format')} layout); "
+              f"preprocessing: {describe(pcfg, model.cfg.img_size)}")
         if text:
             print(text)
     return 2 if failed else 0
