@@ -139,9 +139,14 @@ def _hybrid_stem_macs(cfg: ViTConfig) -> int:
 
 
 def measured_flops(model: nn.Module, img_size: tuple[int, int], in_chans: int = 3) -> tuple[int, dict[str, int]]:
-    """FLOPs of one forward pass at batch 1 as torch's FlopCounterMode counts them (it counts
-    convolutions, matrix products and scaled_dot_product_attention), on a shape-only copy when the
-    model lives on "meta". Returns (total FLOPs, {op: FLOPs})."""
+    """FLOPs of one forward pass at batch 1 as torch's FlopCounterMode counts them (convolutions,
+    matrix products, and the attention kernels it knows). Returns (total FLOPs, {op: FLOPs}).
+
+    Use a model built on "meta" (`build_on_meta`): there `scaled_dot_product_attention` runs as its
+    math decomposition, whose two matmuls (QK^T, AV) the counter sees. On CPU, torch 2.14 dispatches
+    to `_scaled_dot_product_flash_attention_for_cpu`, which the counter does not count at all: the
+    attention products silently vanish from the total (the "SDPA not counted" pitfall).
+    """
     from torch.utils.flop_counter import FlopCounterMode
 
     device = next(model.parameters()).device

@@ -210,7 +210,7 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, progr
     echo("\n" + format_table(summary))
     echo(f"\nwrote {out}/: summary.json, curves.png, attention_pos_learned.png, attention_pos_none.png, "
          f"pos_learned/ and pos_none/ (metrics.csv, checkpoints)")
-    echo(f"demo wall time: {wall:.1f} s")
+    echo(f"demo wall time: {summary['wall_time_s']:.1f} s")
     return summary
 
 
