@@ -14,7 +14,7 @@ demo: $(STAMP)
 	$(VENV)/bin/vitlab demo $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not slow" $(ARGS)
+	$(VENV)/bin/python -m pytest -q $(ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_core.py $(ARGS)
