@@ -216,6 +216,19 @@ def write_jax_npz(model, path: Path, *, pre_logits: bool = False) -> None:
     np.savez(path, **w)
 
 
+def to_big_vision(path: Path, out: Path) -> None:
+    """Rename an original-layout .npz to big_vision's: params/ prefix, top-level pos_embedding,
+    MultiHeadDotProductAttention_0, LayerNorm_0/1, MlpBlock_0."""
+    w = dict(np.load(path))
+    renamed = {}
+    for k, v in w.items():
+        k = k.replace("Transformer/posembed_input/pos_embedding", "pos_embedding")
+        k = k.replace("MultiHeadDotProductAttention_1", "MultiHeadDotProductAttention_0")
+        k = k.replace("LayerNorm_2", "LayerNorm_1").replace("MlpBlock_3", "MlpBlock_0")
+        renamed["params/" + k] = v
+    np.savez(out, **renamed)
+
+
 def test_jax_npz_matches_and_timm_agrees_on_the_file(tmp_path):
     from timm.models.vision_transformer import _load_weights
 
@@ -235,6 +248,14 @@ def test_jax_npz_matches_and_timm_agrees_on_the_file(tmp_path):
         assert max_diff(model(x), expected) <= TOL
     assert model.pretrained_cfg["format"] == "jax"
     assert model.pretrained_cfg["crop_mode"] == "squash" and model.pretrained_cfg["interpolation"] == "bilinear"
+    # big_vision's names for the same tensors: timm's loader and vitlab's agree again
+    to_big_vision(path, tmp_path / "big_vision.npz")
+    with torch.no_grad():
+        other = timm.create_model("vit_tiny_patch16_224", depth=2).eval()
+        _load_weights(other, str(tmp_path / "big_vision.npz"))
+        assert max_diff(other(x), expected) <= TOL
+        model = load_pretrained("vit_tiny_patch16_224", str(tmp_path / "big_vision.npz"), depth=2)
+        assert max_diff(model(x), expected) <= TOL
 
 
 def test_jax_pre_logits_checkpoint_drops_the_pretraining_head(tmp_path):

@@ -33,7 +33,7 @@ import math
 import pickle
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from vitlab.errors import VitlabError
 
 FORMATS = ("timm", "hf", "torchvision", "jax")
-TORCH_SUFFIXES = (".pth", ".pt", ".bin")
+TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".tar")  # .tar: timm training checkpoints (model_best.pth.tar)
 WEIGHT_SUFFIXES = (".safetensors", ".npz", *TORCH_SUFFIXES)
 
 # Eval preprocessing per weight source (../shared/docs/paper.md, "Preprocessing differs per weight source").
@@ -509,8 +509,6 @@ def infer_config(sd: dict[str, torch.Tensor], config: dict | None = None) -> dic
 def _vitlab_config(config: dict) -> dict:
     """The ViTConfig fields stored by vitlab: `{"kind": "vit", "config": {...}}` (vitlab.train.checkpoint,
     vitlab.export) or `vit_config`."""
-    from dataclasses import fields
-
     from vitlab.model import ViTConfig
 
     known = {f.name for f in fields(ViTConfig)}
@@ -655,23 +653,25 @@ def load_pretrained(
     Returns a VisionTransformer in eval mode whose `pretrained_cfg` gives the source's preprocessing
     (input_size, mean, std, crop_pct, crop_mode, interpolation) and class names, and says whether the
     head was loaded ("loaded"), is all zeros ("zero", e.g. an ImageNet-21k checkpoint), was absent
-    ("absent") or is new ("new").
+    ("absent"), is new ("new"), or was left out (num_classes=0: "none", the model returns features).
     """
     from vitlab.model import VisionTransformer, ViTConfig
     from vitlab.zoo import VARIANTS, get_config
 
     ckpt = load_checkpoint(source, cache_dir=cache_dir)
-    name = name or (ckpt.architecture if ckpt.architecture in VARIANTS else None)
     inferred = {k: v for k, v in ckpt.config.items() if k != "grid_size"}
-    if name is not None:
+    if name is not None:  # the user named the architecture: the checkpoint must fit it
         base = get_config(name, **overrides)
-    else:
-        if "heads" not in inferred:
+    else:  # the checkpoint describes itself: its config file's architecture, corrected by its tensors
+        name = ckpt.architecture if ckpt.architecture in VARIANTS else None
+        if name is None and "heads" not in inferred:
             raise VitlabError(
                 f"{ckpt.path}: the checkpoint does not say its number of heads; name the model "
                 "(--model, e.g. vit_base_patch16_224) so vitlab knows the architecture"
             )
-        base = ViTConfig(**{k: v for k, v in inferred.items() if k not in ("num_classes", "img_size")}).replace(**overrides)
+        known = {f.name for f in fields(ViTConfig)} - {"num_classes"}
+        start = get_config(name) if name is not None else ViTConfig()
+        base = start.replace(**{k: v for k, v in inferred.items() if k in known}).replace(**overrides)
     _check_architecture(name, base, inferred, ckpt)
 
     ckpt_classes = inferred["num_classes"]
@@ -692,7 +692,10 @@ def load_pretrained(
         notes.append(f"position embedding resampled from a {old_grid[0]}x{old_grid[1]} to a {cfg.grid_size[0]}x{cfg.grid_size[1]} grid (bicubic)")
     if target_classes != ckpt_classes or head == "absent":
         sd.pop("head.weight", None), sd.pop("head.bias", None)
-        if head != "absent":
+        if target_classes == 0:  # asked for a feature extractor: no head at all
+            notes.append("no head (num_classes=0): the model returns the pooled features")
+            head = "none"
+        elif head != "absent":
             _warn(f"{ckpt.path}: the checkpoint's head has {ckpt_classes} classes; made a new zero-initialised head for {target_classes} classes")
             head = "new"
     if head == "absent":
@@ -708,8 +711,8 @@ def load_pretrained(
     for note in ckpt.notes:
         _warn(f"{ckpt.path}: {note}")
 
-    _check_keys(model, sd, name, ckpt, skip_head=head in ("new", "absent"))
-    model.load_state_dict(sd, strict=head not in ("new", "absent"))
+    _check_keys(model, sd, name, ckpt, skip_head=head in ("new", "absent", "none"))
+    model.load_state_dict(sd, strict=head not in ("new", "absent", "none"))
     model.eval()
 
     pcfg = dict(ckpt.pretrained_cfg)
