@@ -46,12 +46,11 @@ def _png(path) -> np.ndarray:
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "out"
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(2)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         rc = main(["demo", "--epochs", "3", "--out", str(out), "--no-progress", "--device", "cpu"])
-    torch.set_num_threads(n)
+    assert torch.get_num_threads() == 2  # the demo's one thread (its default) is undone afterwards
     return rc, out, printed.getvalue()
 
 
@@ -59,6 +58,7 @@ def test_demo_writes_metrics_figures_weights_and_summary(demo_run):
     rc, out, _ = demo_run
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["threads"] == 1
     assert set(summary["runs"]) == {"learned", "none"}
     for pos in ("learned", "none"):
         with open(out / f"pos_{pos}" / "metrics.csv") as f:
@@ -221,6 +221,7 @@ def test_unknown_model_lists_the_valid_choices(capsys):
     (["info", "vit_base_patch16_224", "--img-size", "big"], ["--img-size", "big"]),
     (["demo", "--epochs", "0"], ["--epochs", "0"]),
     (["demo", "--seed", "-1"], ["--seed", "-1"]),
+    (["demo", "--threads", "-2"], ["--threads", "-2"]),
 ])
 def test_bad_sizes_and_options(capsys, argv, words):
     err = _error(capsys, argv)

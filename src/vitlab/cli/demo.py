@@ -17,6 +17,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for the data, the initial weights and the batch order")
     p.add_argument("--out", default="runs/demo", metavar="DIR", help="output folder (created if missing)")
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="CPU threads for torch (default 1: the mini model is too small to split between cores, "
+                   "and extra threads stall on a busy machine); 0 = torch's default")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (the per-epoch lines stay)")
     p.set_defaults(func=run)
 
@@ -24,5 +27,6 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from vitlab.experiments.demo import run_demo
 
-    run_demo(epochs=args.epochs, seed=args.seed, out=args.out, device=args.device, progress=not args.no_progress)
+    run_demo(epochs=args.epochs, seed=args.seed, out=args.out, device=args.device,
+             threads=args.threads or None, progress=not args.no_progress)
     return 0

@@ -95,24 +95,38 @@ def run_demo(
     device: str = "auto",
     n_train: int = N_TRAIN,
     n_val: int = N_VAL,
+    threads: int | None = 1,
     progress: bool = True,
     echo: Callable[[str], None] = print,
 ) -> dict:
     """Run both trainings, write the files listed in the module docstring, print the table, and
-    return the summary (the content of summary.json)."""
+    return the summary (the content of summary.json).
+
+    `threads`: torch's intra-op CPU threads during the demo (restored after). The mini model's matrices
+    (65 tokens x 32 channels) are too small to split between cores: one thread does the same work, and
+    on a machine shared with other processes extra threads wait for each other (measured on a loaded
+    2-core VM: 2.6 s per epoch with 1 thread, 25-37 s with 2). `None` keeps torch's setting.
+    """
     from vitlab.runtime import resolve_device
 
     out = check_options(epochs=epochs, seed=seed, out=out, n_train=n_train, n_val=n_val)
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise VitlabError(f"--threads must be a positive integer (or 0 for torch's default); found {threads!r}")
     dev = resolve_device(device)  # an unavailable device is an error before anything is written
     created = not out.exists()
+    previous_threads = torch.get_num_threads()
     out.mkdir(parents=True, exist_ok=True)
     try:
+        if threads is not None:
+            torch.set_num_threads(threads)
         return _run(epochs=epochs, seed=seed, out=out, device=dev, n_train=n_train, n_val=n_val,
                     progress=progress, echo=echo)
     except BaseException:
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # leave nothing behind for a run that wrote nothing
         raise
+    finally:
+        torch.set_num_threads(previous_threads)
 
 
 def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, progress, echo) -> dict:
