@@ -75,7 +75,7 @@ def wrap(model: nn.Module, info: DistInfo) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [info.device.index] if info.device.type == "cuda" else None
-    return DDP(model, device_ids=ids, broadcast_buffers=True)
+    return DDP(model, device_ids=ids)
 
 
 def all_mean(values: dict[str, float], info: DistInfo) -> dict[str, float]:

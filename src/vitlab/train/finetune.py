@@ -306,6 +306,11 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     else:
         seed_everything(cfg.seed + info.rank)  # each process its own augmentation/dropout stream
     best = max((r["val_acc"] for r in rows), default=-1.0)
+    if rows and info.is_main:  # a kill between writing last.json and best.json: point best.json at the best epoch
+        best_epoch = max(rows, key=lambda r: r["val_acc"])["epoch"]  # first of equals, as the strict > below
+        pointer = json.loads((out / "best.json").read_text()) if (out / "best.json").exists() else {}
+        if pointer.get("epoch") != best_epoch and (out / "checkpoints" / f"epoch_{best_epoch:04d}").exists():
+            ckpt.mark_best(out, f"epoch_{best_epoch:04d}", {"epoch": best_epoch, "val_acc": best})
 
     writer = None
     if info.is_main:
@@ -314,7 +319,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
 
         writer = SummaryWriter(str(out / "tensorboard"), purge_step=start + 1 if start else None)
     say(f"{model_name}: {sum(p.numel() for p in model.parameters()):,} parameters, {n_cls} classes; "
-        f"{cfg.epochs} epochs ({K} head-only, then --unfreeze {cfg.unfreeze}), global batch "
+        f"{cfg.epochs} epochs ({f'{K} head-only, then --unfreeze {cfg.unfreeze}' if K else f'--unfreeze {cfg.unfreeze}'}), global batch "
         f"{cfg.batch_size * info.world_size * cfg.grad_accum} = {cfg.batch_size} x {info.world_size} process(es)"
         f"{f' x {cfg.grad_accum} accumulation' if cfg.grad_accum > 1 else ''}, {device}, {cfg.precision}")
 
