@@ -596,7 +596,7 @@ def _source_pretrained_cfg(fmt: str, config: dict, preproc: dict, cfg: dict) -> 
     """Preprocessing and class names as the source defines them."""
     out = dict(PREPROCESSING["timm" if fmt == "vitlab" else fmt])
     saved = config.get("pretrained_cfg") or {}
-    for key in ("mean", "std", "crop_pct", "crop_mode", "interpolation"):
+    for key in ("mean", "std", "crop_pct", "crop_mode", "interpolation", "resize_backend"):
         if saved.get(key) is not None:
             out[key] = tuple(saved[key]) if isinstance(saved[key], list) else saved[key]
     if preproc:  # HF preprocessor_config.json
