@@ -171,14 +171,18 @@ def test_kill_and_resume_is_bitwise_identical(data, tmp_path):
     assert json.loads((full / "best.json").read_text()) == json.loads((killed / "best.json").read_text())
 
 
-def test_resume_refuses_changed_options(data, tmp_path, capsys):
+def test_resume_refuses_changed_options_or_data(data, tmp_path, capsys):
+    write_digits_folder(tmp_path / "d", size=16, per_class=6)
     run = tmp_path / "run"
-    base = ["finetune", "--data", str(data / "small"), "--checkpoint", str(data / "init"), "--epochs", "1",
+    base = ["finetune", "--data", str(tmp_path / "d"), "--checkpoint", str(data / "init"), "--epochs", "2",
             "--freeze-epochs", "0", "--batch-size", "32", "--no-aug", "--device", "cpu", "--out", str(run)]
     assert main(base) == 0
     assert main(base) == 2 and "add --resume" in capsys.readouterr().err
     assert main(base + ["--resume", "--lr", "3e-4"]) == 2
     assert "--lr 0.0001 -> 0.0003" in capsys.readouterr().err
+    next((tmp_path / "d" / "train" / "3").iterdir()).unlink()
+    assert main(base + ["--resume"]) == 2
+    assert "the data differ" in capsys.readouterr().err
 
 
 def test_nan_loss_stops_with_a_diagnosis(data, tmp_path, capsys):

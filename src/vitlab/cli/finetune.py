@@ -13,6 +13,17 @@ from __future__ import annotations
 import argparse
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends with the default, where there is one worth showing."""
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        d = action.default
+        if d is None or isinstance(d, bool) or d is argparse.SUPPRESS or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def add_run_arguments(p: argparse.ArgumentParser, *, finetune: bool) -> None:
     """The flags of `vitlab finetune` and `vitlab train` (one RunConfig field each)."""
     d = p.add_argument_group("data")
@@ -40,7 +51,8 @@ def add_run_arguments(p: argparse.ArgumentParser, *, finetune: bool) -> None:
     r.add_argument("--batch-size", type=int, default=32, metavar="B",
                    help="batch per process (global batch = B x processes x --grad-accum)")
     r.add_argument("--lr", type=float, default=1e-4 if finetune else 1e-3,
-                   help="peak learning rate of the head; seed 004: 1e-5 to 1e-4 for pretrained weights")
+                   help="peak learning rate (of the head, with layer decay)"
+                   + ("; seed 004: 1e-5 to 1e-4 for pretrained weights" if finetune else ""))
     r.add_argument("--weight-decay", type=float, default=0.05, metavar="W", help="AdamW weight decay (matrices only)")
     r.add_argument("--warmup-epochs", type=float, default=1.0 if finetune else 3.0, metavar="E",
                    help="linear warmup at the start of each stage, then cosine")
@@ -79,6 +91,28 @@ def add_run_arguments(p: argparse.ArgumentParser, *, finetune: bool) -> None:
     x.add_argument("--out", required=True, metavar="DIR",
                    help="run folder: metrics.csv, tensorboard/, checkpoints, PNGs, summary.json")
     x.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    x.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch intra-op CPU threads for this run (default: torch's; 1 is often fastest for "
+                   "small models on a busy CPU)")
+
+
+def run_with_threads(args, cfg) -> int:
+    """Run `cfg`, with --threads set for the run and restored afterwards."""
+    import torch
+
+    from vitlab.errors import VitlabError
+    from vitlab.train.finetune import run as run_training
+
+    if args.threads is not None and args.threads < 1:
+        raise VitlabError(f"--threads must be at least 1; found {args.threads}")
+    before = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        run_training(cfg)
+    finally:
+        torch.set_num_threads(before)
+    return 0
 
 
 def config_from_args(args):
@@ -98,13 +132,11 @@ def register(subparsers) -> None:
         "--freeze-epochs of head-only training, then --unfreeze last:N|all with layer-wise lr decay; AdamW, "
         "warmup+cosine, clipping, MixUp/CutMix, EMA, checkpoints every epoch (--resume), metrics.csv, "
         "TensorBoard, confusion matrix, curves, summary.json. Runs under torchrun for several processes.",
+        formatter_class=DefaultsFormatter,
     )
     add_run_arguments(p, finetune=True)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from vitlab.train.finetune import run as run_training
-
-    run_training(config_from_args(args))
-    return 0
+    return run_with_threads(args, config_from_args(args))

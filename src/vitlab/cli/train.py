@@ -8,7 +8,7 @@ data and recipe.
 
 from __future__ import annotations
 
-from vitlab.cli.finetune import add_run_arguments, config_from_args
+from vitlab.cli.finetune import DefaultsFormatter, add_run_arguments, config_from_args, run_with_threads
 
 
 def register(subparsers) -> None:
@@ -18,15 +18,13 @@ def register(subparsers) -> None:
         description="Train from random weights (a vitlab ViT or resnet_mini) on --data DIR or --dataset digits|x, "
         "with the fine-tuning engine: AdamW, warmup+cosine, clipping, augmentation, MixUp/CutMix, EMA, "
         "checkpoints every epoch (--resume), metrics, figures and summary.json. Runs under torchrun too.",
+        formatter_class=DefaultsFormatter,
     )
     add_run_arguments(p, finetune=False)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from vitlab.train.finetune import run as run_training
-
     cfg = config_from_args(args)
     cfg.freeze_epochs, cfg.unfreeze, cfg.layer_decay = 0, "all", 1.0
-    run_training(cfg)
-    return 0
+    return run_with_threads(args, cfg)

@@ -300,8 +300,9 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
 
     rows: list[dict] = []
     start = 0
+    data_hash = _fingerprint(scan)
     if cfg.resume:
-        start, rows = _restore(out, cfg, model, optimizer, scheduler, ema, info)
+        start, rows = _restore(out, cfg, model, optimizer, scheduler, ema, info, data_hash)
         say(f"resumed from {out}/last.json at epoch {start} of {cfg.epochs}")
     else:
         seed_everything(cfg.seed + info.rank)  # each process its own augmentation/dropout stream
@@ -362,7 +363,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
                 if key in row:
                     writer.add_scalar(key.replace("_", "/", 1) if key != "lr" else "lr", row[key], epoch + 1)
             writer.flush()
-            _save(out, epoch, model, optimizer, scheduler, ema, rows, cfg, info)
+            _save(out, epoch, model, optimizer, scheduler, ema, rows, cfg, info, data_hash)
             if row["val_acc"] > best:
                 best = row["val_acc"]
                 ckpt.mark_best(out, f"epoch_{epoch + 1:04d}", {"epoch": epoch + 1, "val_acc": best})
@@ -398,8 +399,20 @@ def _gather_rng(info) -> list[torch.Tensor]:
     return states
 
 
-def _save(out: Path, epoch: int, model, optimizer, scheduler, ema, rows, cfg: RunConfig, info) -> None:
+def _fingerprint(scan) -> str:
+    """A hash of the classes and of which file is in which split with which label."""
+    import hashlib
+
+    def rel(p: str) -> str:
+        return str(Path(p).relative_to(scan.root)) if Path(p).is_absolute() else p
+
+    items = [scan.classes, [(rel(p), y) for p, y in scan.train], [(rel(p), y) for p, y in scan.val]]
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
+
+
+def _save(out: Path, epoch: int, model, optimizer, scheduler, ema, rows, cfg: RunConfig, info, data_hash: str) -> None:
     state = {
+        "data_fingerprint": data_hash,
         "epoch": epoch + 1,
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
@@ -415,7 +428,7 @@ def _save(out: Path, epoch: int, model, optimizer, scheduler, ema, rows, cfg: Ru
     ckpt.save_checkpoint(out, f"epoch_{epoch + 1:04d}", model, state)
 
 
-def _restore(out: Path, cfg: RunConfig, model, optimizer, scheduler, ema, info) -> tuple[int, list[dict]]:
+def _restore(out: Path, cfg: RunConfig, model, optimizer, scheduler, ema, info, data_hash: str) -> tuple[int, list[dict]]:
     from safetensors.torch import load_file
 
     folder = ckpt.resolve_checkpoint(out / "last.json")
@@ -425,6 +438,9 @@ def _restore(out: Path, cfg: RunConfig, model, optimizer, scheduler, ema, info) 
     if diff:
         raise VitlabError(f"--resume {out}: the options differ from the run being resumed ({'; '.join(diff)}); "
                           "resume with the same options, or start a new run in another --out")
+    if state.get("data_fingerprint") not in (None, data_hash):
+        raise VitlabError(f"--resume {out}: the data differ from the run being resumed (files added, removed or "
+                          "moved between classes or splits); resume with the same folder, or start a new run")
     model.load_state_dict(load_file(folder / "model.safetensors", device=str(info.device)))
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
