@@ -277,10 +277,10 @@ def write_curves_figure(histories: dict[str, list[dict]], path: Path) -> Path:
     ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy", ylim=(0.4, 1.01))
     ax_acc.axhline(0.95, color="grey", lw=0.8, ls=":")
     ax_acc.text(1, 0.955, "seed's 95%", color="grey", fontsize=8)
-    for ax in (ax_loss, ax_acc):
+    for ax, where in ((ax_loss, "center right"), (ax_acc, "center right")):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc=where)
     fig.suptitle("vit_mini_x on dataset X: with and without position embedding")
     fig.tight_layout()
     return save_figure(fig, path)
@@ -290,7 +290,8 @@ def write_attention_figure(model: nn.Module, images: torch.Tensor, labels: torch
                            class_names, title: str, per_class: int = 2) -> Path:
     """One row per validation image: the image, then the last layer's CLS attention of each head
     upsampled over it, then the mean over heads. Images are un-normalised ((x * 0.5) + 0.5, dataset X's
-    convention); each heatmap is min-max scaled on its own (colour compares places, not heads)."""
+    convention); each heatmap is min-max scaled on its own (colour compares places, not heads), so
+    each tile's label gives its largest weight as a multiple of uniform attention (1 / (N+1))."""
     from matplotlib.figure import Figure
 
     from vitlab.analysis.plots import enlarge, overlay, save_figure, to_display
@@ -300,14 +301,17 @@ def write_attention_figure(model: nn.Module, images: torch.Tensor, labels: torch
     logits, maps = last_layer_cls_attention(model, images[idx].to(device))  # (b, h, gh, gw)
     maps, preds = maps.float().cpu(), logits.argmax(-1).cpu()
     heads = maps.shape[1]
+    tokens = model.cfg.num_patches + model.cfg.num_prefix_tokens  # uniform attention is 1/tokens per key
     cols = heads + 2
     fig = Figure(figsize=(1.7 * cols, 1.9 * len(idx) + 0.5))
     axes = fig.subplots(len(idx), cols, squeeze=False)
     for row, i in enumerate(idx):
         image = enlarge(to_display(images[i], (0.5,) * 3, (0.5,) * 3), min_side=128)  # (H', W', 3) in [0, 1]
         tiles = [(image, f"{class_names[int(labels[i])]}\npred {class_names[int(preds[row])][0]}")]
-        tiles += [(overlay(image, maps[row, h], alpha=0.5), f"head {h}") for h in range(heads)]
-        tiles += [(overlay(image, maps[row].mean(0), alpha=0.5), "mean of heads")]
+        tiles += [(overlay(image, maps[row, h], alpha=0.5), f"head {h}: peak {maps[row, h].max() * tokens:.1f}x")
+                  for h in range(heads)]
+        mean = maps[row].mean(0)
+        tiles += [(overlay(image, mean, alpha=0.5), f"mean: peak {mean.max() * tokens:.1f}x")]
         for ax, (picture, label) in zip(axes[row], tiles):
             ax.imshow(picture)
             ax.set_title(label, fontsize=8)
