@@ -48,7 +48,7 @@ def test_one_folder_gets_a_seeded_stratified_val_split(tmp_path):
     c = scan_folder(tmp_path, val_split=0.3, seed=2)
     assert a.layout == "single" and a.counts("val") == [3, 3, 3] and a.counts("train") == [7, 7, 7]
     assert a.val == b.val and a.val != c.val
-    assert "one folder, val split 0.3" in a.report()
+    assert "one folder, seeded stratified val split 0.3" in a.report()
 
 
 def test_unreadable_and_stray_files_are_skipped_and_listed(tmp_path):

@@ -55,7 +55,7 @@ class FolderScan:
         """The images-per-class table the scan prints."""
         tr, va = self.counts("train"), self.counts("val")
         how = {"train/val": "train/ and val/", "in-memory": "in memory"}.get(self.layout)
-        how = how or f"one folder, val split {self.val_split:g} (seeded, stratified)"
+        how = how or f"one folder, seeded stratified val split {self.val_split:g}"
         width = max(5, *(len(c) for c in self.classes))
         lines = [f"{self.root}: {len(self.classes)} classes, {len(self.train)} train / {len(self.val)} val images ({how})",
                  f"  {'class':<{width}}  {'train':>6}  {'val':>5}"]

@@ -10,6 +10,10 @@ on CPU. Each process sees 1/N of every epoch through a DistributedSampler and co
 loss of its own per-process batch; DistributedDataParallel averages the gradients, so a step is the
 step of one process with the global batch = per-process batch x N. Only rank 0 writes files and
 prints. Without torchrun's variables everything runs as one process (world size 1).
+
+Every process evaluates the whole validation set (simple, and the same numbers on every rank; the
+cost is small next to training at this scale). `--resume` reads `--out` on every process, so on
+several machines `--out` must be on a shared file system.
 """
 
 from __future__ import annotations

@@ -110,6 +110,7 @@ class RunConfig:
             "smoothing": 0 <= self.smoothing < 1, "grad-accum": self.grad_accum >= 1,
             "drop-path": 0 <= self.drop_path < 1, "clip-grad": self.clip_grad >= 0,
             "ema": self.ema is None or 0 < self.ema < 1, "min-lr-ratio": 0 <= self.min_lr_ratio <= 1,
+            "workers": self.workers is None or self.workers >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -196,6 +197,35 @@ def set_stage(model: nn.Module, ids: dict[str, int], threshold: int) -> int:
     return n
 
 
+def make_loaders(cfg: RunConfig, scan, model: nn.Module, info) -> tuple:
+    """(sampler, train loader, val loader, batch mixing or None) for `scan`, with `model`'s transforms.
+
+    A DistributedSampler in every case (with one process it is a seeded shuffle), so one process with
+    batch B x N sees exactly the batches N processes with batch B see together.
+    """
+    from vitlab.data.folder import ImageDataset
+    from vitlab.data.transforms import mix_transform, model_transforms
+
+    train_tf, eval_tf = model_transforms(model, augment=cfg.augment, scale=(cfg.crop_scale, 1.0), hflip=cfg.hflip,
+                                         color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment,
+                                         re_prob=cfg.reprob)
+    mix = mix_transform(num_classes=len(scan.classes), mixup=cfg.mixup, cutmix=cfg.cutmix,
+                        switch_prob=cfg.mix_switch_prob)
+    train_ds = ImageDataset(scan.train, train_tf, images=scan.images)
+    val_ds = ImageDataset(scan.val, eval_tf, images=scan.images)
+    sampler = DistributedSampler(train_ds, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed)
+    cuda = info.device.type == "cuda"
+    workers = cfg.workers if cfg.workers is not None else (min(8, torch.get_num_threads()) if cuda else 0)
+    train_loader = DataLoader(train_ds, batch_size=cfg.batch_size, sampler=sampler, drop_last=mix is not None,
+                              num_workers=workers, pin_memory=cuda)  # mixing needs full batches (a partner each)
+    val_loader = DataLoader(val_ds, batch_size=2 * cfg.batch_size, shuffle=False, num_workers=workers, pin_memory=cuda)
+    if len(train_loader) == 0:
+        raise VitlabError(f"--batch-size {cfg.batch_size} x {info.world_size} process(es) is larger than the "
+                          f"{len(scan.train)} training images, and MixUp/CutMix drop incomplete batches; "
+                          "use a smaller --batch-size")
+    return sampler, train_loader, val_loader, mix
+
+
 class AfterStep:
     """What `train_one_epoch` calls once per optimizer step (its `scheduler` argument): the lr
     schedule, then the EMA of the weights (torch.optim.swa_utils.AveragedModel)."""
@@ -244,7 +274,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
 
         names = list(digits.CLASS_NAMES if cfg.dataset == "digits" else synthetic.CLASS_NAMES)
     model = build_model(cfg, n_cls, names).to(device)
-    from vitlab.data.transforms import input_size, mix_transform, model_transforms
+    from vitlab.data.transforms import input_size
 
     if scan is None:
         scan = load_data(cfg, input_size(model))
@@ -256,38 +286,19 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
         if finding:
             say(str(finding))
 
-    # Data: a DistributedSampler in every case (world size 1 is a seeded shuffle), so one process
-    # with batch B*N sees exactly the batches N processes with batch B see together.
-    from vitlab.data.folder import ImageDataset
+    sampler, train_loader, val_loader, mix = make_loaders(cfg, scan, model, info)
 
-    train_tf, eval_tf = model_transforms(model, augment=cfg.augment, scale=(cfg.crop_scale, 1.0), hflip=cfg.hflip,
-                                         color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment,
-                                         re_prob=cfg.reprob)
-    mix = mix_transform(num_classes=n_cls, mixup=cfg.mixup, cutmix=cfg.cutmix, switch_prob=cfg.mix_switch_prob)
-    train_ds = ImageDataset(scan.train, train_tf, images=scan.images)
-    val_ds = ImageDataset(scan.val, eval_tf, images=scan.images)
-    sampler = DistributedSampler(train_ds, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed)
-    workers = cfg.workers if cfg.workers is not None else (min(8, torch.get_num_threads()) if device.type == "cuda" else 0)
-    train_loader = DataLoader(train_ds, batch_size=cfg.batch_size, sampler=sampler, drop_last=mix is not None,
-                              num_workers=workers, pin_memory=device.type == "cuda")
-    val_loader = DataLoader(val_ds, batch_size=2 * cfg.batch_size, shuffle=False, num_workers=workers,
-                            pin_memory=device.type == "cuda")
-    if len(train_loader) == 0:
-        raise VitlabError(f"--batch-size {cfg.batch_size} x {info.world_size} process(es) is larger than the "
-                          f"{len(scan.train)} training images, and MixUp/CutMix drop incomplete batches; use a smaller --batch-size")
-
-    # One optimizer, one layer-id table for freezing and layer decay.
+    # One optimizer, one layer-id table for freezing and layer decay; the stage is a function of the epoch.
     ids, L = layer_ids(model)
-    stage2 = freeze_threshold(cfg.unfreeze, L)
-    stage1 = L + 2  # the head only
     K = cfg.freeze_epochs
+    thresholds = (L + 2, freeze_threshold(cfg.unfreeze, L))  # stage 1: the head only; stage 2: --unfreeze
 
     def threshold(epoch: int) -> int:
-        return stage1 if epoch < K else stage2
+        return thresholds[0] if epoch < K else thresholds[1]
 
     groups = layer_decay_groups(model, lr=cfg.lr, weight_decay=cfg.weight_decay, layer_decay=cfg.layer_decay)
     optimizer = build_optimizer(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    steps = math.ceil(len(train_loader) / cfg.grad_accum)
+    steps = math.ceil(len(train_loader) / cfg.grad_accum)  # optimizer steps per epoch
     stage_steps = [n for n in (K * steps, (cfg.epochs - K) * steps) if n > 0]
     scheduler = staged_warmup_cosine(optimizer, stage_steps=stage_steps, warmup_steps=round(cfg.warmup_epochs * steps),
                                      min_lr_ratio=cfg.min_lr_ratio)
