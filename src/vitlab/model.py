@@ -271,11 +271,23 @@ class HybridEmbed(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
 
 
+def explicit_is_faster(q: torch.Tensor) -> bool:
+    """Whether the explicit products beat `F.scaled_dot_product_attention` for this query tensor.
+
+    On CPU in bf16, torch 2.14's fused kernel (flash attention for CPU) runs 1.5-3x slower than two
+    bf16 matrix products and a softmax, which go to oneDNN's bf16 GEMMs (measured on AVX512-BF16 at
+    ViT-S/B shapes, forward and backward; `vitlab bench --precision bf16`). In fp32 and on GPUs the
+    fused kernel is as fast or faster, and never materialises the N x N matrix: it stays the default.
+    """
+    return q.device.type == "cpu" and q.dtype == torch.bfloat16
+
+
 class Attention(nn.Module):
     """Multi-head self-attention (MSA), Appendix A Eq. 5-8.
 
     Two paths, one set of weights: `F.scaled_dot_product_attention` (fused, never materialises the
-    N x N matrix) and the explicit softmax(q k^T / sqrt(d)) v, taken when the weights are wanted.
+    N x N matrix) and the explicit softmax(q k^T / sqrt(d)) v, taken when the weights are wanted, and
+    for bf16 on CPU, where torch's fused CPU kernel is the slower of the two (`explicit_is_faster`).
     """
 
     def __init__(self, dim: int, heads: int, *, qkv_bias: bool = True, attn_dropout: float = 0.0, dropout: float = 0.0):
@@ -294,12 +306,13 @@ class Attention(nn.Module):
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.heads, self.head_dim)  # (B, N, 3, h, d)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, h, N, d)
-        if return_attention:
+        if return_attention or explicit_is_faster(q):
             logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, N, N)
             if bias is not None:
                 logits = logits + bias
             attn = logits.softmax(dim=-1)  # each row sums to 1 over the keys
             out = self.attn_drop(attn) @ v  # (B, h, N, d)
+            attn = attn if return_attention else None
         else:
             attn = None
             drop = self.attn_drop.p if self.training else 0.0

@@ -1,0 +1,88 @@
+"""`vitlab bench`: images/s, achieved FLOP/s and MFU for vitlab (and timm side by side); peak memory.
+
+    vitlab bench --model vit_base_patch16_224 --batch-size 1 32 --precision fp32 bf16 --train --against timm
+    vitlab bench --model vit_base_patch16_224 --memory --batch-size 16     # gradient checkpointing saving
+    vitlab bench --quick --json                                            # a smoke run, seconds
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from vitlab.runtime import PRECISIONS
+
+QUICK_MODEL = "vit_mini_x"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="speed (images/s, FLOP/s, MFU) next to timm and the matmul rate; peak memory",
+        description=(
+            "Measures the machine's matmul rate (2048^3, fp32 and bf16), then inference and training-step "
+            "images/s of each model, alternating with timm's same model (same weights, precision, threads) "
+            "with --against timm. Warm-up, then the median of --repeats. MFU = achieved FLOP/s over the "
+            "matmul rate of the same precision. --memory measures peak resident memory instead."
+        ),
+    )
+    p.add_argument("--model", nargs="+", default=None, metavar="NAME",
+                   help="model name(s) from `vitlab info --list` (default: vit_small_patch16_224; "
+                        f"{QUICK_MODEL} with --quick)")
+    p.add_argument("--batch-size", type=int, nargs="+", default=None, metavar="B",
+                   help="batch size(s) (default 32; 8 with --quick; 16 with --memory)")
+    p.add_argument("--precision", nargs="+", default=["fp32"], choices=PRECISIONS,
+                   help="fp32 and/or bf16 (autocast on both sides)")
+    p.add_argument("--train", action="store_true", help="also time a training step (forward, backward, AdamW)")
+    p.add_argument("--against", choices=["timm"], default=None, help="race timm's VisionTransformer alongside")
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="recompute block activations in the backward pass (training rows)")
+    p.add_argument("--memory", action="store_true",
+                   help="measure peak memory instead: training with and without gradient checkpointing "
+                        "at --batch-size, and inference at batch 1, each in a fresh process")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats per row (median; default 5, 2 with --quick)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls before timing (default 1)")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads for the whole run (default: torch's)")
+    p.add_argument("--matmul-size", type=int, default=None, help="n of the n^3 matmul probe (default 2048; 256 with --quick)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--quick", action="store_true", help=f"a seconds-long smoke run ({QUICK_MODEL}, small sizes)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from vitlab import bench
+    from vitlab.errors import VitlabError
+
+    models = args.model or [QUICK_MODEL if args.quick else "vit_small_patch16_224"]
+    for flag, value in (("--repeats", args.repeats), ("--matmul-size", args.matmul_size)):
+        if value is not None and value < 1:
+            raise VitlabError(f"{flag} must be at least 1; found {value}")
+    if args.warmup < 0:
+        raise VitlabError(f"--warmup must be 0 or more; found {args.warmup}")
+    say = (lambda s: print(f"... {s}", file=sys.stderr, flush=True)) if not args.json else None
+    with bench.num_threads(args.threads):
+        if args.memory:
+            batch = (args.batch_size or [4 if args.quick else 16])[0]
+            reports = [bench.memory_report(m, batch, precision=args.precision[0], threads=args.threads)
+                       for m in models]
+            if args.json:
+                print(json.dumps(reports, indent=2))
+            else:
+                print("\n\n".join(bench.format_memory(r) for r in reports))
+            return 0
+        result = bench.run_bench(
+            models,
+            batch_sizes=args.batch_size or [8 if args.quick else 32],
+            precisions=args.precision,
+            train=args.train,
+            against_timm=args.against == "timm",
+            grad_checkpointing=args.grad_checkpointing,
+            warmup=args.warmup,
+            repeats=args.repeats or (2 if args.quick else 5),
+            matmul_size=args.matmul_size or (256 if args.quick else 2048),
+            device=args.device,
+            progress=say,
+        )
+    print(json.dumps(result, indent=2) if args.json else bench.format_table(result))
+    return 0
