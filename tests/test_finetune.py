@@ -230,3 +230,22 @@ def test_train_command_trains_the_cnn_baseline_on_bundled_digits(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["model"] == "resnet_mini" and summary["images"] == {"train": 1438, "val": 359, "skipped": 0}
     assert summary["best"]["val_acc"] > 0.3, summary["best"]  # chance is 0.1
+
+
+def test_flips_default_on_for_folders_and_off_for_the_bundled_datasets():
+    from torchvision.transforms import v2
+
+    from vitlab.data.folder import in_memory_scan
+    from vitlab.train.distributed import DistInfo
+    from vitlab.train.finetune import RunConfig, make_loaders
+
+    y = torch.tensor([0, 1, 0, 1])
+    scan = in_memory_scan("t", ["a", "b"], (torch.rand(4, 3, 16, 16), y), (torch.rand(4, 3, 16, 16), y))
+    model = create_model("vit_mini", num_classes=2, **TINY)
+
+    def flips(**kw) -> bool:
+        loader = make_loaders(RunConfig(model="vit_mini", **kw), scan, model, DistInfo())[1]
+        return any(isinstance(t, v2.RandomHorizontalFlip) for t in loader.dataset.transform.transforms)
+
+    assert flips(data="folder") and not flips(data="folder", hflip=False)
+    assert not flips(dataset="x") and flips(dataset="x", hflip=True)

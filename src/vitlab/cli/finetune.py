@@ -68,8 +68,9 @@ def add_run_arguments(p: argparse.ArgumentParser, *, finetune: bool) -> None:
     a = p.add_argument_group("augmentation and regularisation")
     a.add_argument("--no-aug", dest="augment", action="store_false",
                    help="no random augmentation: train images are preprocessed like val images")
-    a.add_argument("--no-hflip", dest="hflip", action="store_false",
-                   help="no horizontal flips (wrong for digits, text, anything with a handedness)")
+    a.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=None,
+                   help="random horizontal flips; --no-hflip for digits, text, anything with a handedness "
+                   "(default: on for image folders, off for the bundled digits and dataset X)")
     a.add_argument("--crop-scale", type=float, default=0.35, metavar="S",
                    help="RandomResizedCrop keeps between S and all of the image area")
     a.add_argument("--color-jitter", type=float, default=0.0, metavar="F", help="brightness/contrast/saturation jitter")

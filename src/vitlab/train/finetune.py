@@ -75,7 +75,7 @@ class RunConfig:
     layer_decay: float = 1.0
     # augmentation and regularisation
     augment: bool = True
-    hflip: bool = True
+    hflip: bool | None = None  # None: on for image folders, off for the bundled datasets (a flip changes their classes)
     crop_scale: float = 0.35
     color_jitter: float = 0.0
     auto_augment: str = "none"
@@ -206,7 +206,8 @@ def make_loaders(cfg: RunConfig, scan, model: nn.Module, info) -> tuple:
     from vitlab.data.folder import ImageDataset
     from vitlab.data.transforms import mix_transform, model_transforms
 
-    train_tf, eval_tf = model_transforms(model, augment=cfg.augment, scale=(cfg.crop_scale, 1.0), hflip=cfg.hflip,
+    hflip = cfg.hflip if cfg.hflip is not None else cfg.dataset is None
+    train_tf, eval_tf = model_transforms(model, augment=cfg.augment, scale=(cfg.crop_scale, 1.0), hflip=hflip,
                                          color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment,
                                          re_prob=cfg.reprob)
     mix = mix_transform(num_classes=len(scan.classes), mixup=cfg.mixup, cutmix=cfg.cutmix,
