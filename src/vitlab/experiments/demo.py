@@ -145,7 +145,8 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, progr
          f"left half brighter = A, mirrored = B)")
     echo(f"  model {MODEL}: patch {cfg0.patch_size} -> {cfg0.num_patches} patches + CLS, D={cfg0.dim}, "
          f"{cfg0.heads} heads, {cfg0.depth} blocks, MLP {cfg0.hidden_dim}; AdamW lr {train_cfg.lr:g}, batch "
-         f"{train_cfg.batch_size}, {epochs} epochs, {device} ({torch.get_num_threads()} threads)")
+         f"{train_cfg.batch_size}, {epochs} epochs, {device} ({torch.get_num_threads()} CPU thread"
+         f"{'' if torch.get_num_threads() == 1 else 's'})")
 
     runs: dict[str, dict] = {}
     histories: dict[str, list[dict]] = {}
@@ -243,7 +244,7 @@ def format_table(summary: dict) -> str:
     cols = "/".join(str(c) for c in b["columns"])
     lines += [
         f"The seed expects >= 95% with position embedding and a clear drop without it: "
-        f"{'met' if summary['seed_expectation_met'] else 'NOT met'} (drop {drop:.1%} points).",
+        f"{'met' if summary['seed_expectation_met'] else 'NOT met'} (a drop of {100 * drop:.1f} points).",
         WHY,
         f"Boundary attn: the share of the last layer's CLS->patch attention (mean over heads and {b['n_images']} "
         f"validation images) on patch columns {cols}, next to the line between the halves; uniform attention "
@@ -276,13 +277,15 @@ def write_curves_figure(histories: dict[str, list[dict]], path: Path) -> Path:
     ax_loss.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
     ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy", ylim=(0.4, 1.01))
     ax_acc.axhline(0.95, color="grey", lw=0.8, ls=":")
-    ax_acc.text(1, 0.955, "seed's 95%", color="grey", fontsize=8)
-    for ax, where in ((ax_loss, "center right"), (ax_acc, "center right")):
+    last_epoch = max(r["epoch"] for rows in histories.values() for r in rows)
+    ax_acc.text(last_epoch, 0.935, "seed's 95%", color="grey", fontsize=8, ha="right")
+    for ax in (ax_loss, ax_acc):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc=where)
+    handles, labels = ax_loss.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)  # below both plots
     fig.suptitle("vit_mini_x on dataset X: with and without position embedding")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return save_figure(fig, path)
 
 
