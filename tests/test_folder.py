@@ -153,3 +153,19 @@ def test_horizontal_flip_can_be_switched_off():
     assert not all(left_bright(train_transform(hflip=True, **full)))
     out = train_transform(auto_augment="rand", color_jitter=0.4, re_prob=1.0, **full)(im)
     assert out.shape == (3, 8, 8) and out.dtype == torch.float32
+
+
+def test_a_class_missing_from_val_is_reported_as_no_accuracy(tmp_path):
+    import json
+
+    for c in ("a", "b", "c"):
+        for i in range(4):
+            _png(tmp_path / "data" / "train" / c / f"{i}.png", value=60 * i)
+    for c in ("a", "b"):
+        _png(tmp_path / "data" / "val" / c / "0.png")
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(tmp_path / "data"), "--model", "vit_mini", "--img-size", "16", "--epochs", "1",
+                 "--device", "cpu", "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["per_class_accuracy"]["c"] is None and summary["per_class_accuracy"]["a"] is not None
+    assert (run / "per_class_accuracy.csv").read_text().splitlines()[3] == "c,,0"

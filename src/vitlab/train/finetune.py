@@ -482,7 +482,8 @@ def _finish(out, cfg, model, ema, rows, scan, val_loader, device, model_name, n_
     model.load_state_dict(load_file(ckpt.resolve_checkpoint(out / "best.json") / "model.safetensors", device=str(device)))
     ev = evaluate(model, val_loader, device=device, precision=cfg.precision, num_classes=n_cls)
     confusion = ev["confusion"]
-    per_class = (confusion.diag().float() / confusion.sum(1).clamp(min=1).float()).tolist()
+    counts = confusion.sum(1).tolist()
+    per_class = [c / n if n else None for c, n in zip(confusion.diag().tolist(), counts)]  # None: no val image
     from vitlab.train import report
 
     files = {
@@ -491,8 +492,7 @@ def _finish(out, cfg, model, ema, rows, scan, val_loader, device, model_name, n_
         "confusion": report.plot_confusion(confusion, scan.classes, out / "confusion.png",
                                            title=f"{model_name}, best epoch {best_ptr['epoch']}: val acc {ev['val_acc']:.3f}").name,
         "curves": report.plot_curves(rows, out / "curves.png", freeze_epochs=cfg.freeze_epochs, title=model_name).name,
-        "per_class": report.write_per_class(out / "per_class_accuracy.csv", scan.classes, per_class,
-                                            confusion.sum(1).tolist()).name,
+        "per_class": report.write_per_class(out / "per_class_accuracy.csv", scan.classes, per_class, counts).name,
         "best": "best.json",
         "last": "last.json",
     }
@@ -522,7 +522,7 @@ def _finish(out, cfg, model, ema, rows, scan, val_loader, device, model_name, n_
     lines = [f"best epoch {best_ptr['epoch']}: val acc {ev['val_acc']:.4f} (val loss {ev['val_loss']:.4f})"
              + (f"; EMA val acc (last epoch) {rows[-1]['val_acc_ema']:.4f}" if ema is not None else ""),
              f"  {'class':<{width}}  {'acc':>6}  {'n':>5}"]
-    lines += [f"  {c:<{width}}  {a:>6.3f}  {n:>5}" for c, a, n in zip(scan.classes, per_class, confusion.sum(1).tolist())]
+    lines += [f"  {c:<{width}}  {'-' if a is None else f'{a:.3f}':>6}  {n:>5}" for c, a, n in zip(scan.classes, per_class, counts)]
     say("\n".join(lines))
     for f in findings:
         say(str(f))

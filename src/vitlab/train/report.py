@@ -65,11 +65,12 @@ def plot_confusion(confusion: torch.Tensor, classes: list[str], path: str | Path
     return save_figure(fig, path)
 
 
-def write_per_class(path: str | Path, classes: list[str], accuracy: list[float], counts: list[int]) -> Path:
+def write_per_class(path: str | Path, classes: list[str], accuracy: list[float | None], counts: list[int]) -> Path:
+    """class, accuracy (empty where the class has no validation image), val_images."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["class", "accuracy", "val_images"])
-    w.writerows([c, f"{a:.6f}", n] for c, a, n in zip(classes, accuracy, counts))
+    w.writerows([c, "" if a is None else f"{a:.6f}", n] for c, a, n in zip(classes, accuracy, counts))
     return _atomic_write(path, lambda tmp: Path(tmp).write_text(buf.getvalue()))
 
 
