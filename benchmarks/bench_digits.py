@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -96,6 +97,7 @@ def pretrain_on_strokes(out: Path, *, n: int, epochs: int, seed: int) -> tuple[P
     torch.manual_seed(seed)
     model = create_model("vit_mini", num_classes=len(STROKES))
     t0 = time.perf_counter()
+    shutil.rmtree(out, ignore_errors=True)  # an incomplete earlier pre-training
     hist = fit(model, TensorLoader(x, y, batch_size=64, shuffle=True, seed=seed), TensorLoader(xv, yv, batch_size=256),
                TrainConfig(epochs=epochs, lr=1e-3, warmup_epochs=1, seed=seed, device="cpu"), out_dir=out, desc="pretrain")
     return out, hist.last["val_acc"], time.perf_counter() - t0
@@ -105,7 +107,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=30, help="epochs on digits, the same for every row")
     p.add_argument("--pretrain-images", type=int, default=20_000, help="synthetic stroke images to pre-train on")
-    p.add_argument("--pretrain-epochs", type=int, default=10, help="pre-training epochs")
+    p.add_argument("--pretrain-epochs", type=int, default=3, help="pre-training epochs")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is fastest for these tiny models)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="folder for the runs (default: a temporary folder)")
@@ -140,8 +142,8 @@ def main() -> None:
     one("vit_mini scratch", "random", RunConfig(model="vit_mini", **scratch, **common))
     one("resnet_mini scratch", "random", RunConfig(model="resnet_mini", **scratch, **common))
     pre = root / "pretrain_strokes"
-    if (pre / "last.json").exists():
-        pre_acc, pre_s = float("nan"), float("nan")
+    if (pre / "last.json").exists() and json.loads((pre / "last.json").read_text())["epoch"] == args.pretrain_epochs:
+        pre_acc, pre_s = float("nan"), float("nan")  # reused from an earlier run of this script
     else:
         pre, pre_acc, pre_s = pretrain_on_strokes(pre, n=args.pretrain_images, epochs=args.pretrain_epochs, seed=args.seed)
         print(f"pre-trained vit_mini on {args.pretrain_images} stroke images: val acc {pre_acc:.3f} in {pre_s:.0f}s")
