@@ -51,10 +51,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+CLOCKS = ("wall", "cpu")
+
+
 def race(fns: dict[str, Callable[[], None]], *, warmup: int = 1, repeats: int = 5,
-         device: torch.device = torch.device("cpu")) -> dict[str, list[float]]:
+         device: torch.device = torch.device("cpu"), clock: str = "wall") -> dict[str, list[float]]:
     """Seconds per call of each function, interleaved: every repeat runs each function once, and the
-    order rotates between repeats. Returns {name: [seconds per repeat]} (take the median)."""
+    order rotates between repeats. Returns {name: [seconds per repeat]} (take the median).
+
+    `clock="wall"` times elapsed seconds; `clock="cpu"` the process's CPU seconds, which on a shared
+    machine leaves out the time the process spent waiting for a core (meaningful at one thread: with
+    several, threads that spin while waiting for each other count too).
+    """
+    if clock not in CLOCKS:
+        raise VitlabError(f"--clock must be one of {', '.join(CLOCKS)}; found {clock!r}")
+    now = time.perf_counter if clock == "wall" else time.process_time
     names = list(fns)
     for _ in range(warmup):
         for name in names:
@@ -64,22 +75,29 @@ def race(fns: dict[str, Callable[[], None]], *, warmup: int = 1, repeats: int = 
     for r in range(repeats):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
-            t0 = time.perf_counter()
+            t0 = now()
             fns[name]()
             _sync(device)
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(now() - t0)
     return times
 
 
+def paired_ratio(ours: list[float], theirs: list[float]) -> float:
+    """The median over repeats of theirs / ours seconds (= our speed over theirs): each pair ran back to
+    back, so a slow phase of the machine cancels out of each ratio."""
+    return statistics.median(t / o for o, t in zip(ours, theirs))
+
+
 def matmul_rate(precision: str = "fp32", *, n: int = 2048, warmup: int = 2, repeats: int = 5,
-                device: torch.device | str = "cpu") -> float:
-    """FLOP/s of an n x n x n matrix product (2 n^3 FLOPs) in `precision`: the median of `repeats`."""
+                device: torch.device | str = "cpu", clock: str = "wall") -> float:
+    """FLOP/s of an n x n x n matrix product (2 n^3 FLOPs) in `precision`: the best of `repeats`
+    (the ceiling is what the machine can do; a slow repeat measures the neighbours, not the machine)."""
     device = torch.device(device)
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(n, n, generator=g).to(device, DTYPES[precision])
     b = torch.randn(n, n, generator=g).to(device, DTYPES[precision])
-    times = race({"mm": lambda: torch.mm(a, b)}, warmup=warmup, repeats=repeats, device=device)["mm"]
-    return 2 * n**3 / statistics.median(times)
+    times = race({"mm": lambda: torch.mm(a, b)}, warmup=warmup, repeats=repeats, device=device, clock=clock)["mm"]
+    return 2 * n**3 / min(times)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -139,7 +157,7 @@ class BenchRow:
     images_per_s: float
     flops_per_s: float
     mfu: float  # flops_per_s over the measured matmul rate of the same precision
-    ratio: float | None = None  # vitlab / timm images per second (vitlab rows only)
+    ratio: float | None = None  # vitlab / timm speed, median of back-to-back pairs (vitlab rows only)
     repeats: list[float] = field(default_factory=list)
 
 
@@ -184,6 +202,7 @@ def bench_model(
     warmup: int = 1,
     repeats: int = 5,
     device: torch.device | str = "cpu",
+    clock: str = "wall",
     seed: int = 0,
 ) -> list[BenchRow]:
     """Inference (and with `train`, training-step) rows for vitlab, and for timm's twin if asked."""
@@ -224,7 +243,7 @@ def bench_model(
                 m.train()
             fns = {k: _train_fn(m, x, y, precision) for k, m in sides.items()}
             flops = 3 * forward_flops(cfg) * batch_size
-        times = race(fns, warmup=warmup, repeats=repeats, device=device)
+        times = race(fns, warmup=warmup, repeats=repeats, device=device, clock=clock)
         mode_rows = {}
         for lib, ts in times.items():
             s = statistics.median(ts)
@@ -232,8 +251,7 @@ def bench_model(
             mode_rows[lib] = BenchRow(name, mode, batch_size, precision, lib, s, batch_size / s, rate,
                                       rate / matmul_flops[precision], None, ts)
         if "timm" in mode_rows:
-            # The ratio of medians of paired runs; the runs alternate, so both saw the same machine.
-            mode_rows["vitlab"].ratio = mode_rows["vitlab"].images_per_s / mode_rows["timm"].images_per_s
+            mode_rows["vitlab"].ratio = paired_ratio(times["vitlab"], times["timm"])
         rows.extend(mode_rows.values())
     return rows
 
@@ -269,6 +287,7 @@ def run_bench(
     repeats: int = 5,
     matmul_size: int = 2048,
     device: str = "auto",
+    clock: str = "wall",
     progress: Callable[[str], None] | None = None,
 ) -> dict:
     """The whole `vitlab bench` run: machine rates, then one group of rows per (model, precision, batch).
@@ -278,7 +297,7 @@ def run_bench(
     rates = {}
     for p in ("fp32", "bf16"):
         say(f"matmul {matmul_size}^3 {p}")
-        rates[p] = matmul_rate(p, n=matmul_size, device=dev)
+        rates[p] = matmul_rate(p, n=matmul_size, device=dev, clock=clock)
     rows = []
     for name in models:
         for p in precisions:
@@ -286,8 +305,8 @@ def run_bench(
                 say(f"{name} {p} batch {b}")
                 rows += bench_model(name, batch_size=b, precision=p, train=train, against_timm=against_timm,
                                     grad_checkpointing=grad_checkpointing, matmul_flops=rates, warmup=warmup,
-                                    repeats=repeats, device=dev)
-    return {"machine": machine_info(dev), "matmul_size": matmul_size, "matmul_flops": rates,
+                                    repeats=repeats, device=dev, clock=clock)
+    return {"machine": machine_info(dev), "clock": clock, "matmul_size": matmul_size, "matmul_flops": rates,
             "rows": [asdict(r) for r in rows]}
 
 
@@ -296,7 +315,8 @@ def format_table(result: dict) -> str:
     rates = result["matmul_flops"]
     m = result["machine"]
     lines = [
-        f"torch {m['torch']} on {m['device']} ({m['cpu']}), {m['threads']} threads",
+        f"torch {m['torch']} on {m['device']} ({m['cpu']}), {m['threads']} threads, {result['clock']} clock "
+        "(median of repeats; vitlab/timm: median of back-to-back pairs)",
         f"matmul {result['matmul_size']}^3: fp32 {rates['fp32'] / 1e9:.1f} GFLOP/s, bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s",
         "",
         f"{'model':<24}{'mode':<6}{'batch':>6}{'prec':>6}  {'library':<8}{'img/s':>9}{'GFLOP/s':>10}{'MFU':>7}"

@@ -274,7 +274,7 @@ class HybridEmbed(nn.Module):
 def explicit_is_faster(q: torch.Tensor) -> bool:
     """Whether the explicit products beat `F.scaled_dot_product_attention` for this query tensor.
 
-    On CPU in bf16, torch 2.14's fused kernel (flash attention for CPU) runs 1.5-3x slower than two
+    On CPU in bf16, torch 2.14's fused kernel (flash attention for CPU) runs 1.3-2.3x slower than two
     bf16 matrix products and a softmax, which go to oneDNN's bf16 GEMMs (measured on AVX512-BF16 at
     ViT-S/B shapes, forward and backward; `vitlab bench --precision bf16`). In fp32 and on GPUs the
     fused kernel is as fast or faster, and never materialises the N x N matrix: it stays the default.

@@ -45,6 +45,9 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=None, help="intra-op threads for the whole run (default: torch's)")
     p.add_argument("--matmul-size", type=int, default=None, help="n of the n^3 matmul probe (default 2048; 256 with --quick)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall: elapsed seconds; cpu: the process's CPU seconds, which leave out waiting for a "
+                        "core on a shared machine (use with --threads 1)")
     p.add_argument("--quick", action="store_true", help=f"a seconds-long smoke run ({QUICK_MODEL}, small sizes)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.set_defaults(func=run)
@@ -82,6 +85,7 @@ def run(args) -> int:
             repeats=args.repeats or (2 if args.quick else 5),
             matmul_size=args.matmul_size or (256 if args.quick else 2048),
             device=args.device,
+            clock=args.clock,
             progress=say,
         )
     print(json.dumps(result, indent=2) if args.json else bench.format_table(result))
