@@ -14,7 +14,7 @@ import sys
 from vitlab.errors import VitlabError
 
 # The command modules, in the order `vitlab --help` lists them.
-COMMAND_MODULES = ["demo", "info", "attention", "inspect", "predict", "export", "data", "train", "finetune", "bench"]
+COMMAND_MODULES = ["demo", "info", "attention", "inspect", "predict", "export", "data", "train", "finetune", "reproduce", "bench"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,37 @@
+"""`vitlab reproduce [--quick] [--only NAME,...] [--seeds K] [--device D] --out DIR`: the paper's claims,
+each tested at laptop scale with seeds and error bars, in one report (vitlab.experiments.reproduce).
+
+Cost: --quick about 3 minutes on 2 CPU cores (smoke scale); the full run about 45 minutes or less, its
+estimate printed first. Runs are cached under DIR/cache: rerunning resumes and retrains nothing finished.
+"""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    from vitlab.experiments.reproduce import EXPERIMENTS
+
+    names = ", ".join(f"{e.number}={e.name}" for e in EXPERIMENTS)
+    p = subparsers.add_parser(
+        "reproduce",
+        help="test the paper's claims at laptop scale and write report.md / report.html",
+        description=__doc__.split("\n\n")[0] + " Writes DIR/report.md, DIR/report.html (figures embedded), "
+        "DIR/results/*.csv and DIR/figures/*.png.",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (report, CSVs, figures, and the run cache)")
+    p.add_argument("--quick", action="store_true", help="smoke-test scale: 2 seeds, tiny datasets, few epochs (~3 min on 2 cores)")
+    p.add_argument("--only", metavar="NAME,...", default=None, help=f"run only these experiments, by name or number: {names}")
+    p.add_argument("--seeds", type=int, default=None, metavar="K", help="seeds per configuration (default 3; 2 with --quick)")
+    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="runs trained side by side on CPU, one thread each (default: one per core, at most 4)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from vitlab.experiments.reproduce import reproduce
+
+    reproduce(args.out, quick=args.quick, only=args.only, seeds=args.seeds, device=args.device, workers=args.workers,
+              progress=not args.no_progress)
+    return 0
