@@ -2,7 +2,8 @@
 
     symptom                        likely cause                        what to try
     loss does not fall             lr too large or too small;          change the lr; check the inputs
-                                   inputs not normalised               are normalised
+                                   inputs not normalised (or labels    are normalised (and flips keep
+                                   broken by augmentation)             the labels true)
     NaN / inf loss                 lr too large, bad data              stop, keep the last good checkpoint
     validation oscillates          too little data                     stronger augmentation, smaller lr
                                                                        (or a CNN)
@@ -78,8 +79,9 @@ def diagnose(rows: list[dict], *, warmup_epochs: float, num_classes: int, stage_
             out.append(Finding(
                 "training loss is not falling after warmup",
                 f"train loss {ref:.3f} after warmup, best later {best_after:.3f}; chance level is {chance_loss:.3f}",
-                "Try another --lr (10x smaller if it jumped around, 3-10x larger if it crawled) and check the "
-                "inputs are normalised (mean/std of the weights' pretrained_cfg)",
+                "Try another --lr (10x smaller if it jumped around, 3-10x larger if it crawled), check the "
+                "inputs are normalised (mean/std of the weights' pretrained_cfg), and that augmentation keeps "
+                "the labels true (--no-hflip where a mirror image is another class)",
             ))
     # 2. Validation oscillating: the last epochs' val accuracy goes up and down by large steps.
     tail = [r["val_acc"] for r in rows[max(first_after, len(rows) - 6):]]
