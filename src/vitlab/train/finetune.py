@@ -303,6 +303,8 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     stage_steps = [n for n in (K * steps, (cfg.epochs - K) * steps) if n > 0]
     scheduler = staged_warmup_cosine(optimizer, stage_steps=stage_steps, warmup_steps=round(cfg.warmup_epochs * steps),
                                      min_lr_ratio=cfg.min_lr_ratio)
+    total = sum(stage_steps)  # the head's lr at each optimizer step k, drawn at epoch (k + 1) / steps
+    lr_steps = ([(k + 1) / steps for k in range(total)], [cfg.lr * scheduler.lr_lambdas[0](k) for k in range(total)])
     ema = None
     if cfg.ema:
         from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
@@ -389,7 +391,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     summary = {}
     if info.is_main:
         summary = _finish(out, cfg, model, ema, rows, scan, val_loader, device, model_name, n_cls, info,
-                          time.perf_counter() - t_start, say)
+                          time.perf_counter() - t_start, say, lr_steps)
     distributed.barrier(info)
     distributed.cleanup(info)
     return summary
@@ -475,7 +477,8 @@ def _restore(out: Path, cfg: RunConfig, model, optimizer, scheduler, ema, info, 
 # The end: best checkpoint's confusion matrix, per-class accuracy, curves, diagnostics, summary
 
 
-def _finish(out, cfg, model, ema, rows, scan, val_loader, device, model_name, n_cls, info, elapsed, say) -> dict:
+def _finish(out, cfg, model, ema, rows, scan, val_loader, device, model_name, n_cls, info, elapsed, say,
+            lr_steps) -> dict:
     from safetensors.torch import load_file
 
     best_ptr = json.loads((out / "best.json").read_text())
@@ -491,7 +494,8 @@ def _finish(out, cfg, model, ema, rows, scan, val_loader, device, model_name, n_
         "tensorboard": "tensorboard/",
         "confusion": report.plot_confusion(confusion, scan.classes, out / "confusion.png",
                                            title=f"{model_name}, best epoch {best_ptr['epoch']}: val acc {ev['val_acc']:.3f}").name,
-        "curves": report.plot_curves(rows, out / "curves.png", freeze_epochs=cfg.freeze_epochs, title=model_name).name,
+        "curves": report.plot_curves(rows, out / "curves.png", freeze_epochs=cfg.freeze_epochs, title=model_name,
+                                     lr_steps=lr_steps).name,
         "per_class": report.write_per_class(out / "per_class_accuracy.csv", scan.classes, per_class, counts).name,
         "best": "best.json",
         "last": "last.json",

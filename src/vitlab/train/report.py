@@ -15,24 +15,32 @@ from matplotlib.ticker import MaxNLocator
 from vitlab.analysis.plots import _atomic_write, save_figure
 
 
-def plot_curves(rows: list[dict], path: str | Path, *, freeze_epochs: int = 0, title: str = "") -> Path:
-    """Loss, accuracy and learning rate against epoch; a dashed line where stage 2 (unfreezing) begins."""
+def plot_curves(rows: list[dict], path: str | Path, *, freeze_epochs: int = 0, title: str = "",
+                lr_steps: tuple[list[float], list[float]] | None = None) -> Path:
+    """Loss, accuracy and learning rate against epochs completed (a metric at x = e was measured at the
+    end of epoch e); a dashed line where stage 2 (unfreezing) begins.
+
+    `lr_steps` = (epoch position of each optimizer step, its head lr) draws the schedule step by step.
+    """
     epochs = [r["epoch"] for r in rows]
     fig = Figure(figsize=(13, 4))
     ax_loss, ax_acc, ax_lr = fig.subplots(1, 3)
     ax_loss.plot(epochs, [r["train_loss"] for r in rows], "o-", ms=3, label="train")
     ax_loss.plot(epochs, [r["val_loss"] for r in rows], "o-", ms=3, label="val")
-    ax_loss.set(xlabel="epoch", ylabel="cross-entropy loss", title="loss")
+    ax_loss.set(xlabel="epochs completed", ylabel="cross-entropy loss", title="loss")
     ax_acc.plot(epochs, [r["train_acc"] for r in rows], "o-", ms=3, label="train (hard labels)")
     ax_acc.plot(epochs, [r["val_acc"] for r in rows], "o-", ms=3, label="val")
     if "val_acc_ema" in rows[0]:
         ax_acc.plot(epochs, [r["val_acc_ema"] for r in rows], "o--", ms=3, label="val (EMA weights)")
-    ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy", ylim=(0, 1.02))
-    ax_lr.plot(epochs, [r["lr"] for r in rows], "o-", ms=3, color="tab:gray", label="head lr (end of epoch)")
-    ax_lr.set(xlabel="epoch", ylabel="learning rate", title="learning rate")
+    ax_acc.set(xlabel="epochs completed", ylabel="accuracy", title="accuracy", ylim=(0, 1.02))
+    if lr_steps is not None:
+        ax_lr.plot(*lr_steps, "-", color="tab:gray", lw=1.2, label="head lr per step")
+    else:
+        ax_lr.plot(epochs, [r["lr"] for r in rows], "o-", ms=3, color="tab:gray", label="head lr (end of epoch)")
+    ax_lr.set(xlabel="epochs completed", ylabel="learning rate", title="learning rate")
     for ax in (ax_loss, ax_acc, ax_lr):
         if 0 < freeze_epochs < max(epochs):
-            ax.axvline(freeze_epochs + 0.5, color="k", ls="--", lw=0.8, label="unfreeze (stage 2)")
+            ax.axvline(freeze_epochs, color="k", ls="--", lw=0.8, label="unfreeze (stage 2 starts)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
