@@ -153,6 +153,11 @@ def demo_row(*, n_images: int, warmup: int, repeats: int, device) -> list[dict]:
              "max_logit_diff": diff}]
 
 
+def _rate(x: float) -> str:
+    """Three significant digits without scientific notation: 1234, 123.4 -> 123, 0.1234 -> 0.123."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
@@ -180,7 +185,7 @@ def main(argv=None) -> int:
     for r in rows:
         r["vitlab_img_s"], r["timm_img_s"] = r["images"] / r["vitlab"], r["images"] / r["timm"]
         r["ratio"] = r["vitlab_img_s"] / r["timm_img_s"]
-        print(f"{r['row']:<58}{r['vitlab_img_s']:>14.1f}{r['timm_img_s']:>12.1f}{r['ratio']:>12.2f}x")
+        print(f"{r['row']:<58}{_rate(r['vitlab_img_s']):>14}{_rate(r['timm_img_s']):>12}{r['ratio']:>12.2f}x")
     diffs = [r["max_logit_diff"] for r in rows if "max_logit_diff" in r]
     print(f"same weights in both: max |logit difference| {max(diffs):.2e}; "
           f"wall time {time.perf_counter() - t_start:.0f} s; host {platform.node() or '?'} ({platform.machine()})")
