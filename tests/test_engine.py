@@ -62,10 +62,14 @@ def _loaders(n_train=512, n_val=256, seed=0):
 
 
 def test_short_training_run_learns_dataset_x():
-    """The seed's configuration (AdamW, lr 3e-3, batch 32), shortened: 3 epochs of 512 images."""
+    """The seed's configuration (AdamW, lr 3e-3, batch 32), shortened to 8 epochs of 512 images.
+
+    At 3 epochs some initialisations are still at chance (they leave the 50% plateau at epoch 2 to 5);
+    8 epochs reached 100% for each of the 6 seeds tried."""
     train, val = _loaders()
+    torch.manual_seed(0)
     model = create_model("vit_mini_x")
-    history = fit(model, train, val, TrainConfig(epochs=3, warmup_epochs=1, device="cpu"), progress=False)
+    history = fit(model, train, val, TrainConfig(epochs=8, warmup_epochs=1, device="cpu"), progress=False)
     assert history.rows[0]["train_loss"] > history.rows[-1]["train_loss"]
     assert history.last["val_acc"] >= 0.95
 
