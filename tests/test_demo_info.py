@@ -18,7 +18,9 @@ from torch.utils.flop_counter import FlopCounterMode
 import vitlab
 from vitlab.analysis import flops
 from vitlab.cli import main
+from vitlab.data.synthetic import dataset_x_splits
 from vitlab.experiments.demo import last_layer_cls_attention
+from vitlab.train.checkpoint import load_model
 
 
 @pytest.fixture(autouse=True)
@@ -67,9 +69,9 @@ def test_demo_writes_metrics_figures_weights_and_summary(demo_run):
         run = summary["runs"][pos]
         assert float(rows[-1]["val_acc"]) == pytest.approx(run["final_val_acc"])
         # the weights on disk are the model that scored that accuracy
-        model = vitlab.train.checkpoint.load_model(out / f"pos_{pos}")
+        model = load_model(out / f"pos_{pos}")
         assert model.cfg.pos_embed == pos
-        x, y = vitlab.data.synthetic.dataset_x_splits(2000, 500, seed=0)[1]
+        x, y = dataset_x_splits(2000, 500, seed=0)[1]
         with torch.no_grad():
             acc = (model.eval()(x).argmax(-1) == y).float().mean().item()
         assert acc == pytest.approx(run["final_val_acc"], abs=1e-6)

@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
