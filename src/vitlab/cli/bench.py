@@ -27,7 +27,7 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("--model", nargs="+", default=None, metavar="NAME",
-                   help="model name(s) from `vitlab info --list` (default: vit_small_patch16_224; "
+                   help="vitlab model name(s), e.g. vit_base_patch16_224 (default: vit_small_patch16_224; "
                         f"{QUICK_MODEL} with --quick)")
     p.add_argument("--batch-size", type=int, nargs="+", default=None, metavar="B",
                    help="batch size(s) (default 32; 8 with --quick; 16 with --memory)")
