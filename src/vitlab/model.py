@@ -29,7 +29,6 @@ Deliberate departures from the paper, each for a reason:
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Sequence
 

@@ -126,5 +126,5 @@ def create_model(
 
 def _unknown(name: str) -> str:
     close = difflib.get_close_matches(name, model_names(), n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    hint = f"; did you mean {', '.join(close)}?" if close else "."
     return f"unknown model {name!r}{hint} Valid models: {', '.join(model_names())}"

@@ -10,12 +10,9 @@ order of the patches; `imshow(origin="upper")` and the upsampling below keep it 
 
 from __future__ import annotations
 
-import csv
 import math
-import os
-import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -26,47 +23,29 @@ from matplotlib.figure import Figure
 from mpl_toolkits.axes_grid1 import make_axes_locatable
 from PIL import Image
 
+from vitlab import fileio
+from vitlab.fileio import atomic_write
+
 DPI = 100
 
 
 # ----------------------------------------------------------------------------------------------------
-# Writing files atomically
-
-
-def _atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call `write(tmp)` on a temporary file next to `path`, then move it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+# Writing files atomically (vitlab.fileio)
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
     """Save a Figure as PNG at `DPI`; its pixel size is exactly figsize * DPI (no tight bbox)."""
     FigureCanvasAgg(fig)
-    return _atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
 
 
 def save_image(image: np.ndarray, path: str | Path) -> Path:
     """Save an (H, W, 3) uint8 array as a PNG of exactly W x H pixels."""
-    return _atomic_write(path, lambda tmp: Image.fromarray(image).save(tmp, format="PNG"))
+    return atomic_write(path, lambda tmp: Image.fromarray(image).save(tmp, format="PNG"))
 
 
 def write_csv(path: str | Path, header: Sequence[str], rows: Sequence[Sequence]) -> Path:
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(header)
-            w.writerows(rows)
-
-    return _atomic_write(path, write)
+    return fileio.write_csv(path, rows, header=header)
 
 
 # ----------------------------------------------------------------------------------------------------

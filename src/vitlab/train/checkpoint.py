@@ -19,17 +19,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vitlab.errors import VitlabError
+from vitlab.fileio import write_json
 
 
-def write_json_atomic(path: str | Path, obj) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+write_json_atomic = write_json  # the name the other modules import
 
 
 def model_config(model: nn.Module) -> dict:

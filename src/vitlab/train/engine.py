@@ -8,11 +8,7 @@ accumulated on the device and read once per epoch, and AdamW runs as one fused s
 
 from __future__ import annotations
 
-import csv
-import io
 import math
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +20,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from vitlab.errors import VitlabError
+from vitlab.fileio import write_csv
 from vitlab.runtime import autocast, resolve_device, seed_everything
 from vitlab.train import checkpoint as ckpt
 from vitlab.train.optim import build_optimizer, warmup_cosine
@@ -253,7 +250,7 @@ def fit(
         history.rows.append(row)
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", val_acc=f"{row['val_acc']:.3f}")
         if out is not None:
-            _write_csv(out / "metrics.csv", history.rows)
+            write_csv(out / "metrics.csv", history.rows)
             is_last = epoch + 1 == cfg.epochs
             if (epoch + 1) % save_every == 0 or is_last:
                 name = f"epoch_{epoch + 1:04d}"
@@ -290,14 +287,3 @@ def _restore(out: Path, model: nn.Module, optimizer, scheduler, device: torch.de
         torch.cuda.set_rng_state(state["rng_cuda"].cpu(), device)
     rows = [{k: (int(v) if k == "epoch" else v) for k, v in r.items()} for r in state["history"]]
     return int(state["epoch"]), History(rows)
-
-
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0].keys()))
-    writer.writeheader()
-    writer.writerows(rows)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(buf.getvalue())
-    os.replace(tmp, path)

@@ -42,7 +42,8 @@ from vitlab.errors import VitlabError
 from vitlab.runtime import PRECISIONS, seed_everything
 from vitlab.train import checkpoint as ckpt
 from vitlab.train import diagnostics, distributed
-from vitlab.train.engine import _write_csv, evaluate, train_one_epoch
+from vitlab.fileio import write_csv as _write_csv
+from vitlab.train.engine import evaluate, train_one_epoch
 from vitlab.train.optim import build_optimizer, freeze_threshold, layer_decay_groups, layer_ids, staged_warmup_cosine
 
 DATASETS = ("digits", "x")

@@ -12,7 +12,8 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from vitlab.analysis.plots import _atomic_write, save_figure
+from vitlab.analysis.plots import save_figure
+from vitlab.fileio import atomic_write
 
 
 def plot_curves(rows: list[dict], path: str | Path, *, freeze_epochs: int = 0, title: str = "",
@@ -79,7 +80,7 @@ def write_per_class(path: str | Path, classes: list[str], accuracy: list[float |
     w = csv.writer(buf)
     w.writerow(["class", "accuracy", "val_images"])
     w.writerows([c, "" if a is None else f"{a:.6f}", n] for c, a, n in zip(classes, accuracy, counts))
-    return _atomic_write(path, lambda tmp: Path(tmp).write_text(buf.getvalue()))
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(buf.getvalue()))
 
 
 __all__ = ["plot_curves", "plot_confusion", "write_per_class"]
