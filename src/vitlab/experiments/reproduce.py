@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import csv
 import hashlib
 import html
 import io
@@ -34,7 +33,6 @@ import json
 import math
 import os
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -47,6 +45,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from vitlab.errors import VitlabError
+from vitlab.fileio import atomic_write, write_bytes, write_csv, write_json, write_text
 from vitlab.runtime import resolve_device, seed_everything
 
 CACHE_VERSION = 1  # bump when a change to the training code changes what a cached run means
@@ -278,29 +277,9 @@ class RunCache:
         from safetensors.torch import save_file
 
         folder = self.folder(spec)
-        folder.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-        os.close(fd)
-        save_file(state, tmp)
-        os.replace(tmp, folder / "model.safetensors")
-        _atomic_text(folder / "result.json", json.dumps(result, indent=1))  # written last: marks the run done
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+        atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, str(tmp)))
+        write_json(folder / "result.json", result, indent=1)  # written last: marks the run done
 
 
 VAL_PER_EPOCH = 500  # the per-epoch curve uses the first 500 validation images; the final number uses all
@@ -1016,16 +995,16 @@ def reproduce(
     for e in experiments:
         with _threads(1 if dev.type == "cpu" else None):
             outcome = e.analyze(scale, results, fig_dir)
-        _write_csv(res_dir / f"claim{e.number}_{e.name}.csv", outcome.csv_header, outcome.csv_rows)
+        write_csv(res_dir / f"claim{e.number}_{e.name}.csv", outcome.csv_rows, outcome.csv_header)
         outcomes.append((e, outcome))
-    _write_csv(res_dir / "verdicts.csv", ["claim", "name", "verdict", "detail"],
-               [[e.number, e.name, o.verdict.status, o.verdict.detail] for e, o in outcomes])
+    write_csv(res_dir / "verdicts.csv", [[e.number, e.name, o.verdict.status, o.verdict.detail] for e, o in outcomes],
+              ["claim", "name", "verdict", "detail"])
     elapsed = time.perf_counter() - t_start
     meta = {"quick": quick, "seeds": n_seeds, "device": str(dev), "runs": len(runs), "trained": len(todo),
             "estimate_s": total, "elapsed_s": elapsed, "torch": torch.__version__, "workers": n_workers,
             "train_s": sum(cache.result(s)["train_time_s"] for s in runs)}
-    _atomic_text(out / "report.md", render_markdown(outcomes, meta))
-    _atomic_text(out / "report.html", render_html(outcomes, meta, out))
+    write_text(out / "report.md", render_markdown(outcomes, meta))
+    write_text(out / "report.html", render_html(outcomes, meta, out))
     log(f"wrote {out / 'report.md'} and report.html ({_duration(elapsed)}; {len(todo)} run(s) trained)")
     for e, o in outcomes:
         log(f"  claim {e.number} {e.name:12s} {o.verdict.status}")
@@ -1082,14 +1061,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence]) -> None:
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(header)
-    w.writerows(rows)
-    _atomic_text(path, buf.getvalue())
-
-
 # ----------------------------------------------------------------------------------------------------
 # Figures
 
@@ -1104,8 +1075,7 @@ def _new_figure(w: float = 5.2, h: float = 3.6):
 def _save(fig, path: Path) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    _atomic_bytes(path, buf.getvalue())
-    return path
+    return write_bytes(path, buf.getvalue())
 
 
 def _bar_figure(path: Path, labels: Sequence[str], values: Sequence[Sequence[float]], title: str,
