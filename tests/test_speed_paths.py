@@ -62,9 +62,14 @@ def test_bf16_on_cpu_takes_explicit_products_and_they_match_the_fused_kernel(mon
     model = _small_model().eval()
     x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        explicit = model(x).float()
+        explicit = model(x).float()  # one slice: 8 images x 4 heads x 17^2 logits < EXPLICIT_SLICE
+        whole = model(x, return_attention=True)[0].float()
+        monkeypatch.setattr(vm, "EXPLICIT_SLICE", 3 * 4 * 17 * 17)  # slices of 3 images: 3 + 3 + 2
+        sliced = model(x).float()
         monkeypatch.setattr(vm, "explicit_is_faster", lambda q: False)
         fused = model(x).float()
+    torch.testing.assert_close(explicit, whole, rtol=0, atol=0)
+    torch.testing.assert_close(sliced, explicit, rtol=1e-3, atol=1e-3)  # slices change no product
     assert _rel_err(explicit, fused).max() < 0.02
     with torch.no_grad():
         assert torch.allclose(model(x), model(x, return_attention=True)[0], atol=1e-5)
