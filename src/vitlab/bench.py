@@ -172,8 +172,9 @@ def _inference_fn(model: nn.Module, x: torch.Tensor, precision: str) -> Callable
 
 
 def _train_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str) -> Callable[[], None]:
-    """One training step as `vitlab.train.engine.train_one_epoch` takes it: forward under autocast,
-    cross-entropy in fp32, backward, one fused AdamW step. Returns the step as a closure."""
+    """One training step as `vitlab.train.engine.train_one_epoch` takes it, less gradient clipping:
+    forward under autocast, cross-entropy in fp32, backward, one fused AdamW step (the same optimizer
+    for both libraries). Returns the step as a closure."""
     from vitlab.train.optim import build_optimizer
 
     optimizer = build_optimizer(model, lr=1e-4)  # a small lr: the weights stay meaningful over repeats
