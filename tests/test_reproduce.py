@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vitlab.cli import main
-from vitlab.data.shapes import ARRANGEMENT_NAMES, SHAPE_NAMES, make_shapes
+from vitlab.data.shapes import ARRANGEMENT_NAMES, POSITION_NAMES, SHAPE_NAMES, make_shapes
 from vitlab.experiments.reproduce import (
     EXPERIMENTS,
     INCONCLUSIVE,
@@ -41,7 +41,8 @@ def test_shapes_are_deterministic_nested_and_split():
     assert a.min() >= -1 and a.max() <= 1
 
 
-@pytest.mark.parametrize("task,k", [("shape", len(SHAPE_NAMES)), ("arrangement", len(ARRANGEMENT_NAMES))])
+@pytest.mark.parametrize("task,k", [("shape", len(SHAPE_NAMES)), ("arrangement", len(ARRANGEMENT_NAMES)),
+                                    ("position", len(POSITION_NAMES))])
 def test_shapes_classes_are_balanced(task, k):
     _, y = make_shapes(2048, seed=0, task=task, img_size=16)  # two full chunks
     counts = torch.bincount(y, minlength=k)
@@ -66,6 +67,17 @@ def test_arrangement_label_matches_where_red_and_blue_are():
     assert (pred == y).float().mean() > 0.97
 
 
+def test_position_label_is_the_cell_of_the_shape():
+    x, y = make_shapes(200, seed=2, task="position", img_size=30, normalize=False, noise=0.0)
+    background = x[:, :, :1, :1]  # the corner pixel: the shape never reaches it
+    fg = (x - background).abs().sum(dim=1) > 0.3  # (n, H, W)
+    ys, xs = torch.meshgrid(torch.arange(30.0), torch.arange(30.0), indexing="ij")
+    n = fg.float().sum(dim=(1, 2)).clamp_min(1)
+    cx, cy = (fg * xs).sum(dim=(1, 2)) / n, (fg * ys).sum(dim=(1, 2)) / n
+    cell = (cy // 10) * 3 + (cx // 10)  # 3 x 3 cells of 10 px, raster order
+    assert (cell == y).float().mean() > 0.97
+
+
 # ----------------------------------------------------------------------------------------------------
 # Verdict rules on hand-made numbers
 
@@ -86,6 +98,8 @@ def test_close_at_least_near_and_combine():
     assert close([0.80, 0.81, 0.82], [0.81, 0.82, 0.83], 0.03).status == REPRODUCED
     assert close([0.70, 0.71, 0.72], [0.80, 0.81, 0.82], 0.03).status == NOT_REPRODUCED
     assert close([0.70, 0.80, 0.90], [0.80, 0.90, 1.00], 0.03).status == INCONCLUSIVE
+    assert close([0.25, 0.26], [0.25, 0.25], 0.03, floor=0.28).status == INCONCLUSIVE  # equal at chance: says nothing
+    assert close([0.95, 0.96], [0.95, 0.95], 0.03, floor=0.28).status == REPRODUCED
     assert at_least([0.96, 0.97], 0.95).status == REPRODUCED
     assert at_least([0.80, 0.81], 0.95).status == NOT_REPRODUCED
     assert near([0.50, 0.52], 0.5, 0.05).status == REPRODUCED

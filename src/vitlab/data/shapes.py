@@ -11,6 +11,9 @@ Two tasks, both rendered on the fly from a seed (nothing is downloaded or stored
   above, below). "Red left of blue" and "red right of blue" contain the same patches, only in
   mirrored places, so a model without a position embedding cannot tell them apart: the task of the
   position-embedding ablation (paper Table 8).
+- `task="position"`: one shape in one cell of a 3 x 3 grid; the label is the cell (9 classes). The
+  label depends on both coordinates, so a learned 1-D position table has to discover the image's
+  rows and columns: the model that Figure 7's position-embedding similarity is measured on.
 
 Determinism: image i depends only on (seed, i), never on n. Samples are drawn in fixed chunks of
 `CHUNK` images, each from its own generator seeded by (seed, chunk index), so the first 500 images of
@@ -28,6 +31,7 @@ from vitlab.errors import VitlabError
 
 SHAPE_NAMES = ("circle", "square", "triangle", "diamond", "plus", "ring")
 ARRANGEMENT_NAMES = ("red left of blue", "red right of blue", "red above blue", "red below blue")
+POSITION_NAMES = tuple(f"{row} {col}" for row in ("top", "middle", "bottom") for col in ("left", "centre", "right"))
 CHUNK = 1024
 VAL_SEED_OFFSET = 1_000_003  # validation sets come from another seed stream: never the training images
 
@@ -128,7 +132,29 @@ def _render_arrangement_chunk(b: int, g: torch.Generator, img_size: int, scale: 
     return img, labels
 
 
-_TASKS = {"shape": (_render_shape_chunk, SHAPE_NAMES), "arrangement": (_render_arrangement_chunk, ARRANGEMENT_NAMES)}
+def _render_position_chunk(b: int, g: torch.Generator, img_size: int, scale: tuple[float, float], noise: float):
+    """One shape (random kind, size, colours) in one cell of a 3 x 3 grid; the label is the cell."""
+    S = float(img_size)
+    labels = _balanced_labels(b, len(POSITION_NAMES), g)
+    kinds = torch.randint(len(SHAPE_NAMES), (b,), generator=g)
+    r = S * (scale[0] + (scale[1] - scale[0]) * torch.rand(b, generator=g))
+    cell = S / 3
+    slack = (cell / 2 - r).clamp(min=0)  # the shape's centre stays inside its cell
+    cx = (labels % 3 + 0.5) * cell + slack * (2 * torch.rand(b, generator=g) - 1)
+    cy = (labels // 3 + 0.5) * cell + slack * (2 * torch.rand(b, generator=g) - 1)
+    fg, bg = _colours(b, g)
+    xs, ys = _grid(b, img_size)
+    sd = _signed_distance(kinds, xs - cx[:, None, None], ys - cy[:, None, None], r)
+    img = _paint(bg[:, :, None, None].expand(b, 3, img_size, img_size), sd, fg)
+    img = img + noise * torch.randn(img.shape, generator=g)
+    return img, labels
+
+
+_TASKS = {
+    "shape": (_render_shape_chunk, SHAPE_NAMES),
+    "arrangement": (_render_arrangement_chunk, ARRANGEMENT_NAMES),
+    "position": (_render_position_chunk, POSITION_NAMES),
+}
 
 
 def class_names(task: str) -> tuple[str, ...]:
@@ -152,7 +178,7 @@ def make_shapes(
     (or [0, 1] without `normalize`) and (n,) int64.
 
     `scale` is the range of the shape's radius as a fraction of the image side (default (0.15, 0.32)
-    for "shape", (0.1, 0.2) for "arrangement"). `split="val"` draws from a separate seed stream,
+    for "shape", (0.1, 0.2) for "arrangement", (0.08, 0.14) for "position"). `split="val"` draws from a separate seed stream,
     so a validation set never shares an image with the training set of the same seed.
     """
     render, _ = _TASKS.get(task, (None, None))
@@ -162,7 +188,7 @@ def make_shapes(
         raise VitlabError(f"shapes need n >= 1 and img_size >= 8; found n={n}, img_size={img_size}")
     if split not in ("train", "val"):
         raise VitlabError(f"shapes split must be 'train' or 'val'; found {split!r}")
-    scale = scale or ((0.15, 0.32) if task == "shape" else (0.1, 0.2))
+    scale = scale or {"shape": (0.15, 0.32), "arrangement": (0.1, 0.2), "position": (0.08, 0.14)}[task]
     if not 0 < scale[0] <= scale[1] < 0.5:
         raise VitlabError(f"shapes scale must satisfy 0 < low <= high < 0.5 (a fraction of the side); found {scale}")
     stream = 0 if split == "train" else 1
@@ -183,4 +209,4 @@ def make_arrangement(n: int, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     return make_shapes(n, task="arrangement", **kwargs)
 
 
-__all__ = ["SHAPE_NAMES", "ARRANGEMENT_NAMES", "make_shapes", "make_arrangement", "class_names"]
+__all__ = ["SHAPE_NAMES", "ARRANGEMENT_NAMES", "POSITION_NAMES", "make_shapes", "make_arrangement", "class_names"]
