@@ -520,7 +520,8 @@ def _analyze_pe(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
                f"label = where the red one is relative to the blue one: left/right/above/below, 4 classes, chance 25%); "
                f"{spec0.n_train:,} train / {dict(spec0.data)['n_val']:,} val images; ViT P=4, D=32, 4 heads, 4 blocks, "
                f"MLP 64 ({res[spec0]['params']:,} params without position table); AdamW, batch 32, {spec0.epochs} epochs, "
-               f"lr {' or '.join(f'{lr:g}' for lr in lrs)} (each kind at the better one, by mean)."),
+               + (f"lr {' or '.join(f'{lr:g}' for lr in lrs)} (each kind at the better one, by mean)." if len(lrs) > 1
+                  else f"lr {lrs[0]:g}.")),
         header=["position embedding"] + [f"val acc % at lr {lr:g}" for lr in lrs] + ["paper Table 8 (ImageNet 5-shot, %)"],
         rows=[[pe] + [_ms(by_lr[(pe, lr)]) + (" (best)" if lr == best_lr[pe] and len(lrs) > 1 else "") for lr in lrs]
               + [f"{paper[pe]:.2f}" if paper[pe] else "-"] for pe in PE_KINDS],
@@ -528,7 +529,8 @@ def _analyze_pe(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         csv_header=["pos_embed", "lr", "seed", "val_acc"],
         csv_rows=[[dict(r.overrides)["pos_embed"], r.lr, r.seed, res[r]["val_acc"]] for r in runs],
         notes=("The first full run of this report trained every kind at lr 1e-3 only; the learned tables stayed at "
-               "chance. The 3e-3 runs were added afterwards, for every kind alike, with the rule unchanged."),
+               "chance. The 3e-3 runs were added afterwards, for every kind alike, with the rule unchanged."
+               if len(lrs) > 1 else ""),
     )
 
 
