@@ -665,6 +665,9 @@ def _analyze_scale(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     p_vit = res[_scale_run("vit_mini", n_small, pts[0][1], scale.seeds[0], scale)]["params"]
     p_cnn = res[_scale_run("resnet_mini", n_small, pts[0][1], scale.seeds[0], scale)]["params"]
     rows = [[f"{n:,}", str(e), _ms(acc[("vit_mini", n)]), _ms(acc[("resnet_mini", n)]), _ms(gap[n])] for n, e in pts]
+    widest = max((n for n, _ in pts), key=lambda n: _stats(gap[n])[0])
+    note = (f"Not part of the rule: the gap is widest at N={widest:,} ({100 * _stats(gap[widest])[0]:.1f} points) and "
+            f"{100 * _stats(gap[n_large])[0]:.1f} points at N={n_large:,}.")
     return Outcome(
         setup=(f"Shapes task at 16x16 (6 classes; nested training sets: the first N images of one seeded stream), "
                f"{2000 if not scale.quick else 500:,} val images; ViT `vit_mini` (P=4, D=64, 4 blocks, {p_vit:,} params) "
@@ -672,6 +675,7 @@ def _analyze_scale(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
                f"recipe (AdamW lr 1e-3, wd 0.05, batch 32, warmup 1 epoch, cosine); epochs per N in the table."),
         header=["N train", "epochs", "ViT val acc %", "CNN val acc %", "CNN - ViT (points)"],
         rows=rows, verdict=verdict, figures=[fig],
+        notes=note,
         csv_header=["model", "n_train", "epochs", "seed", "val_acc"],
         csv_rows=[[m, n, e, s, res[_scale_run(m, n, e, s, scale)]["val_acc"]] for m in ("vit_mini", "resnet_mini")
                   for n, e in pts for s in scale.seeds],
