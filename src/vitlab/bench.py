@@ -374,8 +374,19 @@ def estimate_memory(cfg: ViTConfig, batch_size: int, *, train: bool = True, prec
 
 
 def _peak_rss_bytes() -> int:
-    """The process's peak resident set size (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """The process's peak resident set size.
+
+    On Linux this is VmHWM of /proc/self/status: getrusage's ru_maxrss survives exec, so a process
+    spawned from a large parent (a test runner at 1 GB) would report the parent's peak as its own.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux reports KiB, macOS bytes
     return peak if platform.system() == "Darwin" else peak * 1024
 
 
