@@ -90,6 +90,12 @@ def _stats(values: Sequence[float]) -> tuple[float, float, int]:
     return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else float("nan")), len(v)
 
 
+def _errorbar_pct(runs: Sequence[Sequence[float]]) -> tuple[list[float], list[float]]:
+    """Per configuration: mean and sample std in percent (std 0 for a single seed), for ax.errorbar."""
+    stats = [_stats(v) for v in runs]
+    return [100 * m for m, _, _ in stats], [100 * sd if n > 1 else 0.0 for _, sd, n in stats]
+
+
 def _diff(a: Sequence[float], b: Sequence[float] | float) -> tuple[float, float, bool]:
     """Difference of means, its standard error, and whether there are enough seeds for one."""
     ma, sa, na = _stats(a)
@@ -1139,8 +1145,7 @@ def _lr_figure(path: Path, lrs: Sequence[float], acc: dict) -> Path:
     fig = _new_figure()
     ax = fig.add_subplot(1, 1, 1)
     for pool, label in (("cls", "class token"), ("mean", "global average pooling")):
-        m = [100 * _stats(acc[(pool, lr)])[0] for lr in lrs]
-        s = [100 * (_stats(acc[(pool, lr)])[1] if len(acc[(pool, lr)]) > 1 else 0.0) for lr in lrs]
+        m, s = _errorbar_pct([acc[(pool, lr)] for lr in lrs])
         ax.errorbar(lrs, m, yerr=s, marker="o" if pool == "cls" else "s", linestyle="-" if pool == "cls" else "--",
                     capsize=3, label=label)
     ax.set_xscale("log")
@@ -1157,8 +1162,8 @@ def _patch_figure(path: Path, acc: dict, flops: dict, train_ms: dict) -> Path:
     fig = _new_figure(10.5, 3.3)
     ps = list(PATCHES)
     ax = fig.add_subplot(1, 3, 1)
-    ax.errorbar(ps, [100 * _stats(acc[p])[0] for p in ps], yerr=[100 * (_stats(acc[p])[1] if len(acc[p]) > 1 else 0) for p in ps],
-                marker="o", capsize=3)
+    m, s = _errorbar_pct([acc[p] for p in ps])
+    ax.errorbar(ps, m, yerr=s, marker="o", capsize=3)
     ax.set_xlabel("patch size P")
     ax.set_ylabel("val accuracy (%)")
     ax.set_xticks(ps)
@@ -1183,8 +1188,7 @@ def _scale_figure(path: Path, ns: Sequence[int], acc: dict) -> Path:
     fig = _new_figure()
     ax = fig.add_subplot(1, 1, 1)
     for model, label in (("resnet_mini", "CNN (resnet_mini)"), ("vit_mini", "ViT (vit_mini)")):
-        m = [100 * _stats(acc[(model, n)])[0] for n in ns]
-        s = [100 * (_stats(acc[(model, n)])[1] if len(acc[(model, n)]) > 1 else 0.0) for n in ns]
+        m, s = _errorbar_pct([acc[(model, n)] for n in ns])
         ax.errorbar(ns, m, yerr=s, marker="o", capsize=3, label=label)
     ax.set_xscale("log")
     ax.set_xticks(list(ns), [f"{n:,}" for n in ns])
