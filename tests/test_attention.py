@@ -353,6 +353,10 @@ def test_cli_attention_maps_and_rollout_peak_at_the_controlled_patch(checkpoint,
     assert "rollout fuses the heads" in capsys.readouterr().err
     assert main(["attention", str(tmp_path / "missing.png"), "--model", "vit_mini_x", "--out", str(out)]) == 2
     assert "missing.png" in capsys.readouterr().err
+    both = tmp_path / "both"  # the checkpoint names its model: a second name is a mistake, not ignored
+    assert main(["attention", str(checkpoint / "images"), "--checkpoint", str(checkpoint), "--model", "vit_base_patch16_224",
+                 "--out", str(both)]) == 2
+    assert "give one" in capsys.readouterr().err and not both.exists()
 
 
 def test_cli_inspect_writes_figure7(checkpoint, tmp_path, capsys):

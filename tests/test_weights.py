@@ -184,10 +184,9 @@ def test_torchvision_vit_b_16_matches(tmp_path):
 def write_jax_npz(model, path: Path, *, pre_logits: bool = False) -> None:
     """Write a timm ViT in the original JAX checkpoint layout (the inverse of the loaders)."""
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    D = sd["cls_token"].shape[-1]
+    D = sd["pos_embed"].shape[-1]
     h = model.blocks[0].attn.num_heads
     w = {
-        "cls": sd["cls_token"],
         "embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),  # (D, C, P, P) -> (P, P, C, D)
         "embedding/bias": sd["patch_embed.proj.bias"],
         "Transformer/posembed_input/pos_embedding": sd["pos_embed"],
@@ -196,6 +195,8 @@ def write_jax_npz(model, path: Path, *, pre_logits: bool = False) -> None:
         "head/kernel": sd["head.weight"].T,
         "head/bias": sd["head.bias"],
     }
+    if "cls_token" in sd:  # absent for the classifier="gap" checkpoints
+        w["cls"] = sd["cls_token"]
     if pre_logits:
         w["pre_logits/kernel"], w["pre_logits/bias"] = np.eye(D, dtype=np.float32), np.zeros(D, np.float32)
     for i in range(len(model.blocks)):
@@ -256,6 +257,32 @@ def test_jax_npz_matches_and_timm_agrees_on_the_file(tmp_path):
         assert max_diff(other(x), expected) <= TOL
         model = load_pretrained("vit_tiny_patch16_224", str(tmp_path / "big_vision.npz"), depth=2)
         assert max_diff(model(x), expected) <= TOL
+
+
+def test_jax_gap_checkpoint_without_class_token(tmp_path):
+    """classifier='gap' (no class token; the encoder's LayerNorm, then the mean over patches): timm's
+    *_gap_* models. The named model refuses it with the overrides to pass; with them it loads."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT, _load_weights
+
+    torch.manual_seed(0)
+    ref = perturb(TimmViT(img_size=224, patch_size=16, embed_dim=192, depth=2, num_heads=3, num_classes=5,
+                          class_token=False, global_pool="avg", fc_norm=False)).eval()
+    path = tmp_path / "gap.npz"
+    write_jax_npz(ref, path)
+    assert "cls" not in np.load(path).files
+    x = images(2, 224)
+    with pytest.raises(VitlabError, match="class_token=False, pool='mean', fc_norm=False"):
+        load_pretrained("vit_tiny_patch16_224", str(path), depth=2, num_classes=5)
+    with torch.no_grad():
+        expected = ref(x)
+        other = TimmViT(img_size=224, patch_size=16, embed_dim=192, depth=2, num_heads=3, num_classes=5,
+                        class_token=False, global_pool="avg", fc_norm=False).eval()
+        _load_weights(other, str(path))
+        assert max_diff(other(x), expected) <= TOL  # the file is what timm's loader reads
+        model = load_pretrained("vit_tiny_patch16_224", str(path), depth=2, num_classes=5, class_token=False,
+                                pool="mean", fc_norm=False)
+        assert max_diff(model(x), expected) <= TOL
+    assert model.cls_token is None and isinstance(model.fc_norm, torch.nn.Identity)
 
 
 def test_jax_pre_logits_checkpoint_drops_the_pretraining_head(tmp_path):

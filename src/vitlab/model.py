@@ -21,7 +21,8 @@ Deliberate departures from the paper, each for a reason:
 - `pos_embed="learned2d"` concatenates a row and a column table of D/2 each, as in Appendix D.4;
   the class token then gets no position (it is the same token at every position anyway).
 - `pool="mean"` applies the final LayerNorm after pooling (`fc_norm`), as timm and big_vision do for
-  global average pooling, so their GAP checkpoints load and agree.
+  global average pooling, so their GAP checkpoints load and agree; `fc_norm=False` keeps it before the
+  pool, as the original JAX release's classifier="gap" (with `class_token=False`).
 - The attention has two paths: `F.scaled_dot_product_attention` (fast, fused) and the explicit
   softmax(QK^T / sqrt(d)) V of Eq. 5-7 in Appendix A, used when attention weights are asked for. The
   caller picks per call (`return_attention=`); nothing global decides. Tests check they agree.

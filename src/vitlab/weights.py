@@ -65,7 +65,13 @@ PREPROCESSING = {
 }
 
 # The ViTConfig fields a checkpoint fixes; a named model that disagrees on any of them cannot load it.
-STRUCTURAL_FIELDS = ("patch_size", "in_chans", "dim", "depth", "heads", "mlp_dim", "qkv_bias", "class_token", "pool", "pos_embed")
+STRUCTURAL_FIELDS = ("patch_size", "in_chans", "dim", "depth", "heads", "mlp_dim", "qkv_bias", "class_token", "pool",
+                     "fc_norm", "pos_embed")
+
+
+def _structural(cfg, f: str):
+    """A ViTConfig's value of a STRUCTURAL_FIELDS entry, with the defaults resolved."""
+    return {"mlp_dim": cfg.hidden_dim, "fc_norm": cfg.use_fc_norm}.get(f, getattr(cfg, f, None))
 
 
 class PretrainedWarning(UserWarning):
@@ -403,16 +409,14 @@ def _convert_jax(sd: dict) -> tuple[dict, list[str]]:
     prefix = next((p for p in ("opt/target/", "params/img/", "params/") if f"{p}embedding/kernel" in sd), "")
     w = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
     out, notes = {}, []
-    if "cls" not in w:
-        raise VitlabError(
-            "this JAX checkpoint has no class token (classifier 'gap'): its LayerNorm comes before the "
-            "average pool, which vitlab's pool='mean' (LayerNorm after the pool, as in timm) does not reproduce"
-        )
     out["patch_embed.proj.weight"] = w["embedding/kernel"].permute(3, 2, 0, 1)  # (P, P, C, D) -> (D, C, P, P)
     out["patch_embed.proj.bias"] = w["embedding/bias"]
-    out["cls_token"] = w["cls"].reshape(1, 1, -1)  # (1, 1, D)
+    if "cls" in w:
+        out["cls_token"] = w["cls"].reshape(1, 1, -1)  # (1, 1, D)
+    else:  # classifier "gap": no class token; encoder_norm, then the mean over patches (infer_config: fc_norm=False)
+        notes.append("no class token (JAX classifier 'gap'): the patch tokens are averaged after the final LayerNorm")
     pos = w.get("Transformer/posembed_input/pos_embedding", w.get("pos_embedding"))
-    out["pos_embed"] = pos.reshape(1, -1, pos.shape[-1])  # (1, N+1, D)
+    out["pos_embed"] = pos.reshape(1, -1, pos.shape[-1])  # (1, N(+1), D)
     out["norm.weight"] = w["Transformer/encoder_norm/scale"]
     out["norm.bias"] = w["Transformer/encoder_norm/bias"]
 
@@ -477,7 +481,9 @@ def infer_config(sd: dict[str, torch.Tensor], config: dict | None = None) -> dic
         cfg["mlp_dim"] = sd["blocks.0.mlp.fc1.weight"].shape[0]
     cfg["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
     cfg["class_token"] = "cls_token" in sd
-    cfg["pool"] = "mean" if "fc_norm.weight" in sd else "cls"
+    cfg["pool"] = "mean" if "fc_norm.weight" in sd or not cfg["class_token"] else "cls"
+    if cfg["pool"] == "mean":  # LayerNorm after the pool (timm's fc_norm) or before it (JAX 'gap', timm's *_gap_*)
+        cfg["fc_norm"] = "fc_norm.weight" in sd
     head = sd.get("head.weight")
     cfg["num_classes"] = head.shape[0] if head is not None else 0
     if "_jax_heads" in sd:
@@ -753,10 +759,15 @@ def _check_architecture(name: str | None, cfg, inferred: dict, ckpt: Checkpoint)
     for f in STRUCTURAL_FIELDS:
         if f not in inferred:
             continue
-        mine = cfg.hidden_dim if f == "mlp_dim" else getattr(cfg, f)
+        mine = _structural(cfg, f)
         theirs = inferred[f] if f != "mlp_dim" or inferred[f] is not None else cfg.hidden_dim
         if mine != theirs:
             diffs.append((f, mine, theirs))
+    if diffs and "fc_norm" in inferred and all(f != "fc_norm" for f, _, _ in diffs):
+        # fc_norm's default follows pool: with the other fixes applied it may be the one left to differ
+        fixed = cfg.replace(**{f: t for f, _, t in diffs})
+        if fixed.use_fc_norm != inferred["fc_norm"]:
+            diffs.append(("fc_norm", fixed.use_fc_norm, inferred["fc_norm"]))
     if diffs:
         listing = ", ".join(f"{f}: model {m!r} vs checkpoint {t!r}" for f, m, t in diffs)
         fix = ", ".join(f"{f}={t!r}" for f, _, t in diffs)
@@ -776,7 +787,7 @@ def _matching_variants(inferred: dict) -> list[str]:
     out = []
     for vname, variant in VARIANTS.items():
         c = variant.config
-        values = {f: (c.hidden_dim if f == "mlp_dim" else getattr(c, f)) for f in STRUCTURAL_FIELDS}
+        values = {f: _structural(c, f) for f in STRUCTURAL_FIELDS}
         if all(values[f] == inferred[f] for f in STRUCTURAL_FIELDS if f in inferred):
             out.append(vname)
     return out[:4]

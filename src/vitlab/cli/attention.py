@@ -19,7 +19,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """--model / --pretrained / --checkpoint / --device, shared with `vitlab inspect`."""
-    p.add_argument("--model", metavar="NAME", help="model name (see `vitlab info`); optional with --checkpoint")
+    p.add_argument("--model", metavar="NAME", help="model name (see `vitlab info`); not with --checkpoint, which names its own")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--pretrained", metavar="SOURCE", help="weights: a file, a folder or a hub id (see vitlab.weights)")
     src.add_argument("--checkpoint", metavar="PATH", help="a vitlab checkpoint folder, run folder or last.json/best.json")
@@ -34,6 +34,10 @@ def load_model(args) -> torch.nn.Module:
 
     if args.checkpoint:
         from vitlab.train.checkpoint import load_model as load_checkpoint
+
+        if args.model:
+            raise VitlabError(f"--model {args.model} and --checkpoint {args.checkpoint}: give one; the checkpoint "
+                              "already records its model's configuration")
 
         model = load_checkpoint(args.checkpoint)
     elif args.model:

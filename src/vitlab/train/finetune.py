@@ -346,7 +346,8 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
             current = threshold(epoch)
             trainable = set_stage(model, ids, current)
             wrapped = distributed.wrap(model, info)  # DDP fixes its parameter set when built
-            say(f"epoch {epoch + 1}: stage {1 if epoch < K else 2}, {trainable:,} trainable parameters")
+            stage = f"stage {1 if epoch < K else 2}, " if K else ""  # stages only when a head-only phase exists
+            say(f"epoch {epoch + 1}: {stage}{trainable:,} trainable parameters")
         sampler.set_epoch(epoch)
         t0 = time.perf_counter()
         stats = train_one_epoch(wrapped, train_loader, optimizer, after_step, device=device, clip_grad=cfg.clip_grad,
@@ -372,7 +373,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
         rows.append(row)
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", val_acc=f"{row['val_acc']:.3f}")
         if info.is_main:
-            say(_epoch_line(row, cfg.epochs))
+            say(_epoch_line(row, cfg.epochs, staged=K > 0))
             _write_csv(out / "metrics.csv", rows)
             for key in ("train_loss", "val_loss", "train_acc", "val_acc", "val_acc_ema", "lr"):
                 if key in row:
@@ -553,9 +554,10 @@ def _save_weights(folder: Path, model: nn.Module) -> Path:
     return folder
 
 
-def _epoch_line(row: dict, epochs: int) -> str:
+def _epoch_line(row: dict, epochs: int, *, staged: bool) -> str:
     ema = f" val_acc_ema {row['val_acc_ema']:.4f}" if "val_acc_ema" in row else ""
-    return (f"epoch {row['epoch']:>3}/{epochs} [stage {row['stage']}] lr {row['lr']:.2e} "
+    stage = f" [stage {row['stage']}]" if staged else ""
+    return (f"epoch {row['epoch']:>3}/{epochs}{stage} lr {row['lr']:.2e} "
             f"train_loss {row['train_loss']:.4f} train_acc {row['train_acc']:.4f} "
             f"val_loss {row['val_loss']:.4f} val_acc {row['val_acc']:.4f}{ema} ({row['time_s']:.1f}s)")
 
