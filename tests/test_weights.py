@@ -335,6 +335,52 @@ def test_resample_pos_embed_matches_timm_including_non_square():
     assert ours2.shape == (1, 200, 32) and max_diff(ours2, ref2) <= 1e-5
 
 
+def test_learned2d_and_relative_tables_follow_a_new_img_size(tmp_path):
+    """A vitlab checkpoint with 2-D position tables loads at another (non-square) size: learned2d's row
+    and column tables are each resampled along their own axis; each relative table, an image of the
+    (2gh-1) x (2gw-1) offsets, bicubic. Tables that are linear in the offset stay (nearly) linear inside."""
+    import torch.nn.functional as F
+    import vitlab
+    from vitlab.train.checkpoint import save_checkpoint
+
+    old, new = (8, 12), (12, 8)  # grid rows x cols: 32x48 px -> 48x32 px at patch 4
+    for kind in ("learned2d", "relative"):
+        model = vitlab.create_model("vit_mini", pos_embed=kind, img_size=(32, 48), num_classes=3)
+        with torch.no_grad():
+            if kind == "learned2d":
+                model.pos_embed_row.copy_(torch.arange(8.0)[None, :, None].expand(1, 8, 32))
+                model.pos_embed_col.copy_(-2 * torch.arange(12.0)[None, :, None].expand(1, 12, 32))
+            else:
+                dy, dx = torch.meshgrid(torch.arange(-7.0, 8), torch.arange(-11.0, 12), indexing="ij")
+                for rel in model.rel_pos:
+                    rel.table.copy_((dy + 2 * dx).flatten().expand_as(rel.table))
+        folder = save_checkpoint(tmp_path / kind, "e1", model, {"epoch": 1})
+        same = load_pretrained(None, str(folder))
+        x = torch.randn(2, 3, 32, 48)
+        with torch.no_grad():
+            assert max_diff(same(x), model.eval()(x)) <= 1e-6
+        moved = load_pretrained(None, str(folder), img_size=(48, 32))
+        assert any("resampled from a 8x12 to a 12x8 grid" in n for n in moved.pretrained_cfg["notes"])
+        with torch.no_grad():
+            assert moved(torch.randn(2, 3, 48, 32)).shape == (2, 3)
+
+        def src(i, n_old, n_new):  # F.interpolate's source coordinate (align_corners=False)
+            return (i + 0.5) * n_old / n_new - 0.5
+
+        if kind == "learned2d":
+            rows, cols = moved.pos_embed_row[0, :, 0], moved.pos_embed_col[0, :, 0]
+            assert rows.shape == (12,) and cols.shape == (8,)
+            i, j = torch.arange(1, 11.0), torch.arange(1, 7.0)  # inside: no clamping at the ends
+            assert max_diff(rows[1:11], src(i, 8, 12)) <= 1e-5 and max_diff(cols[1:7], -2 * src(j, 12, 8)) <= 1e-5
+        else:
+            table = moved.rel_pos[1].table[0].reshape(23, 15)  # (2*12-1) x (2*8-1) offsets
+            i, j = torch.meshgrid(torch.arange(23.0), torch.arange(15.0), indexing="ij")
+            expected = (src(i, 15, 23) - 7) + 2 * (src(j, 23, 15) - 11)
+            # bicubic (a = -0.75) follows a line to within ~1% of this +-30 range; a swapped axis misses by units
+            assert max_diff(table[3:-3, 3:-3], expected[3:-3, 3:-3]) <= 0.3
+            assert not torch.allclose(table, table.T.reshape(23, 15))  # rows and columns not swapped somewhere
+
+
 def test_224_checkpoint_at_img_size_384_matches_timm_resampling(tmp_path):
     ref = perturb(timm.create_model("vit_tiny_patch16_224", depth=2))
     save_file(ref.state_dict(), tmp_path / "w.safetensors")

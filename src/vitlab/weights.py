@@ -482,8 +482,7 @@ def infer_config(sd: dict[str, torch.Tensor], config: dict | None = None) -> dic
     cfg["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
     cfg["class_token"] = "cls_token" in sd
     cfg["pool"] = "mean" if "fc_norm.weight" in sd or not cfg["class_token"] else "cls"
-    if cfg["pool"] == "mean":  # LayerNorm after the pool (timm's fc_norm) or before it (JAX 'gap', timm's *_gap_*)
-        cfg["fc_norm"] = "fc_norm.weight" in sd
+    cfg["fc_norm"] = "fc_norm.weight" in sd  # mean pool: LayerNorm after it (timm) or before (JAX 'gap', timm's *_gap_*)
     head = sd.get("head.weight")
     cfg["num_classes"] = head.shape[0] if head is not None else 0
     if "_jax_heads" in sd:
@@ -506,6 +505,11 @@ def infer_config(sd: dict[str, torch.Tensor], config: dict | None = None) -> dic
         n = sd["pos_embed"].shape[-2] - (1 if cfg["class_token"] else 0)  # patch rows
         cfg["grid_size"] = _grid_of(n, cfg.get("img_size"), cfg.get("patch_size"))
         cfg.setdefault("img_size", tuple(g * cfg["patch_size"] for g in cfg["grid_size"]))
+    elif "pos_embed_row" in sd:  # learned2d: a row table and a column table
+        cfg["grid_size"] = (sd["pos_embed_row"].shape[1], sd["pos_embed_col"].shape[1])
+    elif "rel_pos.0.table" in sd and "img_size" in cfg:  # relative: vitlab's own files, whose config has the size
+        s = cfg["img_size"]
+        cfg["grid_size"] = tuple(n // cfg["patch_size"] for n in ((s, s) if isinstance(s, int) else s))
     if "img_size" in cfg:
         s = cfg["img_size"]
         cfg["img_size"] = (s, s) if isinstance(s, int) else tuple(s)
@@ -568,6 +572,26 @@ def resample_pos_embed(
     grid = F.interpolate(grid, size=new_grid, mode=interpolation, antialias=antialias, align_corners=False)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(dtype)  # (1, N', D)
     return torch.cat([prefix, grid], dim=1)
+
+
+def resample_position_tables(sd: dict, old_grid: tuple[int, int], new_grid: tuple[int, int], *,
+                             num_prefix_tokens: int) -> dict:
+    """Every position table of `sd` (vitlab names) moved from `old_grid` to `new_grid`: the 1-D table
+    by `resample_pos_embed`; learned2d's row and column tables each along its own axis (linear); the
+    relative bias tables, per head an image of the (2gh-1) x (2gw-1) offsets, bicubic."""
+    sd = dict(sd)
+    (gh, gw), (nh, nw) = old_grid, tuple(new_grid)
+    if "pos_embed" in sd:
+        sd["pos_embed"] = resample_pos_embed(sd["pos_embed"], (nh, nw), old_grid=old_grid, num_prefix_tokens=num_prefix_tokens)
+    for key, n in (("pos_embed_row", nh), ("pos_embed_col", nw)):
+        if key in sd:  # (1, g, D/2) -> (1, n, D/2)
+            table = sd[key].transpose(1, 2).float()  # (1, D/2, g)
+            sd[key] = F.interpolate(table, size=n, mode="linear", align_corners=False).transpose(1, 2).to(sd[key].dtype)
+    for key in [k for k in sd if re.fullmatch(r"rel_pos\.\d+\.table", k)]:  # (h, (2gh-1)(2gw-1))
+        table = sd[key].reshape(1, -1, 2 * gh - 1, 2 * gw - 1).float()  # (1, h, 2gh-1, 2gw-1)
+        table = F.interpolate(table, size=(2 * nh - 1, 2 * nw - 1), mode="bicubic", align_corners=False)
+        sd[key] = table.reshape(table.shape[1], -1).to(sd[key].dtype)
+    return sd
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -691,11 +715,9 @@ def load_pretrained(
     sd = dict(ckpt.state_dict)
     notes = list(ckpt.notes)
     old_grid = ckpt.grid_size
-    if "pos_embed" in sd and old_grid is not None and tuple(old_grid) != cfg.grid_size:
-        sd["pos_embed"] = resample_pos_embed(
-            sd["pos_embed"], cfg.grid_size, old_grid=old_grid, num_prefix_tokens=cfg.num_prefix_tokens
-        )
-        notes.append(f"position embedding resampled from a {old_grid[0]}x{old_grid[1]} to a {cfg.grid_size[0]}x{cfg.grid_size[1]} grid (bicubic)")
+    if old_grid is not None and tuple(old_grid) != cfg.grid_size and cfg.pos_embed in ("learned", "learned2d", "relative"):
+        sd = resample_position_tables(sd, old_grid, cfg.grid_size, num_prefix_tokens=cfg.num_prefix_tokens)
+        notes.append(f"position embedding ({cfg.pos_embed}) resampled from a {old_grid[0]}x{old_grid[1]} to a {cfg.grid_size[0]}x{cfg.grid_size[1]} grid")
     if target_classes != ckpt_classes or head == "absent":
         sd.pop("head.weight", None), sd.pop("head.bias", None)
         if target_classes == 0:  # asked for a feature extractor: no head at all
