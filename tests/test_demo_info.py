@@ -101,6 +101,28 @@ def test_demo_prints_progress_table_and_wall_time(demo_run):
     assert f"demo wall time: {summary['wall_time_s']:.1f} s" in text
 
 
+def test_demo_side_by_side_gives_the_same_runs_as_one_after_the_other(tmp_path):
+    """workers=2 trains the two runs in two spawned processes; the weights and every metric (but the
+    timings) are bitwise those of workers=1."""
+    from safetensors.torch import load_file
+
+    from vitlab.experiments.demo import run_demo
+
+    quiet = dict(epochs=2, n_train=256, n_val=64, device="cpu", progress=False, echo=lambda line: None)
+    one = run_demo(out=tmp_path / "one", workers=1, **quiet)
+    two = run_demo(out=tmp_path / "two", workers=2, **quiet)
+    assert (one["workers"], two["workers"]) == (1, 2)
+    for pos in ("learned", "none"):
+        for key in ("final_val_acc", "final_train_loss", "final_val_loss", "boundary_attention"):
+            assert one["runs"][pos][key] == two["runs"][pos][key], (pos, key)
+        a = load_file(tmp_path / f"one/pos_{pos}/checkpoints/epoch_0002/model.safetensors")
+        b = load_file(tmp_path / f"two/pos_{pos}/checkpoints/epoch_0002/model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        first = load_file(tmp_path / f"one/pos_{pos}/checkpoints/epoch_0001/model.safetensors")
+        assert any(not torch.equal(a[k], first[k]) for k in a)  # the runs did train
+    assert not list((tmp_path / "two").glob(".pos_*"))  # no temporary folders left
+
+
 def test_cls_attention_map_is_neither_shifted_nor_transposed():
     """The map at grid cell (r, c) must be the class token's attention to the patch cut from image rows
     4r..4r+3 and columns 4c..4c+3, computed here by hand from that patch's pixels."""
@@ -247,6 +269,6 @@ def test_demo_errors_leave_no_files(tmp_path, capsys, monkeypatch):
         raise vitlab.VitlabError("training loss became nan at epoch 1: stopped")
 
     monkeypatch.setattr(engine, "fit", failing_fit)
-    err = _error(capsys, ["demo", "--epochs", "1", "--out", str(out), "--no-progress"])
+    err = _error(capsys, ["demo", "--epochs", "1", "--out", str(out), "--no-progress", "--workers", "1"])
     assert "nan" in err
     assert not out.exists()

@@ -20,6 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="CPU threads for torch (default 1: the mini model is too small to split between cores, "
                    "and extra threads stall on a busy machine); 0 = torch's default")
+    p.add_argument("--workers", type=int, default=None, choices=(1, 2),
+                   help="2: train the two runs side by side in two processes; 1: one after the other (default: 2 on a "
+                   "CPU with two or more cores, 1 on a GPU); the numbers are the same either way")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (the per-epoch lines stay)")
     p.set_defaults(func=run)
 
@@ -28,5 +31,6 @@ def run(args) -> int:
     from vitlab.experiments.demo import run_demo
 
     run_demo(epochs=args.epochs, seed=args.seed, out=args.out, device=args.device,
-             threads=args.threads or None, progress=not args.no_progress)
+             threads=args.threads or None, workers=args.workers,
+             progress=not args.no_progress)
     return 0

@@ -7,7 +7,8 @@ The seed expects >= 95% validation accuracy, and a clear drop when `pos_embed` i
 positions, attention sees a *set* of patch tokens, and both classes give the same set (a bright and a
 dark half, only in mirrored places), so nothing separates them.
 
-Cost: two runs of `epochs` epochs of 63 steps each; see the README for the measured wall time.
+Cost: two runs of `epochs` epochs of 63 steps each, side by side in two processes on a CPU with two
+cores (one after the other on a GPU or with `workers=1`); see the README for the measured wall time.
 
 Outputs, in `out/`:
     pos_learned/, pos_none/     one run each: metrics.csv (per epoch), checkpoints/ (safetensors
@@ -95,30 +96,37 @@ def run_demo(
     n_train: int = N_TRAIN,
     n_val: int = N_VAL,
     threads: int | None = 1,
+    workers: int | None = None,
     progress: bool = True,
     echo: Callable[[str], None] = print,
 ) -> dict:
     """Run both trainings, write the files listed in the module docstring, print the table, and
     return the summary (the content of summary.json).
 
-    `threads`: torch's intra-op CPU threads during the demo (restored after). The mini model's matrices
+    `threads`: torch's intra-op CPU threads per run (restored after). The mini model's matrices
     (65 tokens x 32 channels) are too small to split between cores: one thread does the same work, and
     on a machine shared with other processes extra threads wait for each other (measured on a loaded
     2-core VM: 2.6 s per epoch with 1 thread, 25-37 s with 2). `None` keeps torch's setting.
+    `workers`: 2 trains the two runs side by side in two processes, 1 one after the other; None picks 2
+    on a CPU with at least two cores (and 1 on a GPU). The results are the same either way.
     """
     from vitlab.runtime import resolve_device
 
     out = check_options(epochs=epochs, seed=seed, out=out, n_train=n_train, n_val=n_val)
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise VitlabError(f"--threads must be a positive integer (or 0 for torch's default); found {threads!r}")
+    if workers is not None and workers not in (1, 2):
+        raise VitlabError(f"--workers must be 1 (one run after the other) or 2 (side by side); found {workers!r}")
     dev = resolve_device(device)  # an unavailable device is an error before anything is written
+    if workers is None:
+        workers = 2 if dev.type == "cpu" and (os.cpu_count() or 1) >= 2 else 1
     created = not out.exists()
     previous_threads = torch.get_num_threads()
     out.mkdir(parents=True, exist_ok=True)
     try:
         if threads is not None:
             torch.set_num_threads(threads)
-        return _run(epochs=epochs, seed=seed, out=out, device=dev, n_train=n_train, n_val=n_val,
+        return _run(epochs=epochs, seed=seed, out=out, device=dev, n_train=n_train, n_val=n_val, workers=workers,
                     progress=progress, echo=echo)
     except BaseException:
         if created and out.is_dir() and not any(out.iterdir()):
@@ -128,65 +136,59 @@ def run_demo(
         torch.set_num_threads(previous_threads)
 
 
-def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, progress, echo) -> dict:
+def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, workers, progress, echo) -> dict:
     from vitlab.analysis.attention import boundary_attention_share
     from vitlab.data.synthetic import CLASS_NAMES, dataset_x_splits
-    from vitlab.runtime import seed_everything
-    from vitlab.train.checkpoint import write_json_atomic
-    from vitlab.train.engine import TensorLoader, TrainConfig, fit
-    from vitlab.zoo import create_model, get_config
+    from vitlab.train.checkpoint import load_model, write_json_atomic
+    from vitlab.train.engine import TrainConfig
+    from vitlab.zoo import get_config
 
     t_start = time.perf_counter()
     cfg0 = get_config(MODEL)
-    (x_train, y_train), (x_val, y_val) = dataset_x_splits(n_train, n_val, seed=seed)
+    (_, _), (x_val, y_val) = dataset_x_splits(n_train, n_val, seed=seed)
     train_cfg = TrainConfig(epochs=epochs, seed=seed, device=str(device))  # the seed's recipe: AdamW 3e-3, batch 32
+    threads = torch.get_num_threads()
     echo(f"vitlab demo: seed 000's mini experiment on dataset X ({n_train} train / {n_val} val, 32x32x3, "
          f"left half brighter = A, mirrored = B)")
     echo(f"  model {MODEL}: patch {cfg0.patch_size} -> {cfg0.num_patches} patches + CLS, D={cfg0.dim}, "
          f"{cfg0.heads} heads, {cfg0.depth} blocks, MLP {cfg0.hidden_dim}; AdamW lr {train_cfg.lr:g}, batch "
-         f"{train_cfg.batch_size}, {epochs} epochs, {device} ({torch.get_num_threads()} CPU thread"
-         f"{'' if torch.get_num_threads() == 1 else 's'})")
+         f"{train_cfg.batch_size}, {epochs} epochs, {device} ({threads} CPU thread{'' if threads == 1 else 's'}"
+         f"{', both runs side by side in 2 processes' if workers > 1 else ''})")
+
+    show = sorted({1, epochs, *range(max(1, epochs // 6), epochs + 1, max(1, epochs // 6))})
+
+    def report(pos: str, row: dict) -> None:
+        if row["epoch"] in show:
+            tqdm.write(f"  [{pos}] epoch {row['epoch']:>3}/{epochs}  train loss {row['train_loss']:.4f}  "
+                       f"train acc {row['train_acc']:.3f}  val acc {row['val_acc']:.3f}  "
+                       f"({row['time_s']:.2f} s/epoch)")  # above the progress bar
+
+    settings = dict(epochs=epochs, seed=seed, out=out, device=str(device), n_train=n_train, n_val=n_val)
+    if workers > 1:
+        for pos, label in RUNS:
+            echo(f"[{pos}] training {label} ...")
+        trained = _train_side_by_side(settings, threads, report)
+    else:
+        trained = {}
+        for pos, label in RUNS:
+            echo(f"[{pos}] training {label} ...")
+            trained[pos] = _train_arm(pos, **settings, progress=progress, on_epoch=lambda row, pos=pos: report(pos, row))
 
     runs: dict[str, dict] = {}
     histories: dict[str, list[dict]] = {}
-    show = sorted({1, epochs, *range(max(1, epochs // 6), epochs + 1, max(1, epochs // 6))})
     for pos, label in RUNS:
-        seed_everything(seed)  # both runs start from the same patch embedding, blocks and head
-        model = create_model(MODEL, pos_embed=pos)
-        train_loader = TensorLoader(x_train, y_train, batch_size=train_cfg.batch_size, shuffle=True, seed=seed)
-        val_loader = TensorLoader(x_val, y_val, batch_size=250)
-        echo(f"\n[{pos}] training {label} ...")
-
-        def report(row: dict, pos=pos) -> None:
-            if row["epoch"] in show:
-                tqdm.write(f"  [{pos}] epoch {row['epoch']:>3}/{epochs}  train loss {row['train_loss']:.4f}  "
-                           f"train acc {row['train_acc']:.3f}  val acc {row['val_acc']:.3f}  "
-                           f"({row['time_s']:.2f} s/epoch)")
-
-        run_dir = out / f"pos_{pos}"
-        tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".pos_{pos}."))  # moved into place when complete
-        t0 = time.perf_counter()
-        try:
-            history = fit(model, train_loader, val_loader, train_cfg, out_dir=tmp, progress=progress,
-                          desc=f"pos_embed={pos}", on_epoch_end=report)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        train_s = time.perf_counter() - t0
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        os.replace(tmp, run_dir)
-
+        rows, train_s = trained[pos]["rows"], trained[pos]["train_s"]
+        model = load_model(out / f"pos_{pos}").to(device)  # the final weights, from the run's last checkpoint
         boundary = boundary_attention_share(model, x_val)
+        last = rows[-1]
         figure = out / f"attention_pos_{pos}.png"
         write_attention_figure(model, x_val, y_val, figure, class_names=CLASS_NAMES,
                                title=f"{MODEL}, pos_embed={pos}: last layer, class token -> patches "
-                                     f"(val acc {history.last['val_acc']:.1%})")
-        last = history.last
+                                     f"(val acc {last['val_acc']:.1%})")
         runs[pos] = {
             "label": label,
             "final_val_acc": last["val_acc"],
-            "best_val_acc": history.best_val_acc,
+            "best_val_acc": max(r["val_acc"] for r in rows),
             "final_train_loss": last["train_loss"],
             "final_val_loss": last["val_loss"],
             "train_time_s": round(train_s, 2),
@@ -195,7 +197,7 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, progr
             "checkpoint": f"pos_{pos}/last.json",
             "attention_png": figure.name,
         }
-        histories[pos] = history.rows
+        histories[pos] = rows
         echo(f"  [{pos}] done in {train_s:.1f} s: val acc {last['val_acc']:.3f}; {boundary}")
 
     write_curves_figure(histories, out / "curves.png")
@@ -210,6 +212,7 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, progr
         "data": {"n_train": n_train, "n_val": n_val, "seed": seed},
         "device": str(device),
         "threads": torch.get_num_threads(),
+        "workers": workers,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "runs": runs,
@@ -226,6 +229,89 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, progr
          f"pos_learned/ and pos_none/ (metrics.csv, checkpoints)")
     echo(f"demo wall time: {summary['wall_time_s']:.1f} s")
     return summary
+
+
+def _train_arm(pos: str, *, epochs, seed, out: Path, device: str, n_train, n_val, progress: bool,
+               on_epoch: Callable[[dict], None]) -> dict:
+    """One run of the demo: train vit_mini_x with `pos_embed=pos` into out/pos_{pos}/ (written to a
+    temporary folder, moved into place when complete). Returns its per-epoch rows and training seconds;
+    the final weights are its last checkpoint. Depends only on its arguments, so it gives the same
+    result in any process."""
+    from vitlab.data.synthetic import dataset_x_splits
+    from vitlab.runtime import seed_everything
+    from vitlab.train.engine import TensorLoader, TrainConfig, fit
+    from vitlab.zoo import create_model
+
+    (x_train, y_train), (x_val, y_val) = dataset_x_splits(n_train, n_val, seed=seed)
+    cfg = TrainConfig(epochs=epochs, seed=seed, device=device)
+    seed_everything(seed)  # both runs start from the same patch embedding, blocks and head
+    model = create_model(MODEL, pos_embed=pos)
+    train_loader = TensorLoader(x_train, y_train, batch_size=cfg.batch_size, shuffle=True, seed=seed)
+    val_loader = TensorLoader(x_val, y_val, batch_size=250)
+    run_dir = Path(out) / f"pos_{pos}"
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".pos_{pos}."))
+    t0 = time.perf_counter()
+    try:
+        history = fit(model, train_loader, val_loader, cfg, out_dir=tmp, progress=progress, desc=f"pos_embed={pos}",
+                      on_epoch_end=on_epoch)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    train_s = time.perf_counter() - t0
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    os.replace(tmp, run_dir)
+    return {"rows": history.rows, "train_s": train_s}
+
+
+def _arm_process(pos: str, settings: dict, threads: int, messages) -> None:
+    """A worker process: one run at `threads` threads; its epochs and its result go to `messages`."""
+    torch.set_num_threads(threads)
+    try:
+        result = _train_arm(pos, **settings, progress=False, on_epoch=lambda row: messages.put(("epoch", pos, row)))
+        messages.put(("done", pos, result))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it as a one-line error
+        messages.put(("error", pos, str(e) if isinstance(e, VitlabError) else f"{type(e).__name__}: {e}"))
+
+
+def _train_side_by_side(settings: dict, threads: int, report: Callable[[str, dict], None]) -> dict:
+    """Both runs at once, each in its own process (spawned: a clean torch in each). The mini model
+    keeps one core busy and no more (a second thread in the same run does not help), so on a machine
+    with two free cores the demo takes the time of one run. The parent prints every line."""
+    import multiprocessing
+    import queue
+
+    ctx = multiprocessing.get_context("spawn")
+    messages = ctx.Queue()
+    procs = {pos: ctx.Process(target=_arm_process, args=(pos, settings, threads, messages), daemon=True)
+             for pos, _ in RUNS}
+    for proc in procs.values():
+        proc.start()
+    results: dict[str, dict] = {}
+    try:
+        while len(results) < len(procs):
+            try:
+                kind, pos, payload = messages.get(timeout=1.0)
+            except queue.Empty:
+                dead = [pos for pos, proc in procs.items() if pos not in results and not proc.is_alive()]
+                if dead:
+                    raise VitlabError(f"the pos_embed={dead[0]} run's process stopped (exit code "
+                                      f"{procs[dead[0]].exitcode}) before it finished") from None
+                continue
+            if kind == "epoch":
+                report(pos, payload)
+            elif kind == "error":
+                raise VitlabError(f"pos_embed={pos}: {payload}")
+            else:
+                results[pos] = payload
+    finally:
+        for proc in procs.values():
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+        for tmp in Path(settings["out"]).glob(".pos_*.*"):  # a run stopped half-way leaves nothing behind
+            shutil.rmtree(tmp, ignore_errors=True)
+    return results
 
 
 def format_table(summary: dict) -> str:
