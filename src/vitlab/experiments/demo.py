@@ -167,7 +167,7 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, worke
     if workers > 1:
         for pos, label in RUNS:
             echo(f"[{pos}] training {label} ...")
-        trained = _train_side_by_side(settings, threads, report)
+        trained = _train_side_by_side(settings, threads, report, progress=progress)
     else:
         trained = {}
         for pos, label in RUNS:
@@ -274,7 +274,7 @@ def _arm_process(pos: str, settings: dict, threads: int, messages) -> None:
         messages.put(("error", pos, str(e) if isinstance(e, VitlabError) else f"{type(e).__name__}: {e}"))
 
 
-def _train_side_by_side(settings: dict, threads: int, report: Callable[[str, dict], None]) -> dict:
+def _train_side_by_side(settings: dict, threads: int, report: Callable[[str, dict], None], *, progress: bool) -> dict:
     """Both runs at once, each in its own process (spawned: a clean torch in each). The mini model
     keeps one core busy and no more (a second thread in the same run does not help), so on a machine
     with two free cores the demo takes the time of one run. The parent prints every line."""
@@ -288,6 +288,7 @@ def _train_side_by_side(settings: dict, threads: int, report: Callable[[str, dic
     for proc in procs.values():
         proc.start()
     results: dict[str, dict] = {}
+    bar = tqdm(total=len(procs) * settings["epochs"], desc="both runs", unit="epoch", disable=not progress, leave=False)
     try:
         while len(results) < len(procs):
             try:
@@ -299,12 +300,14 @@ def _train_side_by_side(settings: dict, threads: int, report: Callable[[str, dic
                                       f"{procs[dead[0]].exitcode}) before it finished") from None
                 continue
             if kind == "epoch":
+                bar.update()
                 report(pos, payload)
             elif kind == "error":
                 raise VitlabError(f"pos_embed={pos}: {payload}")
             else:
                 results[pos] = payload
     finally:
+        bar.close()
         for proc in procs.values():
             if proc.is_alive():
                 proc.terminate()
