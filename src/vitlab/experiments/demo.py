@@ -159,9 +159,9 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, worke
 
     def report(pos: str, row: dict) -> None:
         if row["epoch"] in show:
-            tqdm.write(f"  [{pos}] epoch {row['epoch']:>3}/{epochs}  train loss {row['train_loss']:.4f}  "
-                       f"train acc {row['train_acc']:.3f}  val acc {row['val_acc']:.3f}  "
-                       f"({row['time_s']:.2f} s/epoch)")  # above the progress bar
+            with tqdm.external_write_mode():  # the line goes above the progress bar
+                echo(f"  [{pos}] epoch {row['epoch']:>3}/{epochs}  train loss {row['train_loss']:.4f}  "
+                     f"train acc {row['train_acc']:.3f}  val acc {row['val_acc']:.3f}  ({row['time_s']:.2f} s/epoch)")
 
     settings = dict(epochs=epochs, seed=seed, out=out, device=str(device), n_train=n_train, n_val=n_val)
     if workers > 1:
