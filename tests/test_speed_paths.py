@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlab.model as vm
-from vitlab import bench, cpu_bf16
+from vitlab import bench, cpu_inference
 from vitlab.cli import main
 from vitlab.model import VisionTransformer, ViTConfig
 from vitlab.zoo import get_config
@@ -56,21 +56,36 @@ def test_bf16_logits_close_to_fp32_and_same_top1():
     assert torch.equal(low.argmax(1)[clear], ref.argmax(1)[clear])
 
 
-@pytest.mark.skipif(not cpu_bf16.supported(), reason="this CPU has no oneDNN bf16 kernels")
+@pytest.mark.skipif(not cpu_inference.supported("bf16"), reason="this CPU has no oneDNN bf16 kernels")
 def test_packed_bf16_linears_give_the_autocast_logits():
-    """vitlab.cpu_bf16 casts and reorders each Linear weight once; the product is autocast's kernel, so
-    the logits are autocast's to the bit, and no nn.Linear is left to recast per call."""
+    """vitlab.cpu_inference casts and reorders each Linear weight once; in bf16 the product is autocast's
+    kernel, so the logits are autocast's to the bit, and no nn.Linear is left to recast per call."""
     import copy
 
     model = _small_model(dim=96, heads=3).eval()
-    packed = cpu_bf16.pack_for_bf16_inference(copy.deepcopy(model), tokens_hint=8 * 17)
+    packed = cpu_inference.pack_for_cpu_inference(copy.deepcopy(model), "bf16", tokens_hint=8 * 17)
     assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
-    assert sum(isinstance(m, cpu_bf16.PackedLinear) for m in packed.modules()) == 2 * 4 + 1  # qkv, proj, fc1, fc2; head
+    assert sum(isinstance(m, cpu_inference.PackedLinear) for m in packed.modules()) == 2 * 4 + 1  # 4 per block; head
     for batch in (1, 8, 13):  # other row counts than the hint
         x = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(batch))
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
             expected, got = model(x), packed(x)
         assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+
+
+@pytest.mark.skipif(not cpu_inference.supported("fp32"), reason="this torch build has no oneDNN")
+def test_packed_fp32_linears_match_the_plain_model():
+    """In fp32 oneDNN's product replaces MKL's: another summation order, the same logits to ~1e-6."""
+    import copy
+
+    model = _small_model(dim=96, heads=3).eval()
+    packed = cpu_inference.pack_for_cpu_inference(copy.deepcopy(model), "fp32")
+    x = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        expected, got = model(x), packed(x)
+    assert got.dtype == torch.float32
+    assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+    assert torch.equal(got.argmax(1), expected.argmax(1))
 
 
 def test_bf16_on_cpu_takes_explicit_products_and_they_match_the_fused_kernel(monkeypatch):

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab import cpu_bf16
+from vitlab import cpu_inference
 from vitlab.analysis.flops import activation_elements, count_macs
 from vitlab.errors import VitlabError
 from vitlab.model import ViTConfig, VisionTransformer
@@ -207,13 +207,12 @@ def bench_model(
     device: torch.device | str = "cpu",
     clock: str = "wall",
     seed: int = 0,
-    pack_bf16: bool = True,
+    pack: bool = True,
 ) -> list[BenchRow]:
     """Inference (and with `train`, training-step) rows for vitlab, and for timm's twin if asked.
 
-    With `pack_bf16`, vitlab's bf16 inference on a CPU with oneDNN bf16 kernels runs the model as
-    `vitlab predict --precision bf16` does, its Linear weights packed once (`vitlab.cpu_bf16`); timm's
-    twin always runs under plain autocast."""
+    With `pack`, vitlab's inference on a CPU with oneDNN runs the model as `vitlab predict` does, its
+    Linear weights packed once (`vitlab.cpu_inference`); timm's twin runs as timm ships it."""
     from vitlab.zoo import create_model
 
     if precision not in PRECISIONS:
@@ -245,10 +244,10 @@ def bench_model(
             for m in sides.values():
                 m.eval()
             infer_sides = dict(sides)
-            if pack_bf16 and precision == "bf16" and cpu_bf16.supported(device):
-                # vitlab's bf16 inference on CPU: Linear weights cast and reordered once, not per call
+            if pack and cpu_inference.supported(precision, device):
+                # vitlab's inference on CPU: Linear weights (cast and) reordered once, not per call
                 tokens = batch_size * (cfg.num_patches + cfg.num_prefix_tokens)
-                infer_sides["vitlab"] = cpu_bf16.pack_for_bf16_inference(copy.deepcopy(ours), tokens)
+                infer_sides["vitlab"] = cpu_inference.pack_for_cpu_inference(copy.deepcopy(ours), precision, tokens)
             fns = {k: _inference_fn(m, x, precision) for k, m in infer_sides.items()}
             flops = forward_flops(cfg) * batch_size
         else:
@@ -301,7 +300,7 @@ def run_bench(
     matmul_size: int = 2048,
     device: str = "auto",
     clock: str = "wall",
-    pack_bf16: bool = True,
+    pack: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
     """The whole `vitlab bench` run: machine rates, then one group of rows per (model, precision, batch).
@@ -319,11 +318,11 @@ def run_bench(
                 say(f"{name} {p} batch {b}")
                 rows += bench_model(name, batch_size=b, precision=p, train=train, against_timm=against_timm,
                                     grad_checkpointing=grad_checkpointing, matmul_flops=rates, warmup=warmup,
-                                    repeats=repeats, device=dev, clock=clock, pack_bf16=pack_bf16)
-    packed = pack_bf16 and "bf16" in precisions and cpu_bf16.supported(dev)
+                                    repeats=repeats, device=dev, clock=clock, pack=pack)
+    packed = pack and any(cpu_inference.supported(p, dev) for p in precisions)
     return {"machine": machine_info(dev), "clock": clock, "matmul_size": matmul_size, "matmul_flops": rates,
-            "bf16_inference": "vitlab: Linear weights packed once (vitlab.cpu_bf16); timm: autocast" if packed
-            else "autocast on both sides", "rows": [asdict(r) for r in rows]}
+            "inference": "vitlab: Linear weights packed once (vitlab.cpu_inference); timm: as shipped" if packed
+            else "both models as they are", "rows": [asdict(r) for r in rows]}
 
 
 def format_table(result: dict) -> str:
@@ -334,7 +333,7 @@ def format_table(result: dict) -> str:
         f"torch {m['torch']} on {m['device']} ({m['cpu']}), {m['threads']} threads, {result['clock']} clock "
         "(median of repeats; vitlab/timm: median of back-to-back pairs)",
         f"matmul {result['matmul_size']}^3: fp32 {rates['fp32'] / 1e9:.1f} GFLOP/s, bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s",
-        f"bf16 inference: {result.get('bf16_inference', 'autocast on both sides')}",
+        f"inference: {result.get('inference', 'both models as they are')}",
         "",
         f"{'model':<24}{'mode':<6}{'batch':>6}{'prec':>6}  {'library':<8}{'img/s':>9}{'GFLOP/s':>10}{'MFU':>7}"
         f"{'vitlab/timm':>13}",

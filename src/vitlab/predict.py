@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitlab import cpu_bf16
+from vitlab import cpu_inference
 from vitlab.errors import VitlabError
 from vitlab.preprocess import eval_transform, load_images
 from vitlab.runtime import autocast, resolve_device
@@ -52,8 +52,8 @@ def predict_files(
     {"file": path, "predictions": [{"rank", "index", "label", "prob"}, ...]} or {"file": path, "error": message}.
 
     The model's `pretrained_cfg` decides the preprocessing (resize, crop, interpolation, mean, std).
-    `pack`: for bf16 on a CPU with oneDNN bf16 kernels, pack the model's Linear weights once
-    (`vitlab.cpu_bf16`; the same logits, faster); this changes `model` in place (the CLI does it).
+    `pack`: on a CPU with oneDNN, pack the model's Linear weights once (`vitlab.cpu_inference`: the
+    same logits, faster); this changes `model` in place (the CLI does it).
     """
     if topk < 1:
         raise VitlabError(f"--topk must be at least 1, found {topk}")
@@ -67,8 +67,8 @@ def predict_files(
         )
     dev = resolve_device(device)
     model = model.to(dev).eval()
-    if pack and precision == "bf16" and cpu_bf16.supported(dev):
-        model = cpu_bf16.pack_for_bf16_inference(model)
+    if pack and cpu_inference.supported(precision, dev):
+        model = cpu_inference.pack_for_cpu_inference(model, precision)
     size = img_size or getattr(getattr(model, "cfg", None), "img_size", None)
     transform = eval_transform(pcfg, size)
     names = class_names(model)

@@ -50,8 +50,8 @@ def register(subparsers) -> None:
                         "core on a shared machine (use with --threads 1)")
     p.add_argument("--quick", action="store_true", help=f"a seconds-long smoke run ({QUICK_MODEL}, small sizes)")
     p.add_argument("--no-pack", action="store_true",
-                   help="bf16 inference under plain autocast for vitlab too (default on CPUs with oneDNN bf16: "
-                   "vitlab's Linear weights packed once, as `vitlab predict --precision bf16` runs them)")
+                   help="run vitlab's inference unpacked too (default on CPUs with oneDNN: its Linear weights packed "
+                   "once, as `vitlab predict` runs them; vitlab.cpu_inference)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -89,7 +89,7 @@ def run(args) -> int:
             matmul_size=args.matmul_size or (256 if args.quick else 2048),
             device=args.device,
             clock=args.clock,
-            pack_bf16=not args.no_pack,
+            pack=not args.no_pack,
             progress=say,
         )
     print(json.dumps(result, indent=2) if args.json else bench.format_table(result))

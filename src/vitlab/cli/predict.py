@@ -66,7 +66,7 @@ def register(subparsers) -> None:
     p.add_argument("--topk", type=int, default=5, metavar="K", help="how many classes to print per image (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON document (model, source, results) instead of text")
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="fp32, or bf16 autocast (on a CPU with oneDNN bf16 kernels, Linear weights packed once: vitlab.cpu_bf16)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="fp32, or bf16 autocast (on a CPU, Linear weights are packed once for oneDNN: vitlab.cpu_inference)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="images per forward pass (default 16)")
     p.set_defaults(func=run)
 
