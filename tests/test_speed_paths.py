@@ -184,6 +184,12 @@ def test_bench_cli_quick_json(capsys):
     assert rows[("train", "vitlab")]["ratio"] == pytest.approx(
         rows[("train", "vitlab")]["images_per_s"] / rows[("train", "timm")]["images_per_s"])
     assert rows[("infer", "timm")]["ratio"] is None
+    packed = cpu_inference.supported("fp32")
+    assert result["inference"] == ("vitlab: Linear weights packed once (vitlab.cpu_inference); timm: as shipped"
+                                   if packed else "both models as they are")
+    code = main(["bench", "--quick", "--json", "--no-pack", "--repeats", "1", "--warmup", "0", "--matmul-size", "64",
+                 "--batch-size", "2", "--threads", "1"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["inference"] == "both models as they are"
 
 
 def test_bench_cli_errors_are_one_line(capsys):
