@@ -145,7 +145,7 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, worke
 
     t_start = time.perf_counter()
     cfg0 = get_config(MODEL)
-    (_, _), (x_val, y_val) = dataset_x_splits(n_train, n_val, seed=seed)
+    _, (x_val, y_val) = dataset_x_splits(n_train, n_val, seed=seed)  # the figure and the boundary share
     train_cfg = TrainConfig(epochs=epochs, seed=seed, device=str(device))  # the seed's recipe: AdamW 3e-3, batch 32
     threads = torch.get_num_threads()
     echo(f"vitlab demo: seed 000's mini experiment on dataset X ({n_train} train / {n_val} val, 32x32x3, "
