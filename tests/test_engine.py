@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from vitlab import VitlabError, create_model
+from vitlab import VitlabError, cpu_training, create_model
 from vitlab.data.synthetic import dataset_x_splits, make_dataset_x
 from vitlab.train import TensorLoader, TrainConfig, build_optimizer, fit, param_groups, warmup_cosine
 from vitlab.train.checkpoint import load_model
@@ -72,6 +72,8 @@ def test_short_training_run_learns_dataset_x():
     history = fit(model, train, val, TrainConfig(epochs=8, warmup_epochs=1, device="cpu"), progress=False)
     assert history.rows[0]["train_loss"] > history.rows[-1]["train_loss"]
     assert history.last["val_acc"] >= 0.95
+    if cpu_training.supported():  # on CPU, fit trains through vitlab.cpu_training's Linear (same parameters)
+        assert all(type(m) is cpu_training.TrainingLinear for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
 class _Crash(Exception):

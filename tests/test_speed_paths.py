@@ -5,6 +5,7 @@ No timing is asserted here (machines differ); speed figures live in benchmarks/ 
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import sys
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlab.model as vm
-from vitlab import bench, cpu_inference
+from vitlab import bench, cpu_inference, cpu_training
 from vitlab.cli import main
 from vitlab.model import VisionTransformer, ViTConfig
 from vitlab.zoo import get_config
@@ -60,8 +61,6 @@ def test_bf16_logits_close_to_fp32_and_same_top1():
 def test_packed_bf16_linears_give_the_autocast_logits():
     """vitlab.cpu_inference casts and reorders each Linear weight once; in bf16 the product is autocast's
     kernel, so the logits are autocast's to the bit, and no nn.Linear is left to recast per call."""
-    import copy
-
     model = _small_model(dim=96, heads=3).eval()
     packed = cpu_inference.pack_for_cpu_inference(copy.deepcopy(model), "bf16", tokens_hint=8 * 17)
     assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
@@ -76,8 +75,6 @@ def test_packed_bf16_linears_give_the_autocast_logits():
 @pytest.mark.skipif(not cpu_inference.supported("fp32"), reason="this torch build has no oneDNN")
 def test_packed_fp32_linears_match_the_plain_model():
     """In fp32 oneDNN's product replaces MKL's: another summation order, the same logits to ~1e-6."""
-    import copy
-
     model = _small_model(dim=96, heads=3).eval()
     packed = cpu_inference.pack_for_cpu_inference(copy.deepcopy(model), "fp32")
     x = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(5))
@@ -86,6 +83,79 @@ def test_packed_fp32_linears_match_the_plain_model():
     assert got.dtype == torch.float32
     assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
     assert torch.equal(got.argmax(1), expected.argmax(1))
+
+
+def _linear_grads(linear: torch.nn.Linear, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
+    x = x.detach().clone().requires_grad_(True)
+    y = linear(x)
+    y.backward(dy)
+    out = [y.detach(), x.grad, linear.weight.grad, linear.bias.grad]
+    linear.zero_grad(set_to_none=True)
+    return out
+
+
+@pytest.mark.skipif(not cpu_training.supported(), reason="this torch build has no oneDNN")
+def test_training_linear_takes_onednn_on_big_products_and_matches_nn_linear(monkeypatch):
+    """vitlab.cpu_training: y and dx through oneDNN, dW and db as nn.Linear does; the same to float
+    rounding, for a gradient that arrives non-contiguous too."""
+    calls = []
+    real = cpu_training._onednn_linear
+    monkeypatch.setattr(cpu_training, "_onednn_linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(256, 320)
+    swapped = torch.nn.Sequential(copy.deepcopy(plain))
+    assert cpu_training.use_onednn_linears(swapped) == 1
+    fast = swapped[0]
+    assert isinstance(fast, cpu_training.TrainingLinear) and fast.weight.shape == (320, 256)
+    x = torch.randn(4, 300, 256)  # 1200 rows >= MIN_ROWS
+    dy = torch.randn(4, 320, 300).transpose(1, 2)  # (4, 300, 320), not contiguous
+    expected, got = _linear_grads(plain, x, dy), _linear_grads(fast, x, dy)
+    assert calls == [(4, 300, 256), (4, 300, 320)]  # forward y, backward dx
+    for name, e, g in zip(("y", "dx", "dW", "db"), expected, got):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-4, msg=name)
+    calls.clear()
+    _linear_grads(fast, x[:, :200], dy[:, :200])  # 800 rows: below MIN_ROWS, nn.Linear's products
+    with torch.no_grad():
+        fast(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast(x)
+    assert calls == []
+
+
+def test_use_onednn_linears_keeps_the_parameters_and_small_models_bitwise():
+    """The swap keeps each Parameter object (state_dict, optimizer, checkpoints unchanged); a model
+    whose products are all small (vit_mini_x-like) trains bitwise as before."""
+    plain = _small_model(seed=6).train()
+    swapped = copy.deepcopy(plain)
+    params = dict(swapped.named_parameters())
+    n = cpu_training.use_onednn_linears(swapped)
+    assert n == (2 * 4 + 1 if cpu_training.supported() else 0)  # 4 per block; head
+    assert {k: id(v) for k, v in swapped.named_parameters()} == {k: id(v) for k, v in params.items()}
+    assert swapped.state_dict().keys() == plain.state_dict().keys()
+    x, y = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(6)), torch.arange(4)
+    for model in (plain, swapped):
+        F.cross_entropy(model(x), y).backward()
+    for (name, a), b in zip(plain.named_parameters(), swapped.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+
+
+@pytest.mark.skipif(not cpu_training.supported(), reason="this torch build has no oneDNN")
+def test_a_vit_training_step_with_onednn_linears_matches_the_plain_one():
+    """A ViT whose products are big enough (dim 256, 4 x 257 = 1028 rows): the same gradients to float
+    rounding (compared before the optimizer, whose Adam normalisation would magnify ~0 ones)."""
+    cfg = dict(img_size=64, patch_size=4, dim=256, depth=1, heads=4, num_classes=10)
+    plain = _small_model(seed=7, **cfg).train()
+    fast = copy.deepcopy(plain)
+    cpu_training.use_onednn_linears(fast)
+    x = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(7))
+    y = torch.arange(4)
+    assert cpu_training.pays_off(torch.zeros(4, 257, 256), fast.blocks[0].attn.qkv)
+    losses = [F.cross_entropy(model(x), y) for model in (plain, fast)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=0)
+    for (name, a), b in zip(plain.named_parameters(), fast.parameters()):
+        assert (b.grad - a.grad).abs().max() <= 1e-4 * a.grad.abs().max(), name
 
 
 def test_bf16_on_cpu_takes_explicit_products_and_they_match_the_fused_kernel(monkeypatch):
@@ -187,9 +257,13 @@ def test_bench_cli_quick_json(capsys):
     packed = cpu_inference.supported("fp32")
     assert result["inference"] == ("vitlab: Linear weights packed once (vitlab.cpu_inference); timm: as shipped"
                                    if packed else "both models as they are")
+    assert result["training"] == ("vitlab: big fp32 Linear products through oneDNN (vitlab.cpu_training); timm: as "
+                                  "shipped" if cpu_training.supported() else "both models as they are")
     code = main(["bench", "--quick", "--json", "--no-pack", "--repeats", "1", "--warmup", "0", "--matmul-size", "64",
                  "--batch-size", "2", "--threads", "1"])
-    assert code == 0 and json.loads(capsys.readouterr().out)["inference"] == "both models as they are"
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["inference"] == result["training"] == "both models as they are"
 
 
 def test_bench_cli_errors_are_one_line(capsys):

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from vitlab import cpu_training
 from vitlab.errors import VitlabError
 from vitlab.fileio import write_csv
 from vitlab.runtime import autocast, resolve_device, seed_everything
@@ -208,6 +209,8 @@ def fit(
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
     model.to(device)
+    if device.type == "cpu":
+        cpu_training.use_onednn_linears(model)  # big fp32 products through oneDNN where it is faster
     optimizer = optimizer or build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum)
     scheduler = warmup_cosine(

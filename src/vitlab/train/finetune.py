@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from tqdm.auto import tqdm
 
+from vitlab import cpu_training
 from vitlab.errors import VitlabError
 from vitlab.runtime import PRECISIONS, seed_everything
 from vitlab.train import checkpoint as ckpt
@@ -276,6 +277,8 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
 
         names = list(digits.CLASS_NAMES if cfg.dataset == "digits" else synthetic.CLASS_NAMES)
     model = build_model(cfg, n_cls, names).to(device)
+    if device.type == "cpu":
+        cpu_training.use_onednn_linears(model)  # big fp32 products through oneDNN where it is faster
     from vitlab.data.transforms import input_size
 
     if scan is None:

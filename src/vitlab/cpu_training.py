@@ -1,0 +1,109 @@
+"""Training on CPU in fp32 with oneDNN's matrix products where they beat MKL's.
+
+A ViT-B/16 training step is ~85% matrix products (torch.profiler, one core), and in fp32 an nn.Linear
+sends all three of its products to MKL: y = x W^T + b forward, and backward dx = dy W and dW = dy^T x.
+On the development VM (AMD EPYC, one core) oneDNN's kernel, with the weight reordered into its blocked
+layout on each call (the weights change every step, so it cannot be done once as in
+`vitlab.cpu_inference`), measured faster than MKL for the first two products on big enough
+shapes and slower for dW; measured per product with back-to-back calls:
+
+    rows (batch x tokens)     forward y     backward dx     backward dW
+    197 (ViT-B/16, batch 1)   0.82-0.88x    0.43-0.74x      0.87-1.07x
+    1576 (batch 8)            1.05-1.17x    1.01-1.14x      0.82-0.98x
+    6304 (batch 32)           1.06-1.27x    1.03-1.32x      0.84-0.98x
+
+(MKL time over oneDNN time, the four Linear shapes of ViT-B/16). So `TrainingLinear` runs y and dx
+through oneDNN and dW through MKL when a product has at least MIN_ROWS rows and MIN_FEATURES input
+and output features, and is an nn.Linear otherwise: under autocast, in eval mode, without gradients,
+off the CPU, and at the small shapes of the mini experiment, where oneDNN's per-call reorder costs
+more than it saves. The results agree with MKL's to float rounding (tested); the step's measured
+gain is in the README (`vitlab bench --train --against timm`).
+
+`use_onednn_linears(model)` swaps every nn.Linear of a model for a TrainingLinear that holds the
+same Parameter objects: the state_dict, an optimizer built before or after, and checkpoints are
+unchanged. vitlab's trainers (`fit`, `vitlab train`, `vitlab finetune`) call it on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MIN_ROWS = 1024  # below ~800 rows oneDNN's per-call weight reorder costs more than it saves (table above)
+MIN_FEATURES = 256  # vit_mini_x's 32 -> 96 product runs at 0.59x through oneDNN; 128 -> 384 at 1.04x
+
+
+def supported() -> bool:
+    """Whether this torch build has oneDNN for the CPU."""
+    return torch.backends.mkldnn.is_available()
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T + b by oneDNN, W (out, in) reordered for x's rows."""
+    rows = x.numel() // x.shape[-1]
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class _LinearFunction(torch.autograd.Function):
+    """y = x W^T + b: y and dx = dy W by oneDNN, dW = dy^T x and db by MKL / aten (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)  # what nn.Linear's backward keeps too
+        ctx.has_bias = bias is not None
+        return _onednn_linear(x, weight, bias)  # (..., out)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = _onednn_linear(dy, weight.t().contiguous(), None)  # dy W = dy (W^T)^T: a Linear of weight W^T
+        dy2 = dy.reshape(-1, dy.shape[-1])  # (rows, out)
+        if ctx.needs_input_grad[1]:
+            dw = dy2.t().mm(x.reshape(-1, x.shape[-1]))  # (out, in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0)
+        return dx, dw, db
+
+
+def pays_off(x: torch.Tensor, linear: nn.Linear) -> bool:
+    """Whether this call takes the oneDNN path (see the module docstring for the measurements)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and linear.weight.dtype == torch.float32
+        and torch.is_grad_enabled()
+        and not torch.is_autocast_enabled("cpu")
+        and x.numel() // x.shape[-1] >= MIN_ROWS
+        and min(linear.in_features, linear.out_features) >= MIN_FEATURES
+    )
+
+
+class TrainingLinear(nn.Linear):
+    """An nn.Linear whose fp32 training products on CPU take the faster library per product."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if pays_off(x, self):
+            return _LinearFunction.apply(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+def use_onednn_linears(model: nn.Module) -> int:
+    """Swap each nn.Linear of `model` (in place) for a TrainingLinear with the same parameters.
+    Returns how many were swapped; 0 where this torch has no oneDNN."""
+    if not supported():
+        return 0
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                new = TrainingLinear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+                new.weight, new.bias = child.weight, child.bias  # the same Parameter objects
+                new.train(child.training)
+                setattr(parent, name, new)
+                swapped += 1
+    return swapped
