@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab import cpu_inference
+from vitlab import cpu_inference, cpu_training
 from vitlab.analysis.flops import activation_elements, count_macs
 from vitlab.errors import VitlabError
 from vitlab.model import ViTConfig, VisionTransformer
@@ -217,8 +217,9 @@ def bench_model(
 ) -> list[BenchRow]:
     """Inference (and with `train`, training-step) rows for vitlab, and for timm's twin if asked.
 
-    With `pack`, vitlab's inference on a CPU with oneDNN runs the model as `vitlab predict` does, its
-    Linear weights packed once (`vitlab.cpu_inference`); timm's twin runs as timm ships it."""
+    With `pack`, vitlab runs on a CPU with oneDNN as its commands do: inference as `vitlab predict`,
+    Linear weights packed once (`vitlab.cpu_inference`), training as `vitlab train`, fp32 Linear
+    products by the faster library (`vitlab.cpu_training`); timm's twin runs as timm ships it."""
     from vitlab.zoo import create_model
 
     if precision not in PRECISIONS:
@@ -259,6 +260,8 @@ def bench_model(
         else:
             for m in sides.values():
                 m.train()
+            if pack and cpu_training.supported() and device.type == "cpu":
+                cpu_training.use_onednn_linears(ours)  # as vitlab's trainers run it (fp32 products by size)
             fns = {k: _train_fn(m, x, y, precision) for k, m in sides.items()}
             flops = 3 * forward_flops(cfg) * batch_size
         times = race(fns, warmup=warmup, repeats=repeats, device=device, clock=clock)
@@ -328,7 +331,10 @@ def run_bench(
     packed = pack and any(cpu_inference.supported(p, dev) for p in precisions)
     return {"machine": machine_info(dev), "clock": clock, "matmul_size": matmul_size, "matmul_flops": rates,
             "inference": "vitlab: Linear weights packed once (vitlab.cpu_inference); timm: as shipped" if packed
-            else "both models as they are", "rows": [asdict(r) for r in rows]}
+            else "both models as they are",
+            "training": "vitlab: big fp32 Linear products through oneDNN (vitlab.cpu_training); timm: as shipped"
+            if train and pack and dev.type == "cpu" and cpu_training.supported() else "both models as they are",
+            "rows": [asdict(r) for r in rows]}
 
 
 def format_table(result: dict) -> str:
@@ -340,6 +346,7 @@ def format_table(result: dict) -> str:
         "(median of repeats; vitlab/timm: median of back-to-back pairs)",
         f"matmul {result['matmul_size']}^3: fp32 {rates['fp32'] / 1e9:.1f} GFLOP/s, bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s",
         f"inference: {result.get('inference', 'both models as they are')}",
+        *([f"training: {result.get('training', 'both models as they are')}"] if any(r["mode"] == "train" for r in result["rows"]) else []),
         "",
         f"{'model':<24}{'mode':<6}{'batch':>6}{'prec':>6}  {'library':<8}{'img/s':>9}{'GFLOP/s':>10}{'MFU':>7}"
         f"{'vitlab/timm':>13}",
@@ -438,6 +445,7 @@ def _memory_probe(name: str, batch_size: int, train: bool, precision: str, grad_
     device = torch.device("cpu")
     if train:
         model.train().set_grad_checkpointing(grad_checkpointing)
+        cpu_training.use_onednn_linears(model)  # as vitlab's trainers run on CPU
         optimizer = build_optimizer(model, lr=1e-4)
         y = torch.zeros(batch_size, dtype=torch.long)
         for _ in range(2):

@@ -50,8 +50,9 @@ def register(subparsers) -> None:
                         "core on a shared machine (use with --threads 1)")
     p.add_argument("--quick", action="store_true", help=f"a seconds-long smoke run ({QUICK_MODEL}, small sizes)")
     p.add_argument("--no-pack", action="store_true",
-                   help="run vitlab's inference unpacked too (default on CPUs with oneDNN: its Linear weights packed "
-                   "once, as `vitlab predict` runs them; vitlab.cpu_inference)")
+                   help="run vitlab's Linear layers as plain nn.Linear, as timm's (default on CPUs with oneDNN: as "
+                   "vitlab's commands run them: weights packed once for inference, vitlab.cpu_inference; big fp32 "
+                   "training products through oneDNN, vitlab.cpu_training)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.set_defaults(func=run)
 
