@@ -119,7 +119,13 @@ def test_training_linear_takes_onednn_on_big_products_and_matches_nn_linear(monk
         fast(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fast(x)
+    fast.eval()
+    fast(x)
+    fast.train()
+    # torch.export (as `vitlab export` runs) traces nn.Linear's product, with no guard on a dynamic batch
+    program = torch.export.export(swapped, (x,), dynamic_shapes=({0: torch.export.Dim("batch", max=64)},))
     assert calls == []
+    torch.testing.assert_close(program.module()(x[:3]), plain(x[:3]), rtol=1e-5, atol=1e-5)
 
 
 def test_use_onednn_linears_keeps_the_parameters_and_small_models_bitwise():

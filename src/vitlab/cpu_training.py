@@ -15,8 +15,8 @@ shapes and slower for dW; measured per product with back-to-back calls:
 (MKL time over oneDNN time, the four Linear shapes of ViT-B/16). So `TrainingLinear` runs y and dx
 through oneDNN and dW through MKL when a product has at least MIN_ROWS rows and MIN_FEATURES input
 and output features, and is an nn.Linear otherwise: under autocast, in eval mode, without gradients,
-off the CPU, and at the small shapes of the mini experiment, where oneDNN's per-call reorder costs
-more than it saves. The results agree with MKL's to float rounding (tested); the step's measured
+off the CPU, under torch.compile / torch.export, and at the small shapes of the mini experiment,
+where oneDNN's per-call reorder costs more than it saves. The results agree with MKL's to float rounding (tested); the step's measured
 gain is in the README (`vitlab bench --train --against timm`).
 
 `use_onednn_linears(model)` swaps every nn.Linear of a model for a TrainingLinear that holds the
@@ -71,15 +71,19 @@ class _LinearFunction(torch.autograd.Function):
 
 
 def pays_off(x: torch.Tensor, linear: nn.Linear) -> bool:
-    """Whether this call takes the oneDNN path (see the module docstring for the measurements)."""
+    """Whether this call takes the oneDNN path (see the module docstring for the measurements).
+    Never while torch.compile or torch.export traces the model: they choose their own kernels, and the
+    row count, the only test that depends on the input's shape, comes last (no guard on a dynamic batch)."""
     return (
-        x.device.type == "cpu"
+        linear.training
+        and torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+        and not torch.is_autocast_enabled("cpu")
+        and x.device.type == "cpu"
         and x.dtype == torch.float32
         and linear.weight.dtype == torch.float32
-        and torch.is_grad_enabled()
-        and not torch.is_autocast_enabled("cpu")
-        and x.numel() // x.shape[-1] >= MIN_ROWS
         and min(linear.in_features, linear.out_features) >= MIN_FEATURES
+        and x.numel() // x.shape[-1] >= MIN_ROWS
     )
 
 
