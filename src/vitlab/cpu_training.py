@@ -4,20 +4,21 @@ A ViT-B/16 training step is ~85% matrix products (torch.profiler, one core), and
 sends all three of its products to MKL: y = x W^T + b forward, and backward dx = dy W and dW = dy^T x.
 On the development VM (AMD EPYC, one core) oneDNN's kernel, with the weight reordered into its blocked
 layout on each call (the weights change every step, so it cannot be done once as in
-`vitlab.cpu_inference`), measured faster than MKL for the first two products on big enough
-shapes and slower for dW; measured per product with back-to-back calls:
+`vitlab.cpu_inference`), is faster than MKL for the first two products on big enough shapes and
+slower for dW (`python benchmarks/bench_train_linears.py --products`; MKL time over oneDNN time, the
+range over ViT-B/16's four Linear shapes):
 
     rows (batch x tokens)     forward y     backward dx     backward dW
-    197 (ViT-B/16, batch 1)   0.82-0.88x    0.43-0.74x      0.87-1.07x
-    1576 (batch 8)            1.05-1.17x    1.01-1.14x      0.82-0.98x
-    6304 (batch 32)           1.06-1.27x    1.03-1.32x      0.84-0.98x
+    197 (ViT-B/16, batch 1)   0.78-0.96x    0.45-0.72x      0.82-1.09x
+    1576 (batch 8)            1.10-1.18x    1.01-1.11x      0.89-1.03x
+    6304 (batch 32)           1.11-1.18x    1.11-1.16x      0.84-0.94x
 
-(MKL time over oneDNN time, the four Linear shapes of ViT-B/16). So `TrainingLinear` runs y and dx
-through oneDNN and dW through MKL when a product has at least MIN_ROWS rows and MIN_FEATURES input
-and output features, and is an nn.Linear otherwise: under autocast, in eval mode, without gradients,
-off the CPU, under torch.compile / torch.export, and at the small shapes of the mini experiment,
-where oneDNN's per-call reorder costs more than it saves. The results agree with MKL's to float rounding (tested); the step's measured
-gain is in the README (`vitlab bench --train --against timm`).
+So `TrainingLinear` runs y and dx through oneDNN and dW through MKL when a product has at least
+MIN_ROWS rows and MIN_FEATURES input and output features, and is an nn.Linear otherwise: under
+autocast, in eval mode, without gradients, off the CPU, under torch.compile / torch.export, and at
+the small shapes of the mini experiment (D = 32), where oneDNN's per-call reorder costs more than it
+saves. The results agree with MKL's to float rounding (tested); the training step's measured gain is
+in the README (`vitlab bench --train --against timm`).
 
 `use_onednn_linears(model)` swaps every nn.Linear of a model for a TrainingLinear that holds the
 same Parameter objects: the state_dict, an optimizer built before or after, and checkpoints are
@@ -30,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MIN_ROWS = 1024  # below ~800 rows oneDNN's per-call weight reorder costs more than it saves (table above)
-MIN_FEATURES = 256  # vit_mini_x's 32 -> 96 product runs at 0.59x through oneDNN; 128 -> 384 at 1.04x
+MIN_ROWS = 1024  # at 197 rows oneDNN's per-call weight reorder costs more than it saves (table above)
+MIN_FEATURES = 256  # narrower products (vit_mini_x: 32 -> 96) gain nothing or lose: the reorder dominates
 
 
 def supported() -> bool:
