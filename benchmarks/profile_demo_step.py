@@ -7,7 +7,8 @@ median of several rounds:
 
   sdpa              what vitlab and timm both run: F.scaled_dot_product_attention (flash kernel for CPU)
   explicit          softmax(q k^T / sqrt(d)) v as three ops (`model(x, return_attention=True)`)
-  sdpa + compile    torch.compile of the model (inductor), its compile time printed apart
+  sdpa + compile    torch.compile of the model (inductor), its compile time printed apart: with a
+                    fresh, empty inductor cache (what a first run gets), or the usual one with --warm-cache
   2 threads         the sdpa step with two intra-op threads instead of one
 
     python benchmarks/profile_demo_step.py            # ~1 min
@@ -16,7 +17,9 @@ median of several rounds:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import tempfile
 import time
 
 import torch
@@ -44,7 +47,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40, help="steps per timed round")
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds; the median is reported")
+    p.add_argument("--warm-cache", action="store_true",
+                   help="compile with inductor's usual on-disk cache instead of a fresh, empty one")
     args = p.parse_args(argv)
+    cold = None if args.warm_cache else tempfile.TemporaryDirectory(prefix="inductor-cold-")
+    if cold is not None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cold.name  # read when inductor first compiles
 
     torch.manual_seed(0)
     x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 2, (32,))
@@ -65,7 +73,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         compiled_step = make_step(compiled, x, y)
         compiled_step()
-        print(f"\ntorch.compile: first step (compilation) {time.perf_counter() - t0:.1f} s")
+        cache = "warm (usual) cache" if cold is None else "fresh, empty cache"
+        print(f"\ntorch.compile: first step (compilation, {cache}) {time.perf_counter() - t0:.1f} s")
         variants = {"sdpa": step, "explicit": make_step(vitlab.create_model("vit_mini_x"), x, y, explicit=True),
                     "sdpa + compile": compiled_step}
 
