@@ -346,7 +346,8 @@ def format_table(result: dict) -> str:
         "(median of repeats; vitlab/timm: median of back-to-back pairs)",
         f"matmul {result['matmul_size']}^3: fp32 {rates['fp32'] / 1e9:.1f} GFLOP/s, bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s",
         f"inference: {result.get('inference', 'both models as they are')}",
-        *([f"training: {result.get('training', 'both models as they are')}"] if any(r["mode"] == "train" for r in result["rows"]) else []),
+        *([f"training: {result.get('training', 'both models as they are')}"]
+          if any(r["mode"] == "train" for r in result["rows"]) else []),
         "",
         f"{'model':<24}{'mode':<6}{'batch':>6}{'prec':>6}  {'library':<8}{'img/s':>9}{'GFLOP/s':>10}{'MFU':>7}"
         f"{'vitlab/timm':>13}",
