@@ -82,18 +82,24 @@ def _grid(b: int, img_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return xs[None].expand(b, -1, -1) + 0.5, ys[None].expand(b, -1, -1) + 0.5  # pixel centres, (b, H, W)
 
 
+def _one_shape(kinds: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor, r: torch.Tensor, g: torch.Generator,
+               img_size: int, noise: float) -> torch.Tensor:
+    """One shape per image (kind, centre and radius per image, each (b,)) in random colours, plus noise."""
+    b = len(kinds)
+    fg, bg = _colours(b, g)
+    xs, ys = _grid(b, img_size)
+    sd = _signed_distance(kinds, xs - cx[:, None, None], ys - cy[:, None, None], r)
+    img = _paint(bg[:, :, None, None].expand(b, 3, img_size, img_size), sd, fg)
+    return img + noise * torch.randn(img.shape, generator=g)  # (b, 3, H, W)
+
+
 def _render_shape_chunk(b: int, g: torch.Generator, img_size: int, scale: tuple[float, float], noise: float):
     S = float(img_size)
     labels = _balanced_labels(b, len(SHAPE_NAMES), g)
     r = S * (scale[0] + (scale[1] - scale[0]) * torch.rand(b, generator=g))  # (b,) radius in pixels
     cx = r + (S - 2 * r) * torch.rand(b, generator=g)  # translation: the shape stays inside the image
     cy = r + (S - 2 * r) * torch.rand(b, generator=g)
-    fg, bg = _colours(b, g)
-    xs, ys = _grid(b, img_size)
-    sd = _signed_distance(labels, xs - cx[:, None, None], ys - cy[:, None, None], r)
-    img = _paint(bg[:, :, None, None].expand(b, 3, img_size, img_size), sd, fg)
-    img = img + noise * torch.randn(img.shape, generator=g)
-    return img, labels
+    return _one_shape(labels, cx, cy, r, g, img_size, noise), labels
 
 
 def _render_arrangement_chunk(b: int, g: torch.Generator, img_size: int, scale: tuple[float, float], noise: float):
@@ -142,12 +148,7 @@ def _render_position_chunk(b: int, g: torch.Generator, img_size: int, scale: tup
     slack = (cell / 2 - r).clamp(min=0)  # the shape's centre stays inside its cell
     cx = (labels % 3 + 0.5) * cell + slack * (2 * torch.rand(b, generator=g) - 1)
     cy = (labels // 3 + 0.5) * cell + slack * (2 * torch.rand(b, generator=g) - 1)
-    fg, bg = _colours(b, g)
-    xs, ys = _grid(b, img_size)
-    sd = _signed_distance(kinds, xs - cx[:, None, None], ys - cy[:, None, None], r)
-    img = _paint(bg[:, :, None, None].expand(b, 3, img_size, img_size), sd, fg)
-    img = img + noise * torch.randn(img.shape, generator=g)
-    return img, labels
+    return _one_shape(kinds, cx, cy, r, g, img_size, noise), labels
 
 
 _TASKS = {
