@@ -134,6 +134,7 @@ def test_use_onednn_linears_keeps_the_parameters_and_small_models_bitwise():
     plain = _small_model(seed=6).train()
     swapped = copy.deepcopy(plain)
     params = dict(swapped.named_parameters())
+    assert cpu_training.use_onednn_linears(copy.deepcopy(plain).to("meta")) == 0  # off the CPU: left as it is
     n = cpu_training.use_onednn_linears(swapped)
     assert n == (2 * 4 + 1 if cpu_training.supported() else 0)  # 4 per block; head
     assert {k: id(v) for k, v in swapped.named_parameters()} == {k: id(v) for k, v in params.items()}

@@ -260,7 +260,7 @@ def bench_model(
         else:
             for m in sides.values():
                 m.train()
-            if pack and cpu_training.supported() and device.type == "cpu":
+            if pack:
                 cpu_training.use_onednn_linears(ours)  # as vitlab's trainers run it (fp32 products by size)
             fns = {k: _train_fn(m, x, y, precision) for k, m in sides.items()}
             flops = 3 * forward_flops(cfg) * batch_size

@@ -99,8 +99,8 @@ class TrainingLinear(nn.Linear):
 
 def use_onednn_linears(model: nn.Module) -> int:
     """Swap each nn.Linear of `model` (in place) for a TrainingLinear with the same parameters.
-    Returns how many were swapped; 0 where this torch has no oneDNN."""
-    if not supported():
+    Returns how many were swapped; 0 for a model that is not on the CPU, or without oneDNN."""
+    if not supported() or any(p.device.type != "cpu" for p in model.parameters()):
         return 0
     swapped = 0
     for parent in list(model.modules()):

@@ -203,14 +203,14 @@ def fit(
 ) -> History:
     """Train for cfg.epochs; evaluate every epoch; write metrics.csv and checkpoints to `out_dir`.
 
+    On CPU the model's nn.Linear layers become `vitlab.cpu_training.TrainingLinear` (same parameters).
     With `resume`, training continues from `out_dir/last.json`: weights, optimizer, scheduler, RNG
     and metrics are restored, so on CPU the result is bitwise the one an uninterrupted run gives.
     """
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
     model.to(device)
-    if device.type == "cpu":
-        cpu_training.use_onednn_linears(model)  # big fp32 products through oneDNN where it is faster
+    cpu_training.use_onednn_linears(model)  # on CPU: big fp32 products through oneDNN, where it is faster
     optimizer = optimizer or build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum)
     scheduler = warmup_cosine(

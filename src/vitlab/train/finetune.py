@@ -277,8 +277,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
 
         names = list(digits.CLASS_NAMES if cfg.dataset == "digits" else synthetic.CLASS_NAMES)
     model = build_model(cfg, n_cls, names).to(device)
-    if device.type == "cpu":
-        cpu_training.use_onednn_linears(model)  # big fp32 products through oneDNN where it is faster
+    cpu_training.use_onednn_linears(model)  # on CPU: big fp32 products through oneDNN, where it is faster
     from vitlab.data.transforms import input_size
 
     if scan is None:
