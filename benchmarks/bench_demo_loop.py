@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.bench import num_threads
+from vitlab.speed.bench import num_threads
 from vitlab.data.synthetic import dataset_x_splits
 from vitlab.train.engine import TensorLoader, TrainConfig, fit
 

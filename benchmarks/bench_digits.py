@@ -133,7 +133,7 @@ def main() -> None:
         else:
             cfg.out = str(out)
             s = run(cfg)
-        from vitlab.train.checkpoint import load_model
+        from vitlab.weights.checkpoint import load_model
 
         params = sum(t.numel() for t in load_model(out / "last.json").parameters())
         rows.append({"model": label, "init": init, "params": params, "best_val_acc": s["best"]["val_acc"],

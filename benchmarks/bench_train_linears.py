@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab import cpu_training
-from vitlab.bench import num_threads
+from vitlab.speed import cpu_training
+from vitlab.speed.bench import num_threads
 from vitlab.train.optim import build_optimizer
 
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.bench import num_threads, race
+from vitlab.speed.bench import num_threads, race
 from vitlab.runtime import autocast
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "cat", "camera", "coins", "moon", "page", "text",

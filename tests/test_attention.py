@@ -317,7 +317,7 @@ def test_overlay_lights_the_right_patch_and_figures_have_their_size(tmp_path):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from vitlab.train.checkpoint import save_checkpoint
+    from vitlab.weights.checkpoint import save_checkpoint
 
     root = tmp_path_factory.mktemp("ckpt")
     save_checkpoint(root, "epoch1", controlled(target=(2, 6)), {"epoch": 1})

@@ -20,7 +20,7 @@ from vitlab.analysis import flops
 from vitlab.cli import main
 from vitlab.data.synthetic import dataset_x_splits
 from vitlab.experiments.demo import last_layer_cls_attention
-from vitlab.train.checkpoint import load_model
+from vitlab.weights.checkpoint import load_model
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +69,7 @@ def test_demo_writes_metrics_figures_weights_and_summary(demo_run):
         run = summary["runs"][pos]
         assert float(rows[-1]["val_acc"]) == pytest.approx(run["final_val_acc"])
         # the weights on disk are the model that scored that accuracy
-        model = load_model(out / f"pos_{pos}")
+        model = create_model(checkpoint=out / f"pos_{pos}")
         assert model.cfg.pos_embed == pos
         x, y = dataset_x_splits(2000, 500, seed=0)[1]
         with torch.no_grad():

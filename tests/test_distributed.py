@@ -14,7 +14,7 @@ from vitlab import create_model
 from vitlab.cli import main
 from vitlab.data.digits import write_digits_folder
 from vitlab.train import distributed
-from vitlab.train.checkpoint import save_checkpoint
+from vitlab.weights.checkpoint import save_checkpoint
 
 
 def test_without_torchrun_it_is_one_process(monkeypatch):

@@ -6,10 +6,14 @@ import math
 import pytest
 import torch
 
-from vitlab import VitlabError, cpu_training, create_model
+from vitlab import VitlabError, create_model
+from vitlab.cli import build_parser
+from vitlab.cli.train import job_from_args
 from vitlab.data.synthetic import dataset_x_splits, make_dataset_x
-from vitlab.train import TensorLoader, TrainConfig, build_optimizer, fit, param_groups, warmup_cosine
-from vitlab.train.checkpoint import load_model
+from vitlab.errors import check_range
+from vitlab.speed import cpu_training
+from vitlab.train import RECIPES, Callback, Recipe, TensorLoader, fit
+from vitlab.train.optim import build_optimizer, param_groups, staged_warmup_cosine
 
 
 def test_dataset_x_is_deterministic_balanced_and_has_the_seed_structure():
@@ -45,7 +49,7 @@ def test_param_groups_do_not_decay_norms_biases_tokens_and_positions():
 def test_warmup_then_cosine():
     model = torch.nn.Linear(2, 2)
     opt = build_optimizer(model, lr=1.0)
-    sched = warmup_cosine(opt, warmup_steps=4, total_steps=12)
+    sched = staged_warmup_cosine(opt, stage_steps=[12], warmup_steps=4)
     lrs = []
     for _ in range(12):
         lrs.append(opt.param_groups[0]["lr"])
@@ -54,6 +58,14 @@ def test_warmup_then_cosine():
     assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert lrs[4] == pytest.approx(1.0) and lrs[8] == pytest.approx(0.5 * (1 + math.cos(math.pi * 4 / 8)))
     assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))  # monotone decay after warmup
+
+
+class _OnEpoch(Callback):
+    def __init__(self, fn):
+        self.fn = fn
+
+    def on_epoch_end(self, row):
+        self.fn(row)
 
 
 def _loaders(n_train=512, n_val=256, seed=0):
@@ -69,7 +81,7 @@ def test_short_training_run_learns_dataset_x():
     train, val = _loaders()
     torch.manual_seed(0)
     model = create_model("vit_mini_x")
-    history = fit(model, train, val, TrainConfig(epochs=8, warmup_epochs=1, device="cpu"), progress=False)
+    history = fit(model, train, val, RECIPES["mini"].replace(epochs=8, warmup_epochs=1), device="cpu")
     assert history.rows[0]["train_loss"] > history.rows[-1]["train_loss"]
     assert history.last["val_acc"] >= 0.95
     if cpu_training.supported():  # on CPU, fit trains through vitlab.cpu_training's Linear (same parameters)
@@ -83,7 +95,7 @@ class _Crash(Exception):
 def test_resume_reproduces_an_uninterrupted_run_bitwise(tmp_path):
     """Same seed, same config on CPU: a run that crashes after epoch 2 and resumes ends with the same
     weights and metrics, bit for bit, as one that never stopped (dropout and drop-path included)."""
-    cfg = TrainConfig(epochs=3, warmup_epochs=1, device="cpu", seed=7)
+    cfg = RECIPES["mini"].replace(epochs=3, warmup_epochs=1, seed=7)
 
     def run(out, resume=False, crash_after=None):
         torch.manual_seed(0)
@@ -94,7 +106,7 @@ def test_resume_reproduces_an_uninterrupted_run_bitwise(tmp_path):
             if row["epoch"] == crash_after:
                 raise _Crash
 
-        return model, fit(model, train, val, cfg, out_dir=out, resume=resume, progress=False, on_epoch_end=crash)
+        return model, fit(model, train, val, cfg, device="cpu", out=out, resume=resume, callbacks=[_OnEpoch(crash)])
 
     full, h_full = run(tmp_path / "full")
     with pytest.raises(_Crash):
@@ -105,34 +117,70 @@ def test_resume_reproduces_an_uninterrupted_run_bitwise(tmp_path):
         assert torch.equal(a, b), n
     strip = lambda rows: [{k: v for k, v in r.items() if k != "time_s"} for r in rows]  # noqa: E731
     assert strip(h_full.rows) == strip(h_resumed.rows)
-    reloaded = load_model(tmp_path / "full")
+    reloaded = create_model(checkpoint=tmp_path / "full")
     assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), full.state_dict().values()))
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     train, val = _loaders(64, 32)
     with pytest.raises(VitlabError, match="no checkpoint to resume from"):
-        fit(create_model("vit_mini_x"), train, val, TrainConfig(epochs=1, device="cpu"), out_dir=tmp_path, resume=True,
-            progress=False)
+        fit(create_model("vit_mini_x"), train, val, Recipe(epochs=1), device="cpu", out=tmp_path, resume=True)
+    fit(create_model("vit_mini_x"), train, val, Recipe(epochs=1), device="cpu", out=tmp_path / "run")
+    with pytest.raises(VitlabError, match="already holds a run"):  # a second run into the same folder
+        fit(create_model("vit_mini_x"), train, val, Recipe(epochs=1), device="cpu", out=tmp_path / "run")
+
+
+def test_resume_refuses_another_recipe_and_an_old_state(tmp_path):
+    train, val = _loaders(64, 32)
+    fit(create_model("vit_mini_x"), train, val, Recipe(epochs=1), device="cpu", out=tmp_path, identity={"data": "a"})
+    with pytest.raises(VitlabError, match=r"other settings \(lr 0.001 -> 0.002; data 'a' -> 'b'\)"):
+        fit(create_model("vit_mini_x"), train, val, Recipe(epochs=1, lr=2e-3), device="cpu", out=tmp_path, resume=True,
+            identity={"data": "b"})
+    state_path = next((tmp_path / "checkpoints").glob("epoch_*")) / "state.pt"
+    state = torch.load(state_path, weights_only=True)
+    del state["version"]  # as vitlab before the one training engine wrote it
+    torch.save(state, state_path)
+    with pytest.raises(VitlabError, match="written by an earlier vitlab"):
+        fit(create_model("vit_mini_x"), train, val, Recipe(epochs=1), device="cpu", out=tmp_path, resume=True,
+            identity={"data": "a"})
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     train, val = _loaders(64, 32)
     model = create_model("vit_mini_x")
-    cfg = TrainConfig(epochs=3, warmup_epochs=0, device="cpu")
+    cfg = Recipe(epochs=3, warmup_epochs=0)
 
     def poison(row):  # after the first good epoch, make the weights NaN
         with torch.no_grad():
             model.patch_embed.proj.weight.fill_(float("nan"))
 
-    with pytest.raises(VitlabError, match=r"training loss became nan at epoch 2: stopped. The last good checkpoint is kept"):
-        fit(model, train, val, cfg, out_dir=tmp_path, progress=False, on_epoch_end=poison)
+    with pytest.raises(VitlabError, match=r"training stopped: train loss nan in epoch 2; the last good checkpoint is "
+                                          r"kept in .*epoch_0001"):
+        fit(model, train, val, cfg, device="cpu", out=tmp_path, callbacks=[_OnEpoch(poison)])
     assert json.loads((tmp_path / "last.json").read_text())["epoch"] == 1
-    assert torch.isfinite(load_model(tmp_path).patch_embed.proj.weight).all()
+    assert torch.isfinite(create_model(checkpoint=tmp_path).patch_embed.proj.weight).all()
 
 
-def test_bad_training_options_are_named():
-    with pytest.raises(VitlabError, match="--batch-size is out of range"):
-        TrainConfig(batch_size=0)
-    with pytest.raises(VitlabError, match="--lr is out of range"):
-        TrainConfig(lr=-1.0)
+def test_bad_recipes_are_named_with_the_valid_range():
+    with pytest.raises(VitlabError, match=r"^batch_size must be an integer >= 1; found 0$") as e:
+        Recipe(batch_size=0)
+    assert e.value.for_cli() == "--batch-size must be an integer >= 1; found 0"  # the CLI speaks of its flag
+    with pytest.raises(VitlabError, match=r"^lr must be a number > 0; found -1.0$"):
+        Recipe(lr=-1.0)
+    with pytest.raises(VitlabError, match=r"^freeze_epochs must be an integer in \[0, 3\]; found 5 \(at most epochs = 3\)$"):
+        Recipe(epochs=3, freeze_epochs=5)
+    with pytest.raises(VitlabError, match=r"unknown Recipe field\(s\) \['learning_rate'\]"):
+        RECIPES["scratch"].replace(learning_rate=1.0)
+    with pytest.raises(VitlabError, match=r"^ema must be a number in \(0, 1\); found 1.5$"):
+        check_range("ema", 1.5, low=0, high=1, low_open=True, high_open=True)
+
+
+def test_the_presets_are_the_commands_defaults():
+    """`vitlab train` and `vitlab finetune` take their defaults from RECIPES, not from argparse."""
+    parser = build_parser()
+    for command, preset in (("train", "scratch"), ("finetune", "finetune")):
+        args = parser.parse_args([command, "--dataset" if command == "train" else "--data", "digits" if command == "train" else "d",
+                                  "--model", "vit_mini", "--out", "o"])
+        assert job_from_args(args).recipe == RECIPES[preset]
+    args = parser.parse_args(["finetune", "--data", "d", "--model", "vit_mini", "--out", "o", "--smoothing", "0.1", "--lr", "3e-4"])
+    assert job_from_args(args).recipe == RECIPES["finetune"].replace(label_smoothing=0.1, lr=3e-4)

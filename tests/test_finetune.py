@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,10 +20,15 @@ from safetensors.torch import load_file
 from vitlab import create_model
 from vitlab.cli import main
 from vitlab.data.digits import load_digits, stratified_split, write_digits_folder
-from vitlab.train import diagnostics
-from vitlab.train.checkpoint import save_checkpoint
-from vitlab.train.engine import TensorLoader, TrainConfig, fit
+from torchvision.transforms import v2
+
+from vitlab.data.datasets import make_loaders
+from vitlab.data.folder import in_memory_scan
+from vitlab.train import RECIPES, diagnostics
+from vitlab.train.distributed import DistInfo
+from vitlab.train.engine import TensorLoader, fit
 from vitlab.train.optim import build_optimizer, freeze_threshold, layer_decay_groups, layer_ids, staged_warmup_cosine
+from vitlab.weights.checkpoint import save_checkpoint
 
 TINY = dict(img_size=16, dim=32, depth=2, heads=2, mlp_dim=64)
 
@@ -104,7 +110,7 @@ def digits_pretrained(tmp_path_factory):
     torch.manual_seed(0)
     model = create_model("vit_mini", num_classes=10, img_size=16, dim=64, depth=2, heads=4, mlp_dim=128)
     fit(model, TensorLoader(x[tr], y[tr], batch_size=32, shuffle=True), TensorLoader(x[va], y[va], batch_size=256),
-        TrainConfig(epochs=6, lr=3e-3, warmup_epochs=1, device="cpu"), out_dir=root / "run", progress=False)
+        RECIPES["mini"].replace(epochs=6, warmup_epochs=1), device="cpu", out=root / "run")
     write_digits_folder(root / "digits", size=16)
     return root
 
@@ -177,12 +183,12 @@ def test_resume_refuses_changed_options_or_data(data, tmp_path, capsys):
     base = ["finetune", "--data", str(tmp_path / "d"), "--checkpoint", str(data / "init"), "--epochs", "2",
             "--freeze-epochs", "0", "--batch-size", "32", "--no-aug", "--device", "cpu", "--out", str(run)]
     assert main(base) == 0
-    assert main(base) == 2 and "add --resume" in capsys.readouterr().err
+    assert main(base) == 2 and "already holds a run (last.json); resume it" in capsys.readouterr().err
     assert main(base + ["--resume", "--lr", "3e-4"]) == 2
-    assert "--lr 0.0001 -> 0.0003" in capsys.readouterr().err
+    assert "other settings (lr 0.0001 -> 0.0003)" in capsys.readouterr().err
     next((tmp_path / "d" / "train" / "3").iterdir()).unlink()
     assert main(base + ["--resume"]) == 2
-    assert "the data differ" in capsys.readouterr().err
+    assert re.search(r"other settings \(data '\w+' -> '\w+'\)", capsys.readouterr().err)
 
 
 def test_nan_loss_stops_with_a_diagnosis(data, tmp_path, capsys):
@@ -233,19 +239,13 @@ def test_train_command_trains_the_cnn_baseline_on_bundled_digits(tmp_path):
 
 
 def test_flips_default_on_for_folders_and_off_for_the_bundled_datasets():
-    from torchvision.transforms import v2
-
-    from vitlab.data.folder import in_memory_scan
-    from vitlab.train.distributed import DistInfo
-    from vitlab.train.finetune import RunConfig, make_loaders
-
     y = torch.tensor([0, 1, 0, 1])
     scan = in_memory_scan("t", ["a", "b"], (torch.rand(4, 3, 16, 16), y), (torch.rand(4, 3, 16, 16), y))
     model = create_model("vit_mini", num_classes=2, **TINY)
 
-    def flips(**kw) -> bool:
-        loader = make_loaders(RunConfig(model="vit_mini", **kw), scan, model, DistInfo())[1]
+    def flips(bundled: bool, **kw) -> bool:
+        loader = make_loaders(scan, model, RECIPES["finetune"].replace(**kw), dist=DistInfo(), bundled=bundled)[0]
         return any(isinstance(t, v2.RandomHorizontalFlip) for t in loader.dataset.transform.transforms)
 
-    assert flips(data="folder") and not flips(data="folder", hflip=False)
-    assert not flips(dataset="x") and flips(dataset="x", hflip=True)
+    assert flips(False) and not flips(False, hflip=False)
+    assert not flips(True) and flips(True, hflip=True)

@@ -20,8 +20,9 @@ from safetensors.torch import load_file
 
 from vitlab.cli import main
 from vitlab.errors import VitlabError
-from vitlab.preprocess import eval_transform, open_image
-from vitlab.weights import PREPROCESSING, load_pretrained
+from vitlab.data.preprocess import eval_transform, open_image
+from vitlab import PretrainedCfg, create_model
+from vitlab.weights import PREPROCESSING
 
 timm = pytest.importorskip("timm")
 skimage_data = pytest.importorskip("skimage.data")
@@ -56,7 +57,7 @@ def test_eval_transform_equals_timm_for_timm_weights(timm_dir, chelsea):
     from timm.data import create_transform, resolve_data_config
 
     folder, ref = timm_dir
-    model = load_pretrained("vit_tiny_patch16_224", str(folder))
+    model = create_model("vit_tiny_patch16_224", pretrained=str(folder))
     ours = eval_transform(model.pretrained_cfg)(chelsea)
     theirs = create_transform(**resolve_data_config(model=ref))(chelsea)
     assert ours.shape == theirs.shape == (3, 224, 224)
@@ -69,7 +70,7 @@ def test_eval_transform_equals_hf_vit_image_processor(tmp_path, chelsea):
     transformers.ViTForImageClassification(config).save_pretrained(tmp_path / "hf")
     processor = transformers.ViTImageProcessor()  # google/vit-*: 224x224 bilinear, no crop, 0.5/0.5
     processor.save_pretrained(tmp_path / "hf")
-    model = load_pretrained(None, str(tmp_path / "hf"))
+    model = create_model(pretrained=str(tmp_path / "hf"))
     ours = eval_transform(model.pretrained_cfg)(chelsea)
     theirs = processor(images=chelsea, return_tensors="pt").pixel_values[0]
     assert ours.shape == theirs.shape == (3, 224, 224)
@@ -79,7 +80,7 @@ def test_eval_transform_equals_hf_vit_image_processor(tmp_path, chelsea):
 def test_eval_transform_equals_torchvision_weights_transforms(chelsea):
     from torchvision.models import ViT_B_16_Weights
 
-    cfg = {**PREPROCESSING["torchvision"], "input_size": (3, 224, 224)}
+    cfg = PretrainedCfg(**PREPROCESSING["torchvision"], input_size=(3, 224, 224))
     ours = eval_transform(cfg)(chelsea)
     theirs = ViT_B_16_Weights.IMAGENET1K_V1.transforms()(chelsea)  # resize 256 bilinear, crop 224, ImageNet stats
     assert max_diff(ours, theirs) <= 1e-3
@@ -87,8 +88,8 @@ def test_eval_transform_equals_torchvision_weights_transforms(chelsea):
 
 def test_sources_really_preprocess_differently(chelsea):
     """The reason pretrained_cfg is per source: JAX squash-resize and timm crop give different inputs."""
-    jax = eval_transform({**PREPROCESSING["jax"], "input_size": (3, 224, 224)})(chelsea)
-    tm = eval_transform({**PREPROCESSING["timm"], "input_size": (3, 224, 224)})(chelsea)
+    jax = eval_transform(PretrainedCfg(**PREPROCESSING["jax"], input_size=(3, 224, 224)))(chelsea)
+    tm = eval_transform(PretrainedCfg(**PREPROCESSING["timm"], input_size=(3, 224, 224)))(chelsea)
     assert max_diff(jax, tm) > 0.1
 
 
@@ -243,14 +244,14 @@ def test_predict_text_output_bf16_and_img_size(timm_dir, tmp_path, capsys, chels
 def test_predict_refuses_a_zero_head(tmp_path):
     from safetensors.torch import save_file
 
-    from vitlab.predict import predict_files
+    from vitlab.inference.predict import predict_files
 
     model = timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=21843)
     torch.nn.init.zeros_(model.head.weight), torch.nn.init.zeros_(model.head.bias)
     save_file(model.state_dict(), tmp_path / "in21k.safetensors")
     photo().save(tmp_path / "a.png")
     with pytest.warns(UserWarning, match="all zeros"):
-        ours = load_pretrained("vit_tiny_patch16_224", str(tmp_path / "in21k.safetensors"), depth=1)
+        ours = create_model("vit_tiny_patch16_224", pretrained=str(tmp_path / "in21k.safetensors"), depth=1)
     with pytest.raises(VitlabError, match="no trained classifier"):
         predict_files(ours, [tmp_path / "a.png"])
 
@@ -268,12 +269,12 @@ def test_export_safetensors_reloads_in_vitlab_and_timm(timm_dir, tmp_path, capsy
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = ref(x)
-        again = load_pretrained(None, str(out))  # architecture from the JSON
+        again = create_model(pretrained=str(out))  # architecture from the JSON
         assert max_diff(again(x), expected) <= 1e-5
         other = timm.create_model("vit_tiny_patch16_224").eval()
         other.load_state_dict(load_file(out), strict=True)  # timm's names: loads as is
         assert max_diff(other(x), expected) <= 1e-5
-    assert again.pretrained_cfg["mean"] == (0.5, 0.5, 0.5) and again.pretrained_cfg["format"] == "vitlab"
+    assert again.pretrained_cfg.mean == (0.5, 0.5, 0.5) and again.pretrained_cfg.format == "vitlab"
     # and predict reads it back through --checkpoint
     photo().save(tmp_path / "a.png")
     capsys.readouterr()
@@ -284,12 +285,12 @@ def test_export_safetensors_reloads_in_vitlab_and_timm(timm_dir, tmp_path, capsy
 def test_fine_tuning_checkpoint_folder_loads(tmp_path):
     """The training engine's checkpoint folders (model.safetensors + config.json) are a source too."""
     import vitlab
-    from vitlab.train.checkpoint import save_checkpoint
+    from vitlab.weights.checkpoint import save_checkpoint
 
     model = vitlab.create_model("vit_mini", num_classes=3)
     torch.nn.init.normal_(model.head.weight, std=0.1)
     folder = save_checkpoint(tmp_path / "run", "epoch_001", model, {"epoch": 1})
-    again = load_pretrained(None, str(folder))
+    again = create_model(pretrained=str(folder))
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert max_diff(again(x), model.eval()(x)) <= 1e-6
@@ -297,7 +298,7 @@ def test_fine_tuning_checkpoint_folder_loads(tmp_path):
 
 def test_export_onnx_dynamic_batch_matches_pytorch(timm_dir, tmp_path):
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: ONNX export cannot be checked")
-    from vitlab.export import export_model
+    from vitlab.inference.export import export_model
 
     folder, _ = timm_dir
     import vitlab
@@ -317,7 +318,7 @@ def test_export_onnx_dynamic_batch_matches_pytorch(timm_dir, tmp_path):
 
 def test_export_rejects_unknown_suffix_and_writes_nothing(tmp_path):
     import vitlab
-    from vitlab.export import export_model
+    from vitlab.inference.export import export_model
 
     with pytest.raises(VitlabError, match="expected a path ending in .safetensors or .onnx"):
         export_model(vitlab.create_model("vit_mini_x"), tmp_path / "m.pt")

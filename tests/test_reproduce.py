@@ -111,7 +111,7 @@ def test_close_at_least_near_and_combine():
 
 
 def test_pe_structure_separates_2d_from_1d_embeddings():
-    from vitlab.model import sincos_2d_embedding
+    from vitlab.models.vit import sincos_2d_embedding
 
     g = (8, 8)
     pe = torch.nn.functional.normalize(sincos_2d_embedding(g, 64), dim=-1)

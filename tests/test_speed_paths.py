@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import vitlab.model as vm
-from vitlab import bench, cpu_inference, cpu_training
+import vitlab.models.vit as vm
+from vitlab.speed import bench, cpu_inference, cpu_training
 from vitlab.cli import main
-from vitlab.model import VisionTransformer, ViTConfig
+from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.zoo import get_config
 
 SMALL = dict(img_size=32, patch_size=8, dim=64, depth=2, heads=4, num_classes=10)

@@ -18,14 +18,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from vitlab import create_model
 from vitlab.errors import VitlabError
-from vitlab.weights import (
-    PretrainedWarning,
-    detect_format,
-    load_pretrained,
-    read_weights_file,
-    resample_pos_embed,
-)
+from vitlab.weights import PretrainedWarning, detect_format, resample_pos_embed
+from vitlab.weights.formats import read_weights_file
 
 timm = pytest.importorskip("timm")
 TOL = 1e-4
@@ -49,10 +45,10 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
-def load_quietly(*args, **kwargs):
+def load_quietly(name, source, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PretrainedWarning)
-        return load_pretrained(*args, **kwargs)
+        return create_model(name, pretrained=source, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -89,26 +85,15 @@ def test_timm_checkpoints_match_timm_logits(case, tmp_path):
         source = tmp_path / "hub"
         save_for_hf(ref, source, safe_serialization=True)
         assert (source / "model.safetensors").is_file() and (source / "config.json").is_file()
-    model = load_pretrained(name, str(source), **kwargs)
+    model = create_model(name, pretrained=str(source), **kwargs)
     x = images(2, size)
     with torch.no_grad():
         assert max_diff(model(x), ref(x)) <= TOL
-    assert model.pretrained_cfg["format"] == "timm"
-    assert model.pretrained_cfg["head"] == "loaded"
-    assert model.pretrained_cfg["input_size"] == (3, size, size)
-    assert model.pretrained_cfg["mean"] == (0.5, 0.5, 0.5) and model.pretrained_cfg["interpolation"] == "bicubic"
-    assert len(model.pretrained_cfg["label_names"]) == 1000  # bundled ImageNet-1k names
-
-
-def test_create_model_pretrained_goes_through_load_pretrained(tmp_path):
-    import vitlab
-
-    ref = perturb(timm.create_model("vit_tiny_patch16_224", depth=2))
-    save_file(ref.state_dict(), tmp_path / "w.safetensors")
-    model = vitlab.create_model("vit_tiny_patch16_224", pretrained=str(tmp_path / "w.safetensors"), depth=2)
-    x = images(1, 224)
-    with torch.no_grad():
-        assert max_diff(model(x), ref(x)) <= TOL
+    assert model.pretrained_cfg.format == "timm"
+    assert model.pretrained_cfg.head == "loaded"
+    assert model.pretrained_cfg.input_size == (3, size, size)
+    assert model.pretrained_cfg.mean == (0.5, 0.5, 0.5) and model.pretrained_cfg.interpolation == "bicubic"
+    assert len(model.pretrained_cfg.label_names) == 1000  # bundled ImageNet-1k names
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -133,13 +118,13 @@ def test_hf_vit_for_image_classification_matches(tmp_path):
         expected = ref(pixel_values=x).logits
     # with the model named, and with the architecture read from config.json
     for name, kw in (("vit_tiny_patch16_224", {"depth": 2}), (None, {})):
-        model = load_pretrained(name, str(tmp_path / "hf"), **kw)
+        model = create_model(name, pretrained=str(tmp_path / "hf"), **kw)
         with torch.no_grad():
             assert max_diff(model(x), expected) <= TOL
-    assert model.pretrained_cfg["format"] == "hf"
-    assert model.pretrained_cfg["label_names"] == [f"kind_{i}" for i in range(5)]  # from id2label
+    assert model.pretrained_cfg.format == "hf"
+    assert model.pretrained_cfg.label_names == tuple(f"kind_{i}" for i in range(5))  # from id2label
     assert model.cfg.norm_eps == 1e-12  # HF's layer_norm_eps, not vitlab's default
-    assert model.pretrained_cfg["crop_mode"] == "squash" and model.pretrained_cfg["crop_pct"] == 1.0
+    assert model.pretrained_cfg.crop_mode == "squash" and model.pretrained_cfg.crop_pct == 1.0
 
 
 def test_hf_vitmodel_without_head_is_reported(tmp_path):
@@ -147,10 +132,10 @@ def test_hf_vitmodel_without_head_is_reported(tmp_path):
     ref = perturb(transformers.ViTModel(hf_config()))
     ref.save_pretrained(tmp_path / "backbone")
     with pytest.warns(PretrainedWarning) as record:
-        model = load_pretrained(None, str(tmp_path / "backbone"), num_classes=3)
+        model = create_model(pretrained=str(tmp_path / "backbone"), num_classes=3)
     messages = " ".join(str(w.message) for w in record)
     assert "no classification head" in messages and "pooler" in messages
-    assert model.pretrained_cfg["head"] == "absent"
+    assert model.pretrained_cfg.head == "absent"
     assert not model.head.weight.any()
     x = images(1, 224)
     with torch.no_grad():  # the backbone is intact: the features match HF's final LayerNorm output
@@ -168,7 +153,7 @@ def test_torchvision_vit_b_16_matches(tmp_path):
     ref.encoder.layers = ref.encoder.layers[:2]  # vit_b_16's layout and widths, 2 of its 12 layers
     perturb(ref)
     torch.save(ref.state_dict(), tmp_path / "vit_b_16.pth")  # read back with weights_only=True
-    model = load_pretrained("vit_base_patch16_224", str(tmp_path / "vit_b_16.pth"), depth=2)
+    model = create_model("vit_base_patch16_224", pretrained=str(tmp_path / "vit_b_16.pth"), depth=2)
     x = images(2, 224)
     with torch.no_grad():
         assert max_diff(model(x), ref(x)) <= TOL
@@ -245,17 +230,17 @@ def test_jax_npz_matches_and_timm_agrees_on_the_file(tmp_path):
         other = timm.create_model("vit_tiny_patch16_224", depth=2).eval()
         _load_weights(other, str(path))
         assert max_diff(other(x), expected) <= TOL
-        model = load_pretrained("vit_tiny_patch16_224", str(path), depth=2)
+        model = create_model("vit_tiny_patch16_224", pretrained=str(path), depth=2)
         assert max_diff(model(x), expected) <= TOL
-    assert model.pretrained_cfg["format"] == "jax"
-    assert model.pretrained_cfg["crop_mode"] == "squash" and model.pretrained_cfg["interpolation"] == "bilinear"
+    assert model.pretrained_cfg.format == "jax"
+    assert model.pretrained_cfg.crop_mode == "squash" and model.pretrained_cfg.interpolation == "bilinear"
     # big_vision's names for the same tensors: timm's loader and vitlab's agree again
     to_big_vision(path, tmp_path / "big_vision.npz")
     with torch.no_grad():
         other = timm.create_model("vit_tiny_patch16_224", depth=2).eval()
         _load_weights(other, str(tmp_path / "big_vision.npz"))
         assert max_diff(other(x), expected) <= TOL
-        model = load_pretrained("vit_tiny_patch16_224", str(tmp_path / "big_vision.npz"), depth=2)
+        model = create_model("vit_tiny_patch16_224", pretrained=str(tmp_path / "big_vision.npz"), depth=2)
         assert max_diff(model(x), expected) <= TOL
 
 
@@ -272,14 +257,14 @@ def test_jax_gap_checkpoint_without_class_token(tmp_path):
     assert "cls" not in np.load(path).files
     x = images(2, 224)
     with pytest.raises(VitlabError, match="class_token=False, pool='mean', fc_norm=False"):
-        load_pretrained("vit_tiny_patch16_224", str(path), depth=2, num_classes=5)
+        create_model("vit_tiny_patch16_224", pretrained=str(path), depth=2, num_classes=5)
     with torch.no_grad():
         expected = ref(x)
         other = TimmViT(img_size=224, patch_size=16, embed_dim=192, depth=2, num_heads=3, num_classes=5,
                         class_token=False, global_pool="avg", fc_norm=False).eval()
         _load_weights(other, str(path))
         assert max_diff(other(x), expected) <= TOL  # the file is what timm's loader reads
-        model = load_pretrained("vit_tiny_patch16_224", str(path), depth=2, num_classes=5, class_token=False,
+        model = create_model("vit_tiny_patch16_224", pretrained=str(path), depth=2, num_classes=5, class_token=False,
                                 pool="mean", fc_norm=False)
         assert max_diff(model(x), expected) <= TOL
     assert model.cls_token is None and isinstance(model.fc_norm, torch.nn.Identity)
@@ -289,10 +274,10 @@ def test_jax_pre_logits_checkpoint_drops_the_pretraining_head(tmp_path):
     ref = perturb(timm.create_model("vit_tiny_patch16_224", depth=1))
     write_jax_npz(ref, tmp_path / "in21k.npz", pre_logits=True)
     with pytest.warns(PretrainedWarning) as record:
-        model = load_pretrained("vit_tiny_patch16_224", str(tmp_path / "in21k.npz"), depth=1)
+        model = create_model("vit_tiny_patch16_224", pretrained=str(tmp_path / "in21k.npz"), depth=1)
     messages = " ".join(str(w.message) for w in record)
     assert "pre-training head" in messages and "no classification head" in messages
-    assert model.pretrained_cfg["head"] == "absent" and not model.head.weight.any()
+    assert model.pretrained_cfg.head == "absent" and not model.head.weight.any()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -303,9 +288,9 @@ def test_new_num_classes_gives_zero_head_and_warning(tmp_path):
     ref = perturb(timm.create_model("vit_tiny_patch16_224", depth=1))
     save_file(ref.state_dict(), tmp_path / "w.safetensors")
     with pytest.warns(PretrainedWarning, match="1000 classes; made a new zero-initialised head for 10"):
-        model = load_pretrained("vit_tiny_patch16_224", str(tmp_path / "w.safetensors"), num_classes=10, depth=1)
+        model = create_model("vit_tiny_patch16_224", pretrained=str(tmp_path / "w.safetensors"), num_classes=10, depth=1)
     assert model.head.weight.shape == (10, 192) and not model.head.weight.any() and not model.head.bias.any()
-    assert model.pretrained_cfg["head"] == "new" and model.pretrained_cfg["label_names"] is None
+    assert model.pretrained_cfg.head == "new" and model.pretrained_cfg.label_names is None
     x = images(1, 224)
     with torch.no_grad():  # the backbone still matches
         assert max_diff(model.forward_head(model.forward_features(x), pre_logits=True), ref.forward_head(ref.forward_features(x), pre_logits=True)) <= TOL
@@ -316,8 +301,8 @@ def test_zeroed_in21k_head_is_reported(tmp_path):
     torch.nn.init.zeros_(ref.head.weight), torch.nn.init.zeros_(ref.head.bias)
     save_file(ref.state_dict(), tmp_path / "in21k.safetensors")
     with pytest.warns(PretrainedWarning, match="all zeros"):
-        model = load_pretrained("vit_tiny_patch16_224", str(tmp_path / "in21k.safetensors"), depth=1)
-    assert model.pretrained_cfg["head"] == "zero" and model.cfg.num_classes == 21843
+        model = create_model("vit_tiny_patch16_224", pretrained=str(tmp_path / "in21k.safetensors"), depth=1)
+    assert model.pretrained_cfg.head == "zero" and model.cfg.num_classes == 21843
 
 
 def test_resample_pos_embed_matches_timm_including_non_square():
@@ -341,7 +326,7 @@ def test_learned2d_and_relative_tables_follow_a_new_img_size(tmp_path):
     (2gh-1) x (2gw-1) offsets, bicubic. Tables that are linear in the offset stay (nearly) linear inside."""
     import torch.nn.functional as F
     import vitlab
-    from vitlab.train.checkpoint import save_checkpoint
+    from vitlab.weights.checkpoint import save_checkpoint
 
     old, new = (8, 12), (12, 8)  # grid rows x cols: 32x48 px -> 48x32 px at patch 4
     for kind in ("learned2d", "relative"):
@@ -355,12 +340,12 @@ def test_learned2d_and_relative_tables_follow_a_new_img_size(tmp_path):
                 for rel in model.rel_pos:
                     rel.table.copy_((dy + 2 * dx).flatten().expand_as(rel.table))
         folder = save_checkpoint(tmp_path / kind, "e1", model, {"epoch": 1})
-        same = load_pretrained(None, str(folder))
+        same = create_model(checkpoint=folder)
         x = torch.randn(2, 3, 32, 48)
         with torch.no_grad():
             assert max_diff(same(x), model.eval()(x)) <= 1e-6
-        moved = load_pretrained(None, str(folder), img_size=(48, 32))
-        assert any("resampled from a 8x12 to a 12x8 grid" in n for n in moved.pretrained_cfg["notes"])
+        moved = create_model(checkpoint=folder, img_size=(48, 32))
+        assert any("resampled from a 8x12 to a 12x8 grid" in n for n in moved.pretrained_cfg.notes)
         with torch.no_grad():
             assert moved(torch.randn(2, 3, 48, 32)).shape == (2, 3)
 
@@ -384,10 +369,10 @@ def test_learned2d_and_relative_tables_follow_a_new_img_size(tmp_path):
 def test_224_checkpoint_at_img_size_384_matches_timm_resampling(tmp_path):
     ref = perturb(timm.create_model("vit_tiny_patch16_224", depth=2))
     save_file(ref.state_dict(), tmp_path / "w.safetensors")
-    model = load_pretrained("vit_tiny_patch16_224", str(tmp_path / "w.safetensors"), img_size=384, depth=2)
+    model = create_model("vit_tiny_patch16_224", pretrained=str(tmp_path / "w.safetensors"), img_size=384, depth=2)
     assert model.pos_embed.shape == (1, 1 + 24 * 24, 192)
-    assert model.pretrained_cfg["input_size"] == (3, 384, 384)
-    assert any("resampled" in n for n in model.pretrained_cfg["notes"])
+    assert model.pretrained_cfg.input_size == (3, 384, 384)
+    assert any("resampled" in n for n in model.pretrained_cfg.notes)
     # timm resamples the same file the same way (bicubic, class token kept) when it builds a 384 model.
     timm384 = timm.create_model(
         "vit_tiny_patch16_224", img_size=384, depth=2, pretrained=True,
@@ -402,7 +387,7 @@ def test_mismatched_model_lists_fields_and_keys(tmp_path):
     ref = timm.create_model("vit_tiny_patch16_224", depth=2)
     save_file(ref.state_dict(), tmp_path / "tiny.safetensors")
     with pytest.raises(VitlabError) as err:
-        load_pretrained("vit_small_patch16_224", str(tmp_path / "tiny.safetensors"), depth=3)
+        create_model("vit_small_patch16_224", pretrained=str(tmp_path / "tiny.safetensors"), depth=3)
     msg = str(err.value)
     assert "dim: model 384 vs checkpoint 192" in msg and "depth: model 3 vs checkpoint 2" in msg
     assert "missing keys (12): blocks.2.attn.proj.bias" in msg  # block 2's 12 tensors
@@ -414,7 +399,7 @@ def test_unknown_layout_and_missing_source_are_clear_errors(tmp_path):
     with pytest.raises(VitlabError, match="unrecognised checkpoint layout"):
         detect_format(["features.0.weight", "classifier.1.weight"])
     with pytest.raises(VitlabError, match="neither an existing file"):
-        load_pretrained("vit_tiny_patch16_224", str(tmp_path / "nope" / "missing.safetensors"))
+        create_model("vit_tiny_patch16_224", pretrained=str(tmp_path / "nope" / "missing.safetensors"))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -438,7 +423,7 @@ def test_malicious_pth_is_refused_and_runs_nothing(tmp_path):
     with pytest.raises(VitlabError, match="refused to load"):
         read_weights_file(bad)
     with pytest.raises(VitlabError, match="refused to load"):
-        load_pretrained("vit_tiny_patch16_224", str(bad))
+        create_model("vit_tiny_patch16_224", pretrained=str(bad))
     assert not target.exists()
     # The file is genuinely malicious: an unsafe load would have created the file.
     control = tmp_path / "control.txt"
@@ -472,11 +457,11 @@ def test_hub_id_from_offline_cache(tmp_path, monkeypatch):
     })
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    model = load_pretrained("vit_tiny_patch16_224", "hf-hub:timm/vit_tiny_patch16_224.test", depth=2)
+    model = create_model("vit_tiny_patch16_224", pretrained="hf-hub:timm/vit_tiny_patch16_224.test", depth=2)
     x = images(1, 224)
     with torch.no_grad():
         assert max_diff(model(x), ref(x)) <= TOL
     with pytest.raises(VitlabError) as err:
-        load_pretrained("vit_base_patch16_224", "google/vit-base-patch16-224")
+        create_model("vit_base_patch16_224", pretrained="google/vit-base-patch16-224")
     msg = str(err.value)
     assert "'google/vit-base-patch16-224'" in msg and str(cache) in msg and "HF_HUB_OFFLINE" in msg

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.errors import VitlabError
+from vitlab.errors import VitlabError, check_range
+from vitlab.models.vit import VisionTransformer
 
 HEAD_FUSIONS = ("mean", "max", "min")
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB of attention weights held per forward pass
@@ -45,8 +46,7 @@ DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB of attention weights held per forward pass
 
 
 def _check_vit(model: nn.Module) -> None:
-    cfg = getattr(model, "cfg", None)
-    if cfg is None or not hasattr(model, "blocks") or not hasattr(model, "forward_features"):
+    if not isinstance(model, VisionTransformer):
         raise VitlabError(
             f"attention analysis needs a vitlab VisionTransformer; found {type(model).__name__}, "
             "which has no attention layers (CNN baselines have no attention maps)"
@@ -65,10 +65,12 @@ def _layer_list(model: nn.Module, layers: int | str | Iterable[int] | None) -> l
         try:
             i = int(layer)
         except (TypeError, ValueError):
-            raise VitlabError(f"layer {layer!r} is not a layer index; expected an int in 0..{depth - 1} or 'all'") from None
+            raise VitlabError(f"layer {layer!r} is not a layer index; expected an int in 0..{depth - 1} or 'all'",
+                              arg="layer") from None
         j = i + depth if i < 0 else i
         if not 0 <= j < depth:
-            raise VitlabError(f"layer {i} does not exist: this model has layers 0..{depth - 1} (or -{depth}..-1)")
+            raise VitlabError(f"layer {i} does not exist: this model has layers 0..{depth - 1} (or -{depth}..-1)",
+                              arg="layer")
         out.append(j)
     return sorted(set(out))
 
@@ -122,8 +124,8 @@ def _plan(model: nn.Module, layers: list[int], batch_size: int | None, max_bytes
     groups = [layers[i : i + group] for i in range(0, len(layers), group)]
     if batch_size is None:
         batch_size = max(1, max_bytes // (group * per_layer_image))
-    elif batch_size < 1:
-        raise VitlabError(f"--batch-size must be at least 1; found {batch_size}")
+    else:
+        check_range("batch_size", batch_size, low=1, integer=True)
     return int(batch_size), groups
 
 
@@ -347,13 +349,13 @@ def explain(
     chosen = _layer_list(model, layers)
     if method == "rollout":
         if head not in HEAD_FUSIONS:
-            raise VitlabError(f"--head {head!r}: rollout fuses the heads of every layer; use --head mean, max or min")
+            raise VitlabError(f"head {head!r}: rollout fuses the heads of every layer; use mean, max or min", arg="head")
         m = rollout(model, images, head_fusion=str(head), discard_ratio=discard_ratio, start_layer=start_layer,
                     end_layer=chosen[-1], batch_size=batch_size)  # (B, gh, gw)
         start = _layer_list(model, start_layer)[0]
         return m[:, None, None], [f"rollout {start}-{chosen[-1]}"], [f"{head} of heads"]
     if method != "cls":
-        raise VitlabError(f"--method must be cls or rollout; found {method!r}")
+        raise VitlabError(f"method must be cls or rollout; found {method!r}", arg="method")
     per_layer = cls_attention(model, images, chosen, batch_size=batch_size)  # {layer: (B, h, gh, gw)}
     maps = torch.stack([per_layer[layer] for layer in chosen], dim=1)  # (B, L, h, gh, gw)
     rows = [f"layer {layer}" for layer in chosen]
@@ -364,9 +366,9 @@ def explain(
     try:
         h = int(head)
     except (TypeError, ValueError):
-        raise VitlabError(f"--head {head!r}: expected a head index, mean, max, min or all") from None
+        raise VitlabError(f"head {head!r}: expected a head index, mean, max, min or all", arg="head") from None
     if not 0 <= h < maps.shape[2]:
-        raise VitlabError(f"--head {h} does not exist: this model has heads 0..{maps.shape[2] - 1}")
+        raise VitlabError(f"head {h} does not exist: this model has heads 0..{maps.shape[2] - 1}", arg="head")
     return maps[:, :, h : h + 1], rows, [f"head {h}"]
 
 

@@ -30,8 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.errors import VitlabError
-from vitlab.model import ViTConfig, VisionTransformer
+from vitlab.errors import VitlabError, check_range
+from vitlab.models.factory import create_model
+from vitlab.models.registry import get_config, get_variant
+from vitlab.models.vit import ViTConfig, VisionTransformer
 
 BYTES_FP32 = 4
 # The seed's table (seed 000 section 3.2 = the paper's Table 1), with the paper's rounded sizes.
@@ -215,7 +217,7 @@ def activation_elements(cfg: ViTConfig) -> dict[str, int]:
 def training_memory(cfg: ViTConfig, batch_size: int, params: int) -> MemoryEstimate:
     """An estimate of training memory at `batch_size` (fp32, AdamW); see `activation_elements`."""
     if batch_size < 1:
-        raise VitlabError(f"--batch-size must be at least 1; found {batch_size}")
+        raise VitlabError(f"batch_size must be at least 1; found {batch_size}", arg="batch_size")
     T = cfg.num_patches + cfg.num_prefix_tokens
     rows = {k: v * batch_size * BYTES_FP32 for k, v in activation_elements(cfg).items()}
     attn = cfg.depth * cfg.heads * T * T * batch_size * BYTES_FP32  # one (h, T, T) matrix per layer
@@ -246,8 +248,6 @@ def measure_saved_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor
 
 def seed_table() -> list[dict]:
     """Base / Large / Huge as in the seed's table (the paper's Table 1), parameters counted here."""
-    from vitlab.zoo import get_config
-
     rows = []
     for label, name, paper in SEED_TABLE:
         cfg = get_config(name)
@@ -292,13 +292,10 @@ def info_report(name: str, *, img_size: int | None = None, patch_size: int | Non
                 heads: int | None = None) -> str:
     """The text of `vitlab info NAME`: parameters, tokens, FLOPs, memory, the seed's table and the
     patch-size trade-off. Every size is checked before anything is built."""
-    from vitlab.zoo import CNN_VARIANTS, get_config
-
-    for flag, value in (("--img-size", img_size), ("--patch-size", patch_size), ("--batch-size", batch_size),
-                        ("--dim", dim), ("--depth", depth), ("--heads", heads)):
-        if value is not None and value < 1:
-            raise VitlabError(f"{flag} must be a positive integer; found {value}")
-    if name in CNN_VARIANTS:
+    for arg, value in (("img_size", img_size), ("patch_size", patch_size), ("batch_size", batch_size),
+                       ("dim", dim), ("depth", depth), ("heads", heads)):
+        check_range(arg, value, low=1, integer=True, optional=True)
+    if not get_variant(name).is_vit:
         return _cnn_report(name, img_size or 32, batch_size)
     cfg = get_config(name, img_size=img_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads)
     model = build_on_meta(cfg)
@@ -358,13 +355,11 @@ def info_report(name: str, *, img_size: int | None = None, patch_size: int | Non
 
 
 def _cnn_report(name: str, img_size: int, batch_size: int) -> str:
-    from vitlab.zoo import create_model
-
     with torch.device("meta"):
         model = create_model(name, img_size=img_size)
     total = sum(p.numel() for p in model.parameters())
     measured, _ = measured_flops(model, (img_size, img_size), 3)
-    lines = [f"{name}: a CNN baseline (vitlab.cnn.ResNetMini), {img_size}x{img_size} input", "", "Parameters"]
+    lines = [f"{name}: a CNN baseline (vitlab.models.cnn.ResNetMini), {img_size}x{img_size} input", "", "Parameters"]
     for child_name, child in model.named_children():
         lines.append(f"  {child_name:<24}{sum(p.numel() for p in child.parameters()):>14,}")
     lines += [f"  {'total':<24}{total:>14,}", "",

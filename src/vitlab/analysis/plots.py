@@ -24,6 +24,8 @@ from mpl_toolkits.axes_grid1 import make_axes_locatable
 from PIL import Image
 
 from vitlab import fileio
+from vitlab.analysis import attention as A
+from vitlab.errors import VitlabError
 from vitlab.fileio import atomic_write
 
 DPI = 100
@@ -240,9 +242,6 @@ def write_figure7(model, images, out_dir: str | Path, *, batch_size: int | None 
         fig7b_position_embedding_similarity.png/.csv cosine similarity of every pair of positions
         fig7c_mean_attention_distance.png/.csv       per layer and head, pixels, mean over `images`
     """
-    from vitlab.analysis import attention as A
-    from vitlab.errors import VitlabError
-
     out_dir = Path(out_dir)
     cfg = model.cfg
     summary: dict = {"files": [], "notes": []}

@@ -1,20 +1,23 @@
 """`vitlab`: a thin command line over the library.
 
 Each command lives in its own module of this package, with `register(subparsers)` adding its parser
-and a `run(args)` function that calls the library. `main(argv)` is importable and returns the exit
-code: 0 for success, 2 for a user mistake (printed as one line `error: ...`), tracebacks only for bugs.
+and a `run(args)` function that calls the library; the flags several commands share are declared
+once (`_common`). `main(argv)` is importable and returns the exit code: 0 for success, 2 for a user
+mistake (printed as one line `error: ...`, with a library argument's name written as its flag),
+tracebacks only for bugs.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
+from vitlab import __version__
+from vitlab.cli import attention, bench, data, demo, export, finetune, info, inspect, predict, reproduce, train
 from vitlab.errors import VitlabError
 
-# The command modules, in the order `vitlab --help` lists them.
-COMMAND_MODULES = ["demo", "info", "attention", "inspect", "predict", "export", "data", "train", "finetune", "reproduce", "bench"]
+# The commands, in the order `vitlab --help` lists them.
+COMMANDS = [demo, info, attention, inspect, predict, export, data, train, finetune, reproduce, bench]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,12 +29,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="vitlab", description="The Vision Transformer paper, runnable.")
-    from vitlab import __version__
-
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"vitlab.cli.{name}").register(sub)
+    for command in COMMANDS:
+        command.register(sub)
     return parser
 
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return int(args.func(args) or 0)
     except VitlabError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e.for_cli()}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import sys
 
-from vitlab.runtime import PRECISIONS
+from vitlab.cli._common import add_device, add_threads
+from vitlab.errors import check_range
+from vitlab.runtime import PRECISIONS, num_threads
+from vitlab.speed import bench
 
 QUICK_MODEL = "vit_mini_x"
 
@@ -42,9 +45,9 @@ def register(subparsers) -> None:
                         "at --batch-size, and inference at batch 1, each in a fresh process")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per row (median; default 5, 2 with --quick)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls before timing (default 1)")
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads for the whole run (default: torch's)")
+    add_threads(p, help="intra-op threads for the whole run (default: torch's)")
     p.add_argument("--matmul-size", type=int, default=None, help="n of the n^3 matmul probe (default 2048; 256 with --quick)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    add_device(p)
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall: elapsed seconds; cpu: the process's CPU seconds, which leave out waiting for a "
                         "core on a shared machine (use with --threads 1)")
@@ -58,17 +61,14 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from vitlab import bench
-    from vitlab.errors import VitlabError
-
     models = args.model or [QUICK_MODEL if args.quick else "vit_small_patch16_224"]
-    for flag, value in (("--repeats", args.repeats), ("--matmul-size", args.matmul_size)):
-        if value is not None and value < 1:
-            raise VitlabError(f"{flag} must be at least 1; found {value}")
-    if args.warmup < 0:
-        raise VitlabError(f"--warmup must be 0 or more; found {args.warmup}")
+    for arg in ("repeats", "matmul_size"):
+        check_range(arg, getattr(args, arg), low=1, integer=True, optional=True)
+    check_range("warmup", args.warmup, low=0, integer=True)
+    for b in args.batch_size or []:
+        check_range("batch_size", b, low=1, integer=True)
     say = (lambda s: print(f"... {s}", file=sys.stderr, flush=True)) if not args.json else None
-    with bench.num_threads(args.threads):
+    with num_threads(args.threads):
         if args.memory:
             batch = (args.batch_size or [4 if args.quick else 16])[0]
             reports = [bench.memory_report(m, batch, precision=args.precision[0], threads=args.threads)

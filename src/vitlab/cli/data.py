@@ -1,11 +1,16 @@
 """`vitlab data digits --out DIR`: scikit-learn's bundled digits written as an image folder;
 `vitlab data scan DIR`: what `vitlab finetune --data DIR` would see (images per class, skipped files).
 
-    vitlab data digits --out /tmp/digits --size 32    # ~1 s; 1437 train / 360 val PNGs, 10 classes
-    vitlab finetune --data /tmp/digits --model vit_mini --no-hflip ...
+    vitlab data digits --out runs/digits --size 32    # ~1 s; 1438 train / 359 val PNGs, 10 classes
+    vitlab finetune --data runs/digits --model vit_mini --no-hflip ...
 """
 
 from __future__ import annotations
+
+import sys
+
+from vitlab.data.digits import write_digits_folder
+from vitlab.data.folder import scan_folder
 
 
 def register(subparsers) -> None:
@@ -39,8 +44,6 @@ def register(subparsers) -> None:
 
 
 def run_digits(args) -> int:
-    from vitlab.data.digits import write_digits_folder
-
     counts = write_digits_folder(args.out, size=args.size, val_split=args.val_split, seed=args.seed,
                                  per_class=args.per_class)
     print(f"wrote {counts['train']} train and {counts['val']} val images ({args.size}x{args.size} PNG, 10 classes) "
@@ -49,10 +52,6 @@ def run_digits(args) -> int:
 
 
 def run_scan(args) -> int:
-    import sys
-
-    from vitlab.data.folder import scan_folder
-
     scan = scan_folder(args.data, val_split=args.val_split, seed=args.seed, cache_mb=0, progress=True)
     if scan.warning():
         print(scan.warning(), file=sys.stderr)

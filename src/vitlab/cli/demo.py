@@ -1,25 +1,28 @@
-"""`vitlab demo`: seed 000's mini experiment on dataset X, with and without position embedding
+"""`vitlab demo`: the mini experiment on dataset X, with and without position embedding
 (vitlab.experiments.demo). The README's first command, `make demo`, runs it."""
 
 from __future__ import annotations
+
+from vitlab.cli._common import add_device, add_threads
+from vitlab.experiments.demo import run_demo
+from vitlab.train.recipe import RECIPES
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "demo",
-        help="the seed's mini experiment: vit_mini_x on dataset X, with and without position embedding",
+        help="the mini experiment: vit_mini_x on dataset X, with and without position embedding",
         description="Train vit_mini_x (patch 4, D=32, 4 heads, 2 blocks, MLP 64) on dataset X (2000/500 "
         "synthetic 32x32 images: left half brighter vs mirrored) with AdamW, lr 3e-3, batch 32; then the same "
         "run with pos_embed='none'. Prints progress and a table of validation accuracies, and writes metrics "
         "CSVs, loss/accuracy curves, last-layer CLS attention maps, checkpoints and summary.json to --out.",
     )
-    p.add_argument("--epochs", type=int, default=60, help="epochs per run (the seed uses 60)")
+    p.add_argument("--epochs", type=int, default=RECIPES["mini"].epochs, help="epochs per run (the mini experiment uses 60)")
     p.add_argument("--seed", type=int, default=0, help="seed for the data, the initial weights and the batch order")
     p.add_argument("--out", default="runs/demo", metavar="DIR", help="output folder (created if missing)")
-    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="CPU threads for torch (default 1: the mini model is too small to split between cores, "
-                   "and extra threads stall on a busy machine); 0 = torch's default")
+    add_device(p)
+    add_threads(p, default=1, help="CPU threads for torch (default 1: the mini model is too small to split between "
+                "cores, and extra threads stall on a busy machine); 0 = torch's default")
     p.add_argument("--workers", type=int, default=None, choices=(1, 2),
                    help="2: train the two runs side by side in two processes; 1: one after the other (default: 2 on a "
                    "CPU with two or more cores, 1 on a GPU); the numbers are the same either way")
@@ -28,8 +31,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from vitlab.experiments.demo import run_demo
-
     run_demo(epochs=args.epochs, seed=args.seed, out=args.out, device=args.device,
              threads=args.threads or None, workers=args.workers,
              progress=not args.no_progress)

@@ -1,13 +1,14 @@
-"""`vitlab export --model NAME --pretrained SOURCE --out PATH`: safetensors (+ JSON) or ONNX.
+"""`vitlab export --pretrained SOURCE --out PATH`: safetensors (+ JSON) or ONNX.
 
 `.safetensors`: the weights under timm's names plus `<stem>.json`, which `vitlab predict --checkpoint`
-and `vitlab.create_model(name, pretrained=PATH)` reload. `.onnx`: a dynamic batch axis, checked with
-ONNX Runtime against PyTorch (max abs difference <= 1e-4) before the file is put in place.
+and `vitlab.create_model(checkpoint=PATH)` reload. `.onnx`: a dynamic batch axis, checked with ONNX
+Runtime against PyTorch (max abs difference <= 1e-4) before the file is put in place.
 """
 
 from __future__ import annotations
 
-from vitlab.cli.predict import add_weights_arguments, load_model_from_args
+from vitlab.cli._common import add_model_source, add_out, model_from_args
+from vitlab.inference.export import export_model
 
 
 def register(subparsers) -> None:
@@ -18,17 +19,15 @@ def register(subparsers) -> None:
         "--out suffix: .safetensors (with a .json config next to it) or .onnx (dynamic batch axis, "
         "checked with ONNX Runtime against PyTorch).",
     )
-    add_weights_arguments(p)
-    p.add_argument("--out", required=True, metavar="PATH", help="output file: *.safetensors or *.onnx")
+    add_model_source(p, weights="required")
+    add_out(p, help="output file: *.safetensors or *.onnx")
     p.add_argument("--no-check", action="store_true", help="ONNX: skip the ONNX Runtime comparison")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset version (default: the exporter's)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from vitlab.export import export_model
-
-    model = load_model_from_args(args)
+    model = model_from_args(args)
     report = export_model(model, args.out, check=not args.no_check, opset=args.opset)
     print(f"wrote {', '.join(report['files'])}")
     if "max_abs_diff" in report:

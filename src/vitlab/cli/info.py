@@ -3,6 +3,9 @@ seed's Base/Large/Huge table and the O(N^2 D) cost of smaller patches (vitlab.an
 
 from __future__ import annotations
 
+from vitlab.analysis.flops import info_report
+from vitlab.models.registry import VARIANTS, model_names
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -28,13 +31,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from vitlab.analysis.flops import info_report
-    from vitlab.zoo import VARIANTS, model_names
-
     if args.model is None:
         for name in model_names():
-            variant = VARIANTS.get(name)
-            print(f"{name:<26}{variant.describe() if variant else 'CNN baseline (vitlab.cnn)'}")
+            print(f"{name:<26}{VARIANTS[name].describe()}")
         return 0
     print(info_report(args.model, img_size=args.img_size, patch_size=args.patch_size, batch_size=args.batch_size,
                       dim=args.dim, depth=args.depth, heads=args.heads))

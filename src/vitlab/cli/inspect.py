@@ -1,4 +1,4 @@
-"""`vitlab inspect --model NAME --out DIR`: the paper's Figure 7 for any vitlab model.
+"""`vitlab inspect --checkpoint RUN --out DIR`: the paper's Figure 7 for any vitlab model.
 
 (a) the first 28 principal components of the RGB patch-embedding filters, (b) the cosine similarity
 of each patch's position embedding to all others, one tile per position, (c) the mean attention
@@ -7,33 +7,14 @@ distance of every head against depth, in pixels, averaged over a set of images. 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
-import torch
-
-from vitlab.cli.attention import add_model_arguments, image_paths, load_images, load_model
-
-# Photos bundled with scikit-image (no download), used when --images is not given.
-BUNDLED_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "hubble_deep_field",
-                  "colorwheel", "camera", "coins", "horse", "moon", "brick", "grass", "gravel")
-
-
-def bundled_images(model, limit: int) -> torch.Tensor:
-    """scikit-image's bundled photos, preprocessed like files would be. (B, C, H, W)."""
-    import tempfile
-
-    from PIL import Image
-    from skimage import data
-
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = []
-        for name in BUNDLED_PHOTOS[:limit]:
-            img = np.asarray(getattr(data, name)())
-            path = Path(tmp) / f"{name}.png"
-            Image.fromarray(img).save(path)
-            paths.append(path)
-        return load_images(paths, model)
+from vitlab.analysis import plots
+from vitlab.cli._common import add_out, model_from_args
+from vitlab.cli.attention import add_analysis_arguments
+from vitlab.data.folder import image_paths
+from vitlab.data.photos import sample_photos
+from vitlab.data.preprocess import images_tensor
+from vitlab.errors import check_range
+from vitlab.runtime import resolve_device
 
 
 def register(subparsers) -> None:
@@ -43,28 +24,23 @@ def register(subparsers) -> None:
         description="Figure 7 of the ViT paper for a model: (a) principal components of the patch-embedding "
         "filters, (b) position-embedding cosine similarity, (c) mean attention distance per head vs depth.",
     )
-    add_model_arguments(p)
+    add_analysis_arguments(p)
     p.add_argument("--images", metavar="DIR", help="folder of images for (c) (default: scikit-image's bundled photos)")
     p.add_argument("--max-images", type=int, default=16, metavar="N", help="use at most N images for (c)")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and CSVs")
+    add_out(p, help="folder for the PNGs and CSVs")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from vitlab.analysis import plots
-    from vitlab.errors import VitlabError
-
-    if args.max_images < 1:
-        raise VitlabError(f"--max-images must be at least 1; found {args.max_images}")
-    model = load_model(args)
+    check_range("max_images", args.max_images, low=1, integer=True)
     if args.images:
-        x = load_images(image_paths([args.images])[: args.max_images], model)
-        source = args.images
+        images, source = image_paths([args.images])[: args.max_images], args.images
     else:
-        x = bundled_images(model, args.max_images)
-        source = "scikit-image's bundled photos"
+        images, source = [im for _, im in sample_photos(args.max_images)], "scikit-image's bundled photos"
+    model = model_from_args(args).to(resolve_device(args.device)).eval()
+    x = images_tensor(images, model.pretrained_cfg, model.cfg.img_size)
     summary = plots.write_figure7(model, x, args.out, batch_size=args.batch_size)
-    print(f"Figure 7 for {args.model or args.checkpoint} ({len(x)} images from {source}):")
+    print(f"Figure 7 for {args.model or args.pretrained or args.checkpoint} ({len(x)} images from {source}):")
     if "pcs_explained" in summary:
         print(f"  (a) first 28 principal components of the patch-embedding filters explain {summary['pcs_explained']:.1%} of their variance")
     if "pe_neighbour_vs_far" in summary:

@@ -7,10 +7,11 @@ estimate printed first. Runs are cached under DIR/cache: rerunning resumes and r
 
 from __future__ import annotations
 
+from vitlab.cli._common import add_device
+from vitlab.experiments.reproduce import EXPERIMENTS, reproduce
+
 
 def register(subparsers) -> None:
-    from vitlab.experiments.reproduce import EXPERIMENTS
-
     names = ", ".join(f"{e.number}={e.name}" for e in EXPERIMENTS)
     p = subparsers.add_parser(
         "reproduce",
@@ -22,7 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="smoke-test scale: 2 seeds, tiny datasets, few epochs (~3 min on 2 cores)")
     p.add_argument("--only", metavar="NAME,...", default=None, help=f"run only these experiments, by name or number: {names}")
     p.add_argument("--seeds", type=int, default=None, metavar="K", help="seeds per configuration (default 3; 2 with --quick)")
-    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    add_device(p)
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="runs trained side by side on CPU, one thread each (default: one per core, at most 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
@@ -30,8 +31,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from vitlab.experiments.reproduce import reproduce
-
     reproduce(args.out, quick=args.quick, only=args.only, seeds=args.seeds, device=args.device, workers=args.workers,
               progress=not args.no_progress)
     return 0

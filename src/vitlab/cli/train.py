@@ -1,14 +1,96 @@
-"""`vitlab train`: a model from random weights, with the same engine and options as `vitlab finetune`
-(one stage, every layer trains, no layer decay), so a ViT and the CNN baseline compare on the same
-data and recipe.
+"""`vitlab train`: a ViT or the CNN baseline from random weights, on an image folder or a bundled
+dataset; `vitlab finetune` is the same run from pretrained weights with the fine-tuning recipe.
 
-    vitlab train --dataset digits --model vit_mini --no-hflip --epochs 30 --out runs/vit     # ~2 min CPU
-    vitlab train --dataset digits --model resnet_mini --no-hflip --epochs 30 --out runs/cnn
+    vitlab train --dataset digits --model vit_mini --epochs 30 --out runs/vit     # ~2 min on a laptop CPU
+    vitlab train --dataset digits --model resnet_mini --epochs 30 --out runs/cnn
+
+Every flag of the recipe group is a field of `vitlab.train.Recipe`; its default is the command's
+preset (`RECIPES["scratch"]` here, `RECIPES["finetune"]` for `vitlab finetune`), never a number of
+argparse's own.
 """
 
 from __future__ import annotations
 
-from vitlab.cli.finetune import DefaultsFormatter, add_run_arguments, config_from_args, run_with_threads
+import argparse
+
+from vitlab.cli._common import DefaultsFormatter, add_device, add_model_source, add_precision, add_threads
+from vitlab.data.datasets import DATASETS
+from vitlab.runtime import num_threads
+from vitlab.train.recipe import RECIPES, Recipe
+from vitlab.train.run import TrainJob, run as run_job
+
+# flag -> Recipe field, where the names differ
+RENAMED = {"smoothing": "label_smoothing"}
+
+
+def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetune: bool) -> None:
+    """The flags of `vitlab train` and `vitlab finetune`: a TrainJob's fields, the recipe's defaults from `preset`."""
+    d = p.add_argument_group("data")
+    d.add_argument("--data", metavar="DIR", help="image folder: DIR/train/<class>/*, DIR/val/<class>/*, or DIR/<class>/*")
+    d.add_argument("--dataset", choices=tuple(DATASETS), help="a bundled dataset instead of --data: digits "
+                   "(scikit-learn's, 10 classes) or x (dataset X of the mini experiment, 2 classes)")
+    d.add_argument("--val-split", type=float, default=None, metavar="F",
+                   help="validation fraction for a one-folder layout (seeded, stratified; default 0.2)")
+    d.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="data-loading processes (default: 0 on CPU, up to 8 on GPU)")
+    add_model_source(p, weights="optional" if finetune else "none")
+    p.add_argument("--drop-path", type=float, default=0.0, metavar="R", help="stochastic depth rate of the last block (ViTs)")
+    r = p.add_argument_group("recipe")
+    r.add_argument("--epochs", type=int, default=preset.epochs, metavar="E", help="epochs in total")
+    r.add_argument("--batch-size", type=int, default=preset.batch_size, metavar="B",
+                   help="batch per process (global batch = B x processes x --grad-accum)")
+    r.add_argument("--lr", type=float, default=preset.lr, help="peak learning rate (of the head, with layer decay)"
+                   + ("; seed 004: 1e-5 to 1e-4 for pretrained weights" if finetune else ""))
+    r.add_argument("--weight-decay", type=float, default=preset.weight_decay, metavar="W", help="AdamW weight decay (matrices only)")
+    r.add_argument("--warmup-epochs", type=float, default=preset.warmup_epochs, metavar="E",
+                   help="linear warmup at the start of each stage, then cosine")
+    r.add_argument("--min-lr-ratio", type=float, default=preset.min_lr_ratio, metavar="F", help="cosine floor as a fraction of --lr")
+    r.add_argument("--clip-grad", type=float, default=preset.clip_grad, metavar="C", help="gradient norm clipping (0 = off)")
+    r.add_argument("--freeze-epochs", type=int, default=preset.freeze_epochs, metavar="K",
+                   help="stage 1: train only the head for K epochs (seed 004 section 7.3)")
+    r.add_argument("--unfreeze", default=preset.unfreeze, metavar="last:N|all",
+                   help="stage 2: train the last N blocks (+ final norm and head), or all")
+    r.add_argument("--layer-decay", type=float, default=preset.layer_decay, metavar="D",
+                   help="layer-wise lr decay: block i of L gets lr x D^(L+1-i) (1 = off)")
+    a = p.add_argument_group("augmentation and regularisation")
+    a.add_argument("--no-aug", dest="augment", action="store_false", default=preset.augment,
+                   help="no random augmentation: train images are preprocessed like val images")
+    a.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=preset.hflip,
+                   help="random horizontal flips; --no-hflip for digits, text, anything with a handedness "
+                   "(default: on for image folders, off for the bundled digits and dataset X)")
+    a.add_argument("--crop-scale", type=float, default=preset.crop_scale, metavar="S",
+                   help="RandomResizedCrop keeps between S and all of the image area")
+    a.add_argument("--color-jitter", type=float, default=preset.color_jitter, metavar="F",
+                   help="brightness/contrast/saturation jitter")
+    a.add_argument("--auto-augment", choices=("none", "rand", "trivial"), default=preset.auto_augment,
+                   help="RandAugment (rand) or TrivialAugmentWide (trivial)")
+    a.add_argument("--reprob", type=float, default=preset.reprob, metavar="P", help="RandomErasing probability")
+    a.add_argument("--mixup", type=float, default=preset.mixup, metavar="A", help="MixUp Beta alpha (0 = off; e.g. 0.8)")
+    a.add_argument("--cutmix", type=float, default=preset.cutmix, metavar="A", help="CutMix Beta alpha (0 = off; e.g. 1.0)")
+    a.add_argument("--mix-switch-prob", type=float, default=preset.mix_switch_prob, metavar="P",
+                   help="with both MixUp and CutMix on, the chance a batch uses CutMix")
+    a.add_argument("--smoothing", type=float, default=preset.label_smoothing, metavar="S", help="label smoothing")
+    a.add_argument("--ema", type=float, default=preset.ema, metavar="DECAY",
+                   help="keep an exponential moving average of the weights (e.g. 0.999); evaluated every epoch")
+    x = p.add_argument_group("running")
+    add_precision(x, help="bf16 autocast or fp32")
+    x.add_argument("--grad-accum", type=int, default=preset.grad_accum, metavar="G", help="accumulate gradients over G batches")
+    x.add_argument("--seed", type=int, default=preset.seed, help="seed of the split, the shuffles and the augmentation")
+    add_device(x)
+    x.add_argument("--out", required=True, metavar="DIR",
+                   help="run folder: metrics.csv, tensorboard/, checkpoints, PNGs, summary.json")
+    x.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    add_threads(x)
+    p.set_defaults(func=run, preset=preset)
+
+
+def job_from_args(args) -> TrainJob:
+    """The TrainJob the flags describe: the recipe's fields from the recipe flags, the rest one to one."""
+    recipe_fields = set(Recipe.__dataclass_fields__)
+    values = {RENAMED.get(k, k): v for k, v in vars(args).items() if RENAMED.get(k, k) in recipe_fields}
+    recipe = Recipe(**{**args.preset.to_dict(), **values})
+    job_fields = set(TrainJob.__dataclass_fields__) - {"recipe"}
+    return TrainJob(recipe=recipe, **{k: v for k, v in vars(args).items() if k in job_fields})
 
 
 def register(subparsers) -> None:
@@ -16,15 +98,15 @@ def register(subparsers) -> None:
         "train",
         help="train a ViT or the CNN baseline from scratch on an image folder or a bundled dataset",
         description="Train from random weights (a vitlab ViT or resnet_mini) on --data DIR or --dataset digits|x, "
-        "with the fine-tuning engine: AdamW, warmup+cosine, clipping, augmentation, MixUp/CutMix, EMA, "
+        "with the one training engine: AdamW, warmup+cosine, clipping, augmentation, MixUp/CutMix, EMA, "
         "checkpoints every epoch (--resume), metrics, figures and summary.json. Runs under torchrun too.",
         formatter_class=DefaultsFormatter,
     )
-    add_run_arguments(p, finetune=False)
-    p.set_defaults(func=run)
+    add_training_arguments(p, RECIPES["scratch"], finetune=False)
 
 
 def run(args) -> int:
-    cfg = config_from_args(args)
-    cfg.freeze_epochs, cfg.unfreeze, cfg.layer_decay = 0, "all", 1.0
-    return run_with_threads(args, cfg)
+    job = job_from_args(args)
+    with num_threads(args.threads):
+        run_job(job)
+    return 0

@@ -23,7 +23,7 @@ def load_digits(
     from sklearn.datasets import load_digits as _load
 
     if size < 8:
-        raise VitlabError(f"digits --size must be at least 8 (the images are 8x8); found {size}")
+        raise VitlabError(f"size must be at least 8 (the images are 8x8); found {size}", arg="size")
     d = _load()
     x = torch.tensor(d.images, dtype=torch.float32)[:, None] / 16.0  # (1797, 1, 8, 8)
     x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False).clamp(0, 1)
@@ -36,7 +36,7 @@ def load_digits(
 def stratified_split(labels: torch.Tensor, val_fraction: float, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices of a seeded, stratified train/val split: each class keeps its share in both parts."""
     if not 0.0 < val_fraction < 1.0:
-        raise VitlabError(f"--val-split must be between 0 and 1 (exclusive); found {val_fraction}")
+        raise VitlabError(f"val_split must be between 0 and 1 (exclusive); found {val_fraction}", arg="val_split")
     g = torch.Generator().manual_seed(seed)
     train, val = [], []
     for c in labels.unique(sorted=True):
@@ -65,9 +65,9 @@ def write_digits_folder(out, *, size: int = 32, val_split: float = 0.2, seed: in
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise VitlabError(f"--out {out} already exists and is not empty; choose a new folder or delete it")
+        raise VitlabError(f"out {out} already exists and is not empty; choose a new folder or delete it", arg="out")
     if per_class is not None and per_class < 2:
-        raise VitlabError(f"--per-class must be at least 2 (one image to train, one to validate); found {per_class}")
+        raise VitlabError(f"per_class must be at least 2 (one image to train, one to validate); found {per_class}", arg="per_class")
     x, y = load_digits(size, channels=1, normalize=False)  # (1797, 1, size, size) in [0, 1]
     keep = torch.arange(len(y))
     if per_class is not None:

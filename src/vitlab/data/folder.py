@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from vitlab.data.digits import stratified_split
+from vitlab.data.preprocess import open_image
 from vitlab.errors import VitlabError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
@@ -85,33 +86,32 @@ def scan_folder(
     folder that already has train/ and val/ is an error. Decoded images are kept in memory while
     their total size (RGB bytes) stays under `cache_mb`.
     """
-    root = Path(root).expanduser()
+    # Absolute, but not resolved: a folder reached through a symlink keeps its name, and every file's
+    # path is `root` joined with its place in the folder (the run's data fingerprint relies on it).
+    root = Path(os.path.abspath(Path(root).expanduser()))
     if not root.exists():
-        raise VitlabError(f"--data {root}: no such folder")
+        raise VitlabError(f"data {root}: no such folder", arg="data")
     if not root.is_dir():
-        raise VitlabError(f"--data {root}: is a file; expected a folder of class sub-folders (DIR/<class>/*.jpg)")
+        raise VitlabError(f"data {root}: is a file; expected a folder of class sub-folders (DIR/<class>/*.jpg)", arg="data")
     skipped: list[tuple[str, str]] = []
     has_split = (root / "train").is_dir()
     if has_split:
         if val_split is not None:
             raise VitlabError(
-                f"--val-split {val_split:g}: {root} already has train/ and val/ folders; drop --val-split, "
-                "or point --data at a folder with one sub-folder per class"
-            )
+                f"val_split {val_split:g}: {root} already has train/ and val/ folders; drop val_split, "
+                "or point data at a folder with one sub-folder per class", arg="val_split")
         if not (root / "val").is_dir():
             raise VitlabError(
-                f"--data {root}: found {root / 'train'} but no {root / 'val'}; add a val/ folder with the same "
-                "class sub-folders, or move the class folders up to use --val-split"
-            )
+                f"data {root}: found {root / 'train'} but no {root / 'val'}; add a val/ folder with the same "
+                "class sub-folders, or move the class folders up to use val_split", arg="data")
         _stray_entries(root, {"train", "val"}, skipped)
         classes = _class_dirs(root / "train", skipped)
         val_classes = _class_dirs(root / "val", skipped)
         unknown = sorted(set(val_classes) - set(classes))
         if unknown:
             raise VitlabError(
-                f"--data {root}: val/ has class folder(s) {', '.join(unknown)} that train/ lacks; "
-                "every validation class needs training images (make the class names match)"
-            )
+                f"data {root}: val/ has class folder(s) {', '.join(unknown)} that train/ lacks; "
+                "every validation class needs training images (make the class names match)", arg="data")
         index = {c: i for i, c in enumerate(classes)}
         train_files = _class_files(root / "train", classes, skipped)
         val_files = _class_files(root / "val", val_classes, skipped)
@@ -127,13 +127,10 @@ def scan_folder(
         found = f"only {classes[0]!r}" if classes else "none"
         where = root / "train" if has_split else root
         raise VitlabError(
-            f"--data {where}: a classifier needs at least 2 class sub-folders; found {found}. "
-            f"Expected {where}/<class>/<image files>, one sub-folder per class"
-        )
+            f"data {where}: a classifier needs at least 2 class sub-folders; found {found}. "
+            f"Expected {where}/<class>/<image files>, one sub-folder per class", arg="data")
 
     # Open every file once: unreadable ones are skipped and listed, readable ones maybe cached.
-    from vitlab.preprocess import open_image
-
     images: dict[str, Image.Image] = {}
     budget = cache_mb * 2**20
     all_files = [(p, c, part) for part, files in (("train", train_files), ("val", val_files))
@@ -169,7 +166,7 @@ def scan_folder(
     if layout == "train/val":
         val = [(p, index[c]) for c in classes for p in good["val"][c]]
         if not val:
-            raise VitlabError(f"--data {root}: val/ has no readable image; put images in {root / 'val'}/<class>/")
+            raise VitlabError(f"data {root}: val/ has no readable image; put images in {root / 'val'}/<class>/", arg="data")
         return FolderScan(root, layout, classes, train, val, None, skipped, images)
 
     frac = DEFAULT_VAL_SPLIT if val_split is None else val_split
@@ -177,9 +174,8 @@ def scan_folder(
     small = [classes[i] for i, n in enumerate(torch.bincount(labels, minlength=len(classes)).tolist()) if n < 2]
     if small:
         raise VitlabError(
-            f"--val-split needs at least 2 images per class (one to train, one to validate); "
-            f"class(es) {', '.join(small)} in {root} have 1"
-        )
+            f"val_split needs at least 2 images per class (one to train, one to validate); "
+            f"class(es) {', '.join(small)} in {root} have 1", arg="val_split")
     tr_idx, va_idx = stratified_split(labels, frac, seed=seed)
     return FolderScan(root, layout, classes, [train[i] for i in tr_idx.tolist()], [train[i] for i in va_idx.tolist()],
                       frac, skipped, images)
@@ -211,14 +207,12 @@ def _class_dirs(folder: Path, skipped: list) -> list[str]:
             skipped.append((str(entry), f"stray {what} at the class level (not inside a class folder; ignored)"))
     if not classes and loose_images:
         raise VitlabError(
-            f"--data {folder}: found {loose_images} image file(s) directly in the folder but no class sub-folders; "
-            f"expected {folder}/<class>/<image files>, one sub-folder per class"
-        )
+            f"data {folder}: found {loose_images} image file(s) directly in the folder but no class sub-folders; "
+            f"expected {folder}/<class>/<image files>, one sub-folder per class", arg="data")
     if not classes:
         raise VitlabError(
-            f"--data {folder}: the folder is empty (no class sub-folders); "
-            f"expected {folder}/<class>/<image files>, one sub-folder per class"
-        )
+            f"data {folder}: the folder is empty (no class sub-folders); "
+            f"expected {folder}/<class>/<image files>, one sub-folder per class", arg="data")
     return classes
 
 
@@ -242,6 +236,23 @@ def _class_files(folder: Path, classes, skipped: list) -> dict[str, list[str]]:
     return out
 
 
+def image_paths(items: list[str | Path]) -> list[Path]:
+    """Files as given, folders expanded to their image files (sorted, not recursive)."""
+    out = []
+    for item in items:
+        path = Path(item).expanduser()
+        if path.is_dir():
+            out += sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise VitlabError(f"image {item}: no such file or folder", arg="images")
+    if not out:
+        raise VitlabError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) found in {', '.join(map(str, items))}",
+                          arg="images")
+    return out
+
+
 class ImageDataset(Dataset):
     """(image, label) pairs: opens each file (or takes its cached decoded image) and applies `transform`.
 
@@ -261,8 +272,6 @@ class ImageDataset(Dataset):
         path, label = self.samples[i]
         im = self.images.get(path)
         if im is None:
-            from vitlab.preprocess import open_image
-
             im = open_image(path)
         return self.transform(im), label
 
@@ -285,4 +294,4 @@ def in_memory_scan(name: str, classes, train: tuple, val: tuple) -> FolderScan:
     return FolderScan(Path(name), "in-memory", list(classes), parts[0], parts[1], None, [], images)
 
 
-__all__ = ["FolderScan", "ImageDataset", "scan_folder", "in_memory_scan", "IMAGE_EXTENSIONS"]
+__all__ = ["FolderScan", "ImageDataset", "scan_folder", "in_memory_scan", "image_paths", "IMAGE_EXTENSIONS"]

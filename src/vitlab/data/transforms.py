@@ -18,18 +18,10 @@ from typing import Callable
 import torch
 from torchvision.transforms import v2
 
-from vitlab.errors import VitlabError
-from vitlab.preprocess import INTERPOLATIONS, eval_transform
+from vitlab.data.preprocess import INTERPOLATIONS, eval_transform
+from vitlab.errors import VitlabError, check_range
 
 AUTO_AUGMENTS = ("none", "rand", "trivial")
-
-
-def input_size(model) -> tuple[int, int]:
-    """The (H, W) the model takes: its config's img_size, else pretrained_cfg's input_size."""
-    cfg = getattr(model, "cfg", None)
-    if cfg is not None:
-        return tuple(cfg.img_size)
-    return tuple(model.pretrained_cfg.get("input_size", (3, 224, 224))[1:])
 
 
 def train_transform(
@@ -53,11 +45,10 @@ def train_transform(
     or "none". re_prob: RandomErasing probability on the normalised tensor.
     """
     if auto_augment not in AUTO_AUGMENTS:
-        raise VitlabError(f"--auto-augment must be one of {', '.join(AUTO_AUGMENTS)}; found {auto_augment!r}")
-    if not 0 < scale[0] <= scale[1] <= 1:
-        raise VitlabError(f"--crop-scale must be in (0, 1]; found {scale[0]:g}")
-    if color_jitter < 0 or not 0 <= re_prob <= 1:
-        raise VitlabError(f"--color-jitter must be >= 0 and --reprob in [0, 1]; found {color_jitter:g}, {re_prob:g}")
+        raise VitlabError(f"auto_augment must be one of {', '.join(AUTO_AUGMENTS)}; found {auto_augment!r}", arg="auto_augment")
+    check_range("crop_scale", scale[0], low=0, high=scale[1], low_open=True)
+    check_range("color_jitter", color_jitter, low=0)
+    check_range("reprob", re_prob, low=0, high=1)
     interp = INTERPOLATIONS[interpolation]
     ops: list = [v2.RandomResizedCrop(size, scale=scale, ratio=ratio, interpolation=interp, antialias=True)]
     if hflip:
@@ -81,13 +72,12 @@ def train_transform(
 def model_transforms(model, *, augment: bool = True, **options) -> tuple[v2.Compose, v2.Compose]:
     """(train, eval) transforms for `model`: eval from its pretrained_cfg at its input size, train with
     the same normalisation and interpolation. `augment=False` makes train = eval (deterministic)."""
-    size = input_size(model)
-    cfg = dict(model.pretrained_cfg or {})
-    evaluate = eval_transform(cfg, size)
+    size = tuple(model.cfg.img_size)
+    pcfg = model.pretrained_cfg
+    evaluate = eval_transform(pcfg, size)
     if not augment:
         return evaluate, evaluate
-    train = train_transform(size=size, mean=cfg.get("mean", (0.5,) * 3), std=cfg.get("std", (0.5,) * 3),
-                            interpolation=cfg.get("interpolation", "bicubic"), **options)
+    train = train_transform(size=size, mean=pcfg.mean, std=pcfg.std, interpolation=pcfg.interpolation, **options)
     return train, evaluate
 
 
@@ -99,10 +89,9 @@ def mix_transform(*, num_classes: int, mixup: float = 0.0, cutmix: float = 0.0,
     CutMix with probability `switch_prob`, else MixUp (timm's convention). Returns `f(x, y) ->
     (x_mixed, y_soft)` with y_soft rows summing to 1, or None when both are off.
     """
-    if mixup < 0 or cutmix < 0:
-        raise VitlabError(f"--mixup and --cutmix are Beta alphas >= 0 (0 = off); found {mixup:g}, {cutmix:g}")
-    if not 0 <= switch_prob <= 1:
-        raise VitlabError(f"--mix-switch-prob must be in [0, 1]; found {switch_prob:g}")
+    check_range("mixup", mixup, low=0)
+    check_range("cutmix", cutmix, low=0)
+    check_range("mix_switch_prob", switch_prob, low=0, high=1)
     ops, probs = [], []
     if mixup > 0:
         ops.append(v2.MixUp(alpha=mixup, num_classes=num_classes))
@@ -115,4 +104,4 @@ def mix_transform(*, num_classes: int, mixup: float = 0.0, cutmix: float = 0.0,
     return ops[0] if len(ops) == 1 else v2.RandomChoice(ops, p=probs)
 
 
-__all__ = ["train_transform", "model_transforms", "mix_transform", "input_size", "eval_transform", "AUTO_AUGMENTS"]
+__all__ = ["train_transform", "model_transforms", "mix_transform", "eval_transform", "AUTO_AUGMENTS"]

@@ -21,9 +21,10 @@ Outputs, in `out/`:
 
 from __future__ import annotations
 
-import json
+import multiprocessing
 import os
 import platform
+import queue
 import shutil
 import tempfile
 import time
@@ -31,10 +32,21 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from torch import nn
 from tqdm.auto import tqdm
 
-from vitlab.errors import VitlabError
+from vitlab.analysis.attention import boundary_attention_share
+from vitlab.analysis.plots import enlarge, overlay, save_figure, to_display
+from vitlab.data.synthetic import CLASS_NAMES, dataset_x_splits
+from vitlab.errors import VitlabError, check_range
+from vitlab.fileio import write_json
+from vitlab.models.factory import create_model
+from vitlab.models.registry import get_config
+from vitlab.runtime import num_threads, process_pool, resolve_device, seed_everything
+from vitlab.train.engine import Callback, TensorLoader, fit
+from vitlab.train.recipe import RECIPES
 
 MODEL = "vit_mini_x"
 RUNS = (("learned", "with position embedding"), ("none", "without position embedding"))
@@ -47,15 +59,13 @@ WHY = ("Without a position embedding both classes are the same set of patches (a
 
 def check_options(*, epochs: int, seed: int, out: str | Path, n_train: int = N_TRAIN, n_val: int = N_VAL) -> Path:
     """Every option is checked before anything is written (no partial output after a mistake)."""
-    if not isinstance(epochs, int) or not 1 <= epochs <= MAX_EPOCHS:
-        raise VitlabError(f"--epochs must be an integer in 1..{MAX_EPOCHS}; found {epochs!r} (the seed uses 60)")
-    if not isinstance(seed, int) or seed < 0:
-        raise VitlabError(f"--seed must be a non-negative integer; found {seed!r}")
+    check_range("epochs", epochs, low=1, high=MAX_EPOCHS, integer=True, hint=" (the mini experiment uses 60)")
+    check_range("seed", seed, low=0, integer=True)
     if n_train < 2 or n_val < 1:
         raise VitlabError(f"dataset X needs at least 2 training and 1 validation image; found {n_train} and {n_val}")
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise VitlabError(f"--out {out} is a file; expected a folder (it is created if missing)")
+        raise VitlabError(f"out {out} is a file; expected a folder (it is created if missing)", arg="out")
     return out
 
 
@@ -110,49 +120,37 @@ def run_demo(
     `workers`: 2 trains the two runs side by side in two processes, 1 one after the other; None picks 2
     on a CPU with at least two cores (and 1 on a GPU). The results are the same either way.
     """
-    from vitlab.runtime import resolve_device
-
     out = check_options(epochs=epochs, seed=seed, out=out, n_train=n_train, n_val=n_val)
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise VitlabError(f"--threads must be a positive integer (or 0 for torch's default); found {threads!r}")
+    check_range("threads", threads, low=1, integer=True, optional=True)
     if workers is not None and workers not in (1, 2):
-        raise VitlabError(f"--workers must be 1 (one run after the other) or 2 (side by side); found {workers!r}")
+        raise VitlabError(f"workers must be 1 (one run after the other) or 2 (side by side); found {workers!r}",
+                          arg="workers")
     dev = resolve_device(device)  # an unavailable device is an error before anything is written
     if workers is None:
         workers = 2 if dev.type == "cpu" and (os.cpu_count() or 1) >= 2 else 1
     created = not out.exists()
-    previous_threads = torch.get_num_threads()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        if threads is not None:
-            torch.set_num_threads(threads)
-        return _run(epochs=epochs, seed=seed, out=out, device=dev, n_train=n_train, n_val=n_val, workers=workers,
-                    progress=progress, echo=echo)
+        with num_threads(threads):
+            return _run(epochs=epochs, seed=seed, out=out, device=dev, n_train=n_train, n_val=n_val, workers=workers,
+                        progress=progress, echo=echo)
     except BaseException:
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # leave nothing behind for a run that wrote nothing
         raise
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, workers, progress, echo) -> dict:
-    from vitlab.analysis.attention import boundary_attention_share
-    from vitlab.data.synthetic import CLASS_NAMES, dataset_x_splits
-    from vitlab.train.checkpoint import load_model, write_json_atomic
-    from vitlab.train.engine import TrainConfig
-    from vitlab.zoo import get_config
-
     t_start = time.perf_counter()
     cfg0 = get_config(MODEL)
     _, (x_val, y_val) = dataset_x_splits(n_train, n_val, seed=seed)  # the figure and the boundary share
-    train_cfg = TrainConfig(epochs=epochs, seed=seed, device=str(device))  # the seed's recipe: AdamW 3e-3, batch 32
+    recipe = RECIPES["mini"].replace(epochs=epochs, seed=seed)  # AdamW 3e-3, batch 32 (seed 000 section 5.3)
     threads = torch.get_num_threads()
-    echo(f"vitlab demo: seed 000's mini experiment on dataset X ({n_train} train / {n_val} val, 32x32x3, "
+    echo(f"vitlab demo: the mini experiment on dataset X ({n_train} train / {n_val} val, 32x32x3, "
          f"left half brighter = A, mirrored = B)")
     echo(f"  model {MODEL}: patch {cfg0.patch_size} -> {cfg0.num_patches} patches + CLS, D={cfg0.dim}, "
-         f"{cfg0.heads} heads, {cfg0.depth} blocks, MLP {cfg0.hidden_dim}; AdamW lr {train_cfg.lr:g}, batch "
-         f"{train_cfg.batch_size}, {epochs} epochs, {device} ({threads} CPU thread{'' if threads == 1 else 's'}"
+         f"{cfg0.heads} heads, {cfg0.depth} blocks, MLP {cfg0.hidden_dim}; AdamW lr {recipe.lr:g}, batch "
+         f"{recipe.batch_size}, {epochs} epochs, {device} ({threads} CPU thread{'' if threads == 1 else 's'}"
          f"{', both runs side by side in 2 processes' if workers > 1 else ''})")
 
     show = sorted({1, epochs, *range(max(1, epochs // 6), epochs + 1, max(1, epochs // 6))})
@@ -178,7 +176,7 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, worke
     histories: dict[str, list[dict]] = {}
     for pos, label in RUNS:
         rows, train_s = trained[pos]["rows"], trained[pos]["train_s"]
-        model = load_model(out / f"pos_{pos}").to(device)  # the final weights, from the run's last checkpoint
+        model = create_model(checkpoint=out / f"pos_{pos}").to(device)  # the final weights: the last checkpoint
         boundary = boundary_attention_share(model, x_val)
         last = rows[-1]
         figure = out / f"attention_pos_{pos}.png"
@@ -204,11 +202,10 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, worke
     wall = time.perf_counter() - t_start
     with_pos, without = runs["learned"], runs["none"]
     summary = {
-        "experiment": "seed 000 section 5: vit_mini_x on dataset X, with and without position embedding",
+        "experiment": "the mini experiment (seed 000 section 5): vit_mini_x on dataset X, with and without position embedding",
         "model": MODEL,
         "model_config": cfg0.to_dict(),
-        "train_config": {k: getattr(train_cfg, k) for k in ("epochs", "batch_size", "lr", "weight_decay",
-                                                             "warmup_epochs", "clip_grad", "seed")},
+        "recipe": recipe.to_dict(),
         "data": {"n_train": n_train, "n_val": n_val, "seed": seed},
         "device": str(device),
         "threads": torch.get_num_threads(),
@@ -223,12 +220,20 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, worke
         "files": ["summary.json", "curves.png", *[runs[p]["attention_png"] for p in runs],
                   *[runs[p]["metrics_csv"] for p in runs]],
     }
-    write_json_atomic(out / "summary.json", summary)
+    write_json(out / "summary.json", summary)
     echo("\n" + format_table(summary))
     echo(f"\nwrote {out}/: summary.json, curves.png, attention_pos_learned.png, attention_pos_none.png, "
          f"pos_learned/ and pos_none/ (metrics.csv, checkpoints)")
     echo(f"demo wall time: {summary['wall_time_s']:.1f} s")
     return summary
+
+
+class _OnEpoch(Callback):
+    def __init__(self, fn: Callable[[dict], None]):
+        self.fn = fn
+
+    def on_epoch_end(self, row: dict) -> None:
+        self.fn(row)
 
 
 def _train_arm(pos: str, *, epochs, seed, out: Path, device: str, n_train, n_val, progress: bool,
@@ -237,23 +242,18 @@ def _train_arm(pos: str, *, epochs, seed, out: Path, device: str, n_train, n_val
     temporary folder, moved into place when complete). Returns its per-epoch rows and training seconds;
     the final weights are its last checkpoint. Depends only on its arguments, so it gives the same
     result in any process."""
-    from vitlab.data.synthetic import dataset_x_splits
-    from vitlab.runtime import seed_everything
-    from vitlab.train.engine import TensorLoader, TrainConfig, fit
-    from vitlab.zoo import create_model
-
     (x_train, y_train), (x_val, y_val) = dataset_x_splits(n_train, n_val, seed=seed)
-    cfg = TrainConfig(epochs=epochs, seed=seed, device=device)
+    recipe = RECIPES["mini"].replace(epochs=epochs, seed=seed)
     seed_everything(seed)  # both runs start from the same patch embedding, blocks and head
     model = create_model(MODEL, pos_embed=pos)
-    train_loader = TensorLoader(x_train, y_train, batch_size=cfg.batch_size, shuffle=True, seed=seed)
+    train_loader = TensorLoader(x_train, y_train, batch_size=recipe.batch_size, shuffle=True, seed=seed)
     val_loader = TensorLoader(x_val, y_val, batch_size=250)
     run_dir = Path(out) / f"pos_{pos}"
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".pos_{pos}."))
     t0 = time.perf_counter()
     try:
-        history = fit(model, train_loader, val_loader, cfg, out_dir=tmp, progress=progress, desc=f"pos_embed={pos}",
-                      on_epoch_end=on_epoch)
+        history = fit(model, train_loader, val_loader, recipe, device=device, out=tmp, progress=progress,
+                      desc=f"pos_embed={pos}", callbacks=[_OnEpoch(on_epoch)])
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -264,57 +264,37 @@ def _train_arm(pos: str, *, epochs, seed, out: Path, device: str, n_train, n_val
     return {"rows": history.rows, "train_s": train_s}
 
 
-def _arm_process(pos: str, settings: dict, threads: int, messages) -> None:
-    """A worker process: one run at `threads` threads; its epochs and its result go to `messages`."""
-    torch.set_num_threads(threads)
-    try:
-        result = _train_arm(pos, **settings, progress=False, on_epoch=lambda row: messages.put(("epoch", pos, row)))
-        messages.put(("done", pos, result))
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it as a one-line error
-        messages.put(("error", pos, str(e) if isinstance(e, VitlabError) else f"{type(e).__name__}: {e}"))
+def _arm_worker(pos: str, settings: dict, messages) -> dict:
+    """In a worker process: one run; its epochs go to `messages` as they end."""
+    return _train_arm(pos, **settings, progress=False, on_epoch=lambda row: messages.put((pos, row)))
 
 
 def _train_side_by_side(settings: dict, threads: int, report: Callable[[str, dict], None], *, progress: bool) -> dict:
-    """Both runs at once, each in its own process (spawned: a clean torch in each). The mini model
-    keeps one core busy and no more (a second thread in the same run does not help), so on a machine
-    with two free cores the demo takes the time of one run. The parent prints every line."""
-    import multiprocessing
-    import queue
-
-    ctx = multiprocessing.get_context("spawn")
-    messages = ctx.Queue()
-    procs = {pos: ctx.Process(target=_arm_process, args=(pos, settings, threads, messages), daemon=True)
-             for pos, _ in RUNS}
-    for proc in procs.values():
-        proc.start()
-    results: dict[str, dict] = {}
-    bar = tqdm(total=len(procs) * settings["epochs"], desc="both runs", unit="epoch", disable=not progress, leave=False)
+    """Both runs at once, each in its own process. The mini model keeps one core busy and no more (a
+    second thread in the same run does not help), so on a machine with two free cores the demo takes
+    the time of one run. The parent prints every line."""
+    bar = tqdm(total=len(RUNS) * settings["epochs"], desc="both runs", unit="epoch", disable=not progress, leave=False)
     try:
-        while len(results) < len(procs):
-            try:
-                kind, pos, payload = messages.get(timeout=1.0)
-            except queue.Empty:
-                dead = [pos for pos, proc in procs.items() if pos not in results and not proc.is_alive()]
-                if dead:
-                    raise VitlabError(f"the pos_embed={dead[0]} run's process stopped (exit code "
-                                      f"{procs[dead[0]].exitcode}) before it finished") from None
-                continue
-            if kind == "epoch":
+        with multiprocessing.get_context("spawn").Manager() as manager, process_pool(len(RUNS), threads=threads) as pool:
+            messages = manager.Queue()
+            futures = {pos: pool.submit(_arm_worker, pos, settings, messages) for pos, _ in RUNS}
+            while not all(f.done() for f in futures.values()) or not messages.empty():
+                try:
+                    pos, row = messages.get(timeout=0.5)
+                except queue.Empty:
+                    for pos, future in futures.items():
+                        if future.done() and future.exception() is not None:
+                            e = future.exception()
+                            raise VitlabError(f"the pos_embed={pos} run failed: "
+                                              f"{e if isinstance(e, VitlabError) else f'{type(e).__name__}: {e}'}") from e
+                    continue
                 bar.update()
-                report(pos, payload)
-            elif kind == "error":
-                raise VitlabError(f"pos_embed={pos}: {payload}")
-            else:
-                results[pos] = payload
+                report(pos, row)
+            return {pos: future.result() for pos, future in futures.items()}
     finally:
         bar.close()
-        for proc in procs.values():
-            if proc.is_alive():
-                proc.terminate()
-            proc.join()
         for tmp in Path(settings["out"]).glob(".pos_*.*"):  # a run stopped half-way leaves nothing behind
             shutil.rmtree(tmp, ignore_errors=True)
-    return results
 
 
 def format_table(summary: dict) -> str:
@@ -347,11 +327,6 @@ def format_table(summary: dict) -> str:
 
 def write_curves_figure(histories: dict[str, list[dict]], path: Path) -> Path:
     """Loss and accuracy per epoch for both runs: solid = train, dashed = validation."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    from vitlab.analysis.plots import save_figure
-
     fig = Figure(figsize=(10, 4))
     ax_loss, ax_acc = fig.subplots(1, 2)
     colours = {"learned": "tab:blue", "none": "tab:red"}
@@ -383,10 +358,6 @@ def write_attention_figure(model: nn.Module, images: torch.Tensor, labels: torch
     upsampled over it, then the mean over heads. Images are un-normalised ((x * 0.5) + 0.5, dataset X's
     convention); each heatmap is min-max scaled on its own (colour compares places, not heads), so
     each tile's label gives its largest weight as a multiple of uniform attention (1 / (N+1))."""
-    from matplotlib.figure import Figure
-
-    from vitlab.analysis.plots import enlarge, overlay, save_figure, to_display
-
     idx = pick_examples(labels, per_class)
     device = next(model.parameters()).device
     logits, maps = last_layer_cls_attention(model, images[idx].to(device))  # (b, h, gh, gw)
@@ -412,9 +383,5 @@ def write_attention_figure(model: nn.Module, images: torch.Tensor, labels: torch
     return save_figure(fig, path)
 
 
-def read_summary(out: str | Path) -> dict:
-    return json.loads((Path(out) / "summary.json").read_text())
-
-
-__all__ = ["run_demo", "last_layer_cls_attention", "format_table", "check_options", "pick_examples", "read_summary",
+__all__ = ["run_demo", "last_layer_cls_attention", "format_table", "check_options", "pick_examples",
            "write_curves_figure", "write_attention_figure", "WHY"]

@@ -250,10 +250,11 @@ def _dataset(data: tuple, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def build_model(spec: RunSpec, num_classes: int) -> nn.Module:
-    from vitlab.zoo import CNN_VARIANTS, create_model
+    from vitlab.models.factory import create_model
+    from vitlab.models.registry import get_variant
 
     img = int(dict(spec.data)["img_size"])
-    if spec.model in CNN_VARIANTS:
+    if not get_variant(spec.model).is_vit:
         return create_model(spec.model, num_classes=num_classes)
     return create_model(spec.model, num_classes=num_classes, img_size=img, **dict(spec.overrides))
 
@@ -296,7 +297,12 @@ VAL_PER_EPOCH = 500  # the per-epoch curve uses the first 500 validation images;
 
 def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: Callable[[], None] | None = None) -> dict:
     """Train one run (or read it from the cache) and return its result."""
-    from vitlab.train.engine import TensorLoader, TrainConfig, evaluate, fit
+    from vitlab.train.engine import Callback, TensorLoader, evaluate, fit
+    from vitlab.train.recipe import Recipe
+
+    class OnEpoch(Callback):
+        def on_epoch_end(self, row):
+            on_epoch()
 
     if cache.has(spec):
         return cache.result(spec)
@@ -309,12 +315,12 @@ def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: 
         model.reset_classifier(k)  # Section 3.2: a new zero-initialised head for the new classes
     else:
         model = build_model(spec, k)
-    cfg = TrainConfig(epochs=spec.epochs, batch_size=spec.batch_size, lr=spec.lr, weight_decay=spec.weight_decay,
-                      warmup_epochs=spec.warmup_epochs, seed=spec.seed, device=str(device))
+    cfg = Recipe(epochs=spec.epochs, batch_size=spec.batch_size, lr=spec.lr, weight_decay=spec.weight_decay,
+                 warmup_epochs=spec.warmup_epochs, seed=spec.seed)
     t0 = time.perf_counter()
     history = fit(model, TensorLoader(xt, yt, batch_size=spec.batch_size, shuffle=True, seed=spec.seed),
-                  TensorLoader(xv[:VAL_PER_EPOCH], yv[:VAL_PER_EPOCH], batch_size=500), cfg, progress=False,
-                  on_epoch_end=(lambda row: on_epoch()) if on_epoch else None)
+                  TensorLoader(xv[:VAL_PER_EPOCH], yv[:VAL_PER_EPOCH], batch_size=500), cfg, device=device,
+                  callbacks=[OnEpoch()] if on_epoch else [])
     train_time = time.perf_counter() - t0
     final = evaluate(model, TensorLoader(xv, yv, batch_size=500), device=device)
     result = {
@@ -343,7 +349,7 @@ def forward_flops(model: nn.Module, x: torch.Tensor) -> int:
 
     model.eval()
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        if hasattr(model, "cfg"):
+        if hasattr(model, "blocks"):
             model(x, return_attention=True)
         else:
             model(x)
@@ -364,7 +370,7 @@ def _measure(model: nn.Module, x: torch.Tensor, device: torch.device) -> dict:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - t)
-    seq = model.cfg.num_patches + model.cfg.num_prefix_tokens if hasattr(model, "cfg") else None
+    seq = model.cfg.num_patches + model.cfg.num_prefix_tokens if hasattr(model, "blocks") else None
     return {"flops": flops, "infer_ms_per_image": 1000 * statistics.median(times) / len(x), "seq_len": seq}
 
 

@@ -1,15 +1,10 @@
-"""Training: the engine (train_one_epoch / evaluate / fit), optimisers and schedules, checkpoints."""
+"""Training: the one engine (`fit`, engine.py), the recipes it follows (recipe.py), the optimiser and its
+schedule (optim.py), a run on a dataset as the commands start it (run.py), several processes
+(distributed.py), what a run ends with (report.py, diagnostics.py)."""
 
-from vitlab.train.engine import TensorLoader, TrainConfig, evaluate, fit, train_one_epoch
-from vitlab.train.optim import build_optimizer, param_groups, warmup_cosine
+from vitlab.train.engine import Callback, History, TensorLoader, evaluate, fit, train_one_epoch
+from vitlab.train.recipe import RECIPES, Recipe, get_recipe
+from vitlab.train.run import TrainJob, run
 
-__all__ = [
-    "TensorLoader",
-    "TrainConfig",
-    "evaluate",
-    "fit",
-    "train_one_epoch",
-    "build_optimizer",
-    "param_groups",
-    "warmup_cosine",
-]
+__all__ = ["Callback", "History", "TensorLoader", "evaluate", "fit", "train_one_epoch", "RECIPES", "Recipe",
+           "get_recipe", "TrainJob", "run"]

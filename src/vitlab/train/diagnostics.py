@@ -39,9 +39,9 @@ def nan_loss(epoch: int, value: float, checkpoint: str | None) -> Finding:
     kept = f"the last good checkpoint is kept in {checkpoint}" if checkpoint else "no checkpoint was written yet"
     return Finding(
         "loss became non-finite",
-        f"train loss {value} in epoch {epoch}; training stopped and {kept}",
-        "Lower --lr (e.g. 3x), keep gradient clipping on, check the images are normalised "
-        "(and for bf16, try --precision fp32); resume with --resume after fixing the cause of a bad batch",
+        f"train loss {value} in epoch {epoch}; {kept}",
+        "Lower the learning rate (e.g. 3x), keep gradient clipping on, check the images are normalised "
+        "(and for bf16, try fp32); resume after fixing the cause of a bad batch",
     )
 
 

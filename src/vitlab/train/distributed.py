@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from vitlab.errors import VitlabError
 from vitlab.runtime import resolve_device
@@ -45,6 +46,11 @@ class DistInfo:
         return self.world_size > 1
 
 
+def single_process(device: str | torch.device = "auto") -> DistInfo:
+    """One process (world size 1) on `device`: what `fit` uses outside torchrun."""
+    return DistInfo(device=resolve_device(device))
+
+
 def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -52,7 +58,7 @@ def launched_by_torchrun() -> bool:
 def setup(device: str = "auto") -> DistInfo:
     """Join torchrun's process group if launched by it; pick this process's device. Idempotent."""
     if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
-        return DistInfo(device=resolve_device(device))
+        return single_process(device)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     dev = resolve_device(device)
@@ -65,7 +71,8 @@ def setup(device: str = "auto") -> DistInfo:
         dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
     elif dev.type == "mps":
-        raise VitlabError("multi-process training on MPS is not supported by torch.distributed; use --device cpu")
+        raise VitlabError("device mps: multi-process training on MPS is not supported by torch.distributed; "
+                          "use cpu", arg="device")
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev)
@@ -76,8 +83,6 @@ def wrap(model: nn.Module, info: DistInfo) -> nn.Module:
     DDP fixes the set of synchronised parameters when it is built)."""
     if not info.enabled:
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     ids = [info.device.index] if info.device.type == "cuda" else None
     return DDP(model, device_ids=ids)
 
@@ -92,6 +97,15 @@ def all_mean(values: dict[str, float], info: DistInfo) -> dict[str, float]:
     return {k: v / info.world_size for k, v in zip(keys, t.tolist())}
 
 
+def all_gather_object(obj, info: DistInfo) -> list:
+    """`obj` of every process, in rank order (with one process, a list of one)."""
+    if not info.enabled:
+        return [obj]
+    objects = [None] * info.world_size
+    dist.all_gather_object(objects, obj)
+    return objects
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
@@ -102,4 +116,5 @@ def cleanup(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["DistInfo", "setup", "wrap", "all_mean", "barrier", "cleanup", "launched_by_torchrun"]
+__all__ = ["DistInfo", "setup", "single_process", "wrap", "all_mean", "all_gather_object", "barrier", "cleanup",
+           "launched_by_torchrun"]

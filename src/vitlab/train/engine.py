@@ -1,9 +1,26 @@
-"""The training engine: `train_one_epoch`, `evaluate`, and `fit`, which adds the schedule, metrics,
-checkpoints and resume around them (split as in DeiT's engine.py).
+"""The training engine: `train_one_epoch`, `evaluate`, and `fit`, the one loop every command,
+experiment and the demo train through (split as in DeiT's engine.py).
 
-Small datasets live in memory as tensors (`TensorLoader`): at the seed's scale the cost of a step is
-Python and dispatch overhead, not arithmetic, so batches are sliced from one tensor, metrics are
-accumulated on the device and read once per epoch, and AdamW runs as one fused step.
+`fit(model, train_loader, val_loader, recipe)` adds around them what a Recipe asks for and what a run
+needs: AdamW over one layer-id table (vitlab.train.optim) that drives both the staged unfreezing and
+layer-wise lr decay, warmup + cosine per stage, MixUp/CutMix, an EMA of the weights, NaN handling,
+metrics.csv, checkpoints every epoch in one format (vitlab.weights.checkpoint) with `last.json` and
+`best.json`, exact resume, DistributedDataParallel under torchrun, and callbacks for whatever else
+(printing, TensorBoard):
+
+    stage 1 (epochs 1..K)     only the head trains (recipe.freeze_epochs = K)
+    stage 2 (epochs K+1..E)   the blocks `recipe.unfreeze` names, the final norm and the head, each
+                              block at lr x layer_decay^(L + 1 - i)
+
+One AdamW holds every parameter from the start; frozen ones get no gradient (so AdamW leaves them
+bitwise unchanged), which makes a checkpoint's optimizer state valid in either stage and resume
+exact: the stage is a function of the epoch number alone. Resuming restores weights, optimizer,
+schedule, EMA, every process's RNG and the metrics, so on CPU a killed-and-resumed run ends bitwise
+equal to an uninterrupted one.
+
+Small datasets live in memory as tensors (`TensorLoader`): at the mini experiment's scale the cost
+of a step is Python and dispatch overhead, not arithmetic, so batches are sliced from one tensor,
+metrics are accumulated on the device and read once per epoch, and AdamW runs as one fused step.
 """
 
 from __future__ import annotations
@@ -19,12 +36,18 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from vitlab import cpu_training
-from vitlab.errors import VitlabError
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from vitlab.data.transforms import mix_transform
+from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import write_csv
-from vitlab.runtime import autocast, resolve_device, seed_everything
-from vitlab.train import checkpoint as ckpt
-from vitlab.train.optim import build_optimizer, warmup_cosine
+from vitlab.runtime import autocast, seed_everything
+from vitlab.speed import cpu_training
+from vitlab.train import diagnostics, distributed
+from vitlab.train.distributed import DistInfo
+from vitlab.train.optim import build_optimizer, freeze_threshold, layer_decay_groups, layer_ids, staged_warmup_cosine
+from vitlab.train.recipe import Recipe
+from vitlab.weights import checkpoint as ckpt
 
 
 class TensorLoader:
@@ -38,8 +61,7 @@ class TensorLoader:
                  drop_last: bool = False, seed: int = 0):
         if len(x) != len(y):
             raise VitlabError(f"images and labels differ in length: {len(x)} vs {len(y)}")
-        if batch_size < 1:
-            raise VitlabError(f"--batch-size must be at least 1; found {batch_size}")
+        check_range("batch_size", batch_size, low=1, integer=True)
         self.x, self.y = x, y
         self.batch_size, self.shuffle, self.drop_last, self.seed = batch_size, shuffle, drop_last, seed
         self.epoch = 0
@@ -66,7 +88,7 @@ def train_one_epoch(
     model: nn.Module,
     loader: Iterable,
     optimizer: torch.optim.Optimizer,
-    scheduler=None,
+    after_step=None,
     *,
     device: torch.device,
     clip_grad: float | None = 1.0,
@@ -79,7 +101,8 @@ def train_one_epoch(
     """One pass over `loader`. Returns mean loss, accuracy (on the hard labels) and the last lr.
 
     `batch_transform(x, y) -> (x, y_soft)` is where MixUp/CutMix go; the loss then takes soft targets.
-    The scheduler steps once per optimizer step. `grad_accum` sums gradients over that many batches.
+    `after_step.step()` runs once per optimizer step (the lr schedule, the EMA). `grad_accum` sums
+    gradients over that many batches.
     """
     model.train()
     total_loss = torch.zeros((), device=device)
@@ -103,8 +126,8 @@ def train_one_epoch(
                 nn.utils.clip_grad_norm_(model.parameters(), clip_grad, foreach=True)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
+            if after_step is not None:
+                after_step.step()
         total_loss += loss.detach() * len(y)
         correct += (logits.detach().argmax(-1) == y).sum()
         seen += len(y)
@@ -140,153 +163,267 @@ def evaluate(model: nn.Module, loader: Iterable, *, device: torch.device, precis
     return out
 
 
-@dataclass
-class TrainConfig:
-    """The recipe. Defaults are the seed's mini experiment (seed 000 section 5.3): AdamW, lr 3e-3,
-    batch 32, 60 epochs; plus a short warmup, cosine decay and gradient clipping."""
-
-    epochs: int = 60
-    batch_size: int = 32
-    lr: float = 3e-3
-    weight_decay: float = 0.05
-    warmup_epochs: float = 5.0
-    min_lr_ratio: float = 0.0
-    clip_grad: float | None = 1.0
-    label_smoothing: float = 0.0
-    precision: str = "fp32"
-    grad_accum: int = 1
-    seed: int = 0
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        checks = {
-            "epochs": self.epochs >= 1,
-            "batch_size": self.batch_size >= 1,
-            "lr": self.lr > 0,
-            "weight_decay": self.weight_decay >= 0,
-            "warmup_epochs": self.warmup_epochs >= 0,
-            "grad_accum": self.grad_accum >= 1,
-            "label_smoothing": 0 <= self.label_smoothing < 1,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise VitlabError(f"--{name.replace('_', '-')} is out of range: found {getattr(self, name)!r}")
-
 
 @dataclass
 class History:
+    """What `fit` returns: one row per epoch (the metrics.csv rows), the EMA model when the recipe keeps
+    one, and the head's learning rate at every optimizer step (for the curves)."""
+
     rows: list[dict] = field(default_factory=list)
+    ema: nn.Module | None = None
+    lr_steps: tuple[list[float], list[float]] = ((), ())
 
     @property
     def last(self) -> dict:
         return self.rows[-1] if self.rows else {}
 
     @property
+    def best(self) -> dict:
+        """The row of the best validation accuracy (the first of equals, as best.json records it)."""
+        return max(self.rows, key=lambda r: r["val_acc"]) if self.rows else {}
+
+    @property
     def best_val_acc(self) -> float:
-        return max((r["val_acc"] for r in self.rows), default=float("nan"))
+        return self.best.get("val_acc", float("nan"))
+
+
+class Callback:
+    """Hooks of `fit`; subclass and override what you need. Runs on the main process only."""
+
+    def on_stage(self, epoch: int, stage: int, trainable: int) -> None:
+        """A stage starts at 0-based `epoch` with `trainable` parameters (also on the first epoch run)."""
+
+    def on_epoch_end(self, row: dict) -> None:
+        """After an epoch's metrics (and checkpoint) are written."""
+
+    def on_fit_end(self, history: History) -> None:
+        """After the last epoch."""
+
+
+class _AfterStep:
+    """What `train_one_epoch` calls once per optimizer step: the lr schedule, then the EMA."""
+
+    def __init__(self, scheduler, ema: AveragedModel | None, model: nn.Module):
+        self.scheduler, self.ema, self.model = scheduler, ema, model
+
+    def step(self) -> None:
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update_parameters(self.model)
+
+
+def check_run_folder(out: Path | None, resume: bool) -> None:
+    """A new run needs a folder without a run in it; resuming needs one with a run (its last.json)."""
+    if resume and (out is None or not (out / "last.json").exists()):
+        raise VitlabError(f"resume: no checkpoint to resume from in {out} (expected {out}/last.json); "
+                          "start a new run instead", arg="resume")
+    if not resume and out is not None and (out / "last.json").exists():
+        raise VitlabError(f"out {out} already holds a run (last.json); resume it, or choose a new folder", arg="out")
+
+
+def set_stage(model: nn.Module, ids: dict[str, int], threshold: int) -> int:
+    """requires_grad = (layer id >= threshold). Returns the number of trainable parameters."""
+    n = 0
+    for name, p in model.named_parameters():
+        p.requires_grad_(ids[name] >= threshold)
+        n += p.numel() if p.requires_grad else 0
+    return n
 
 
 def fit(
     model: nn.Module,
     train_loader,
     val_loader,
-    cfg: TrainConfig,
+    recipe: Recipe,
     *,
-    out_dir: str | Path | None = None,
+    dist: DistInfo | None = None,
+    device: str | torch.device = "auto",
+    out: str | Path | None = None,
     resume: bool = False,
-    optimizer: torch.optim.Optimizer | None = None,
-    batch_transform: Callable | None = None,
-    progress: bool = True,
+    identity: dict | None = None,
+    callbacks: Iterable[Callback] = (),
+    log: Callable[[str], None] | None = None,
+    progress: bool = False,
     desc: str = "train",
-    on_epoch_end: Callable[[dict], None] | None = None,
     save_every: int = 1,
 ) -> History:
-    """Train for cfg.epochs; evaluate every epoch; write metrics.csv and checkpoints to `out_dir`.
+    """Train `model` as `recipe` says; evaluate every epoch; with `out`, write metrics.csv and a
+    checkpoint every `save_every` epochs (and the last), with last.json and best.json pointers.
 
-    On CPU the model's nn.Linear layers become `vitlab.cpu_training.TrainingLinear` (same parameters).
-    With `resume`, training continues from `out_dir/last.json`: weights, optimizer, scheduler, RNG
-    and metrics are restored, so on CPU the result is bitwise the one an uninterrupted run gives.
+    train_loader / val_loader: iterables of (images, labels) batches, with `set_epoch(epoch)` (or a
+        sampler that has it) so that every epoch's order depends on the seed and the epoch alone.
+    dist: the process group from `vitlab.train.distributed.setup` (default: one process on `device`).
+    resume: continue the run in `out` from its last.json; the recipe and `identity` (what else must
+        match: the data's fingerprint, the model's source) must be those of the run being resumed.
+    log: where messages go (a stage change, a resume, a non-finite loss); None is silent.
+    On CPU the model's big fp32 nn.Linear layers become `vitlab.speed.cpu_training.TrainingLinear`
+    (the same parameters, gradients equal to float rounding).
     """
-    device = resolve_device(cfg.device)
-    seed_everything(cfg.seed)
-    model.to(device)
+    dist = dist or distributed.single_process(device)
+    dev = dist.device
+    out = Path(out) if out is not None else None
+    callbacks = list(callbacks) if dist.is_main else []
+    say = log if (log is not None and dist.is_main) else (lambda message: None)
+    if out is not None or resume:
+        check_run_folder(out, resume)
+
+    seed_everything(recipe.seed + dist.rank)  # each process its own augmentation and dropout stream
+    model.to(dev)
     cpu_training.use_onednn_linears(model)  # on CPU: big fp32 products through oneDNN, where it is faster
-    optimizer = optimizer or build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    steps_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum)
-    scheduler = warmup_cosine(
-        optimizer,
-        warmup_steps=round(cfg.warmup_epochs * steps_per_epoch),
-        total_steps=cfg.epochs * steps_per_epoch,
-        min_lr_ratio=cfg.min_lr_ratio,
-    )
-    history, start = History(), 0
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+    ids, L = layer_ids(model)
+    K = recipe.freeze_epochs
+    thresholds = (L + 2, freeze_threshold(recipe.unfreeze, L))  # stage 1: the head only; stage 2: `unfreeze`
+    groups = layer_decay_groups(model, lr=recipe.lr, weight_decay=recipe.weight_decay, layer_decay=recipe.layer_decay)
+    optimizer = build_optimizer(groups, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    steps = math.ceil(len(train_loader) / recipe.grad_accum)  # optimizer steps per epoch
+    stage_steps = [n for n in (K * steps, (recipe.epochs - K) * steps) if n > 0]
+    scheduler = staged_warmup_cosine(optimizer, stage_steps=stage_steps, warmup_steps=round(recipe.warmup_epochs * steps),
+                                     min_lr_ratio=recipe.min_lr_ratio)
+    total = sum(stage_steps)  # the head's lr at optimizer step k, drawn at epoch (k + 1) / steps
+    lr_steps = ([(k + 1) / steps for k in range(total)], [recipe.lr * scheduler.lr_lambdas[0](k) for k in range(total)])
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(recipe.ema), use_buffers=True) if recipe.ema else None
+    mix = mix_transform(num_classes=model.head.out_features, mixup=recipe.mixup, cutmix=recipe.cutmix,
+                        switch_prob=recipe.mix_switch_prob) if recipe.mixes else None
+    identity = dict(identity or {})
+
+    history = History(ema=ema, lr_steps=lr_steps)
+    start = 0
     if resume:
-        if out is None or not (out / "last.json").exists():
-            raise VitlabError(f"--resume: no checkpoint to resume from in {out} (expected {out}/last.json)")
-        start, history = _restore(out, model, optimizer, scheduler, device)
+        start, history.rows = _restore(out, model, optimizer, scheduler, ema, recipe, identity, dist)
+        say(f"resumed from {out}/last.json at epoch {start} of {recipe.epochs}")
+        if dist.is_main:
+            _repair_best(out, history.rows)
     best = history.best_val_acc if history.rows else -1.0
 
-    epochs = range(start, cfg.epochs)
-    bar = tqdm(epochs, desc=desc, initial=start, total=cfg.epochs, disable=not progress, leave=False)
+    current, wrapped = None, model
+    bar = tqdm(range(start, recipe.epochs), desc=desc, initial=start, total=recipe.epochs, leave=False,
+               disable=not (progress and dist.is_main))
     for epoch in bar:
+        stage = 1 if epoch < K else (2 if K else 1)
+        threshold = thresholds[0] if epoch < K else thresholds[1]
+        if threshold != current:
+            current = threshold
+            trainable = set_stage(model, ids, threshold)
+            wrapped = distributed.wrap(model, dist)  # DDP fixes its parameter set when it is built
+            for cb in callbacks:
+                cb.on_stage(epoch, stage, trainable)
         for loader in (train_loader, val_loader):
             if hasattr(loader, "set_epoch"):
                 loader.set_epoch(epoch)
             elif hasattr(getattr(loader, "sampler", None), "set_epoch"):
                 loader.sampler.set_epoch(epoch)
         t0 = time.perf_counter()
-        row = {"epoch": epoch + 1}
-        row.update(train_one_epoch(model, train_loader, optimizer, scheduler, device=device, clip_grad=cfg.clip_grad,
-                                   label_smoothing=cfg.label_smoothing, precision=cfg.precision,
-                                   grad_accum=cfg.grad_accum, batch_transform=batch_transform))
-        row.update({k: v for k, v in evaluate(model, val_loader, device=device, precision=cfg.precision).items()
+        stats = train_one_epoch(wrapped, train_loader, optimizer, _AfterStep(scheduler, ema, model), device=dev,
+                                clip_grad=recipe.clip_grad, label_smoothing=recipe.label_smoothing,
+                                precision=recipe.precision, grad_accum=recipe.grad_accum, batch_transform=mix,
+                                progress=f"epoch {epoch + 1}" if progress and dist.is_main else False)
+        stats.pop("lr")
+        stats = distributed.all_mean(stats, dist)
+        if not math.isfinite(stats["train_loss"]):
+            kept = str(ckpt.resolve_checkpoint(out / "last.json")) if out is not None and (out / "last.json").exists() else None
+            finding = diagnostics.nan_loss(epoch + 1, stats["train_loss"], kept)
+            say(str(finding))
+            raise VitlabError(f"training stopped: {finding.evidence}")
+        row = {"epoch": epoch + 1, "stage": stage, "lr": max(g["lr"] for g in optimizer.param_groups), **stats}
+        row.update({k: v for k, v in evaluate(model, val_loader, device=dev, precision=recipe.precision).items()
                     if k != "confusion"})
+        if ema is not None:
+            e = evaluate(ema.module, val_loader, device=dev, precision=recipe.precision)
+            row.update(val_loss_ema=e["val_loss"], val_acc_ema=e["val_acc"])
         row["time_s"] = time.perf_counter() - t0
-        if not math.isfinite(row["train_loss"]):
-            raise VitlabError(
-                f"training loss became {row['train_loss']} at epoch {epoch + 1}: stopped. The last good checkpoint "
-                f"is kept{f' in {out}' if out else ''}; lower --lr or check that the inputs are normalised"
-            )
         history.rows.append(row)
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", val_acc=f"{row['val_acc']:.3f}")
         if out is not None:
-            write_csv(out / "metrics.csv", history.rows)
-            is_last = epoch + 1 == cfg.epochs
-            if (epoch + 1) % save_every == 0 or is_last:
-                name = f"epoch_{epoch + 1:04d}"
-                state = {
-                    "epoch": epoch + 1,
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "rng_cpu": torch.get_rng_state(),
-                    "history": [{k: float(v) for k, v in r.items()} for r in history.rows],
-                    "train_config": asdict(cfg),
-                }
-                if device.type == "cuda":
-                    state["rng_cuda"] = torch.cuda.get_rng_state(device)
-                ckpt.save_checkpoint(out, name, model, state)
-                if row["val_acc"] > best:
-                    best = row["val_acc"]
-                    ckpt.mark_best(out, name, {"epoch": epoch + 1, "val_acc": best})
-        if on_epoch_end is not None:
-            on_epoch_end(row)
+            save = (epoch + 1) % save_every == 0 or epoch + 1 == recipe.epochs
+            rng = _gather_rng(dist) if save else None  # every process takes part in the gather
+            if dist.is_main:
+                write_csv(out / "metrics.csv", history.rows)
+                if save:
+                    name = f"epoch_{epoch + 1:04d}"
+                    ckpt.save_checkpoint(out, name, model, _state(epoch, optimizer, scheduler, ema, history.rows,
+                                                                  recipe, identity, rng, dist))
+                    if row["val_acc"] > best:
+                        best = row["val_acc"]
+                        ckpt.mark_best(out, name, {"epoch": epoch + 1, "val_acc": best})
+        for cb in callbacks:
+            cb.on_epoch_end(row)
+        distributed.barrier(dist)
     bar.close()
+    for cb in callbacks:
+        cb.on_fit_end(history)
     return history
 
 
-def _restore(out: Path, model: nn.Module, optimizer, scheduler, device: torch.device) -> tuple[int, History]:
-    from safetensors.torch import load_file
+# ----------------------------------------------------------------------------------------------------
+# The training state in a checkpoint (state.pt), and resume
 
+STATE_VERSION = 2
+
+
+def _gather_rng(dist: DistInfo) -> list[torch.Tensor]:
+    """Every process's CPU RNG state (rank 0 gets the list; with one process, a list of one)."""
+    return distributed.all_gather_object(torch.get_rng_state(), dist)
+
+
+def _state(epoch, optimizer, scheduler, ema, rows, recipe: Recipe, identity: dict, rng, dist: DistInfo) -> dict:
+    state = {
+        "version": STATE_VERSION,
+        "epoch": epoch + 1,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng_cpu": rng,
+        "history": [dict(r) for r in rows],
+        "recipe": recipe.to_dict(),
+        "identity": identity,
+        "world_size": dist.world_size,
+    }
+    if dist.device.type == "cuda":
+        state["rng_cuda"] = torch.cuda.get_rng_state(dist.device)
+    if ema is not None:
+        state["ema"] = ema.state_dict()
+    return state
+
+
+def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identity: dict,
+             dist: DistInfo) -> tuple[int, list[dict]]:
     folder = ckpt.resolve_checkpoint(out / "last.json")
-    ckpt._unwrap(model).load_state_dict(load_file(folder / "model.safetensors", device=str(device)))
-    state = torch.load(folder / "state.pt", map_location=device, weights_only=True)
+    state = ckpt.read_state(folder)
+    if state.get("version") != STATE_VERSION:
+        raise VitlabError(f"resume: {folder / 'state.pt'} was written by an earlier vitlab (state version "
+                          f"{state.get('version', 1)}, this one reads {STATE_VERSION}); its weights still load as a "
+                          "checkpoint (fine-tune from it), but the run cannot be resumed", arg="resume")
+    saved = state.get("recipe", {})
+    diff = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in recipe.to_dict().items() if saved.get(k) != v]
+    diff += [f"{k} {state.get('identity', {}).get(k)!r} -> {v!r}" for k, v in identity.items()
+             if state.get("identity", {}).get(k) != v]
+    if diff:
+        raise VitlabError(f"resume {out}: the run being resumed was made with other settings ({'; '.join(diff)}); "
+                          "resume with the same ones, or start a new run in another folder", arg="resume")
+    model.load_state_dict(ckpt.read_weights(folder, dist.device))
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng_cpu"].cpu())
-    if "rng_cuda" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["rng_cuda"].cpu(), device)
-    rows = [{k: (int(v) if k == "epoch" else v) for k, v in r.items()} for r in state["history"]]
-    return int(state["epoch"]), History(rows)
+    if ema is not None:
+        ema.load_state_dict(state["ema"])
+    rng = state["rng_cpu"]
+    if len(rng) == dist.world_size:
+        torch.set_rng_state(rng[dist.rank])
+    else:
+        seed_everything(recipe.seed + 7919 * state["epoch"] + dist.rank)
+        if dist.is_main:
+            print(f"note: the run was saved with {len(rng)} process(es) and resumes with {dist.world_size}; "
+                  "random augmentation continues with a new stream (not bitwise the original)")
+    if "rng_cuda" in state and dist.device.type == "cuda":
+        torch.cuda.set_rng_state(state["rng_cuda"], dist.device)
+    return int(state["epoch"]), [dict(r) for r in state["history"]]
+
+
+def _repair_best(out: Path, rows: list[dict]) -> None:
+    """A kill between writing last.json and best.json: point best.json at the best epoch kept."""
+    best = max(rows, key=lambda r: r["val_acc"])  # first of equals, as the strict > in fit
+    epoch = int(best["epoch"])
+    pointer = ckpt.read_pointer(out / "best.json") if (out / "best.json").exists() else {}
+    if pointer.get("epoch") != epoch and (out / "checkpoints" / f"epoch_{epoch:04d}").exists():
+        ckpt.mark_best(out, f"epoch_{epoch:04d}", {"epoch": epoch, "val_acc": best["val_acc"]})
+
+
+__all__ = ["TensorLoader", "train_one_epoch", "evaluate", "fit", "History", "Callback", "set_stage", "check_run_folder"]

@@ -11,6 +11,10 @@ import math
 import torch
 from torch import nn
 
+from vitlab.errors import VitlabError
+from vitlab.models.cnn import ResNetMini
+from vitlab.models.vit import VisionTransformer
+
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two groups of trainable parameters: decayed (2-D and up) and not decayed (the rest)."""
@@ -35,20 +39,6 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
 
 
-def warmup_cosine(
-    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Per-step multiplier: linear from ~0 to 1 over `warmup_steps`, then cosine down to `min_lr_ratio`."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
 # ----------------------------------------------------------------------------------------------------
 # Fine-tuning: one layer id per parameter drives both freezing and layer-wise learning-rate decay
 
@@ -63,10 +53,10 @@ def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
     the head and final norm keep the full rate, the last block decay^1, ... the embedding decay^(L+1)).
     """
     names = [n for n, _ in model.named_parameters()]
-    if hasattr(model, "blocks"):
+    if isinstance(model, VisionTransformer):
         L = len(model.blocks)
         prefixes = {f"blocks.{i}.": i + 1 for i in range(L)} | {f"rel_pos.{i}.": i + 1 for i in range(L)}
-    elif hasattr(model, "layer3"):  # vitlab.cnn.ResNetMini
+    elif isinstance(model, ResNetMini):
         L = 3
         prefixes = {"layer1.": 1, "layer2.": 2, "layer3.": 3}
     else:
@@ -83,9 +73,7 @@ def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
 
 
 def freeze_threshold(unfreeze: str, num_layers: int) -> int:
-    """The lowest trainable layer id for `--unfreeze`: "head" (L + 2), "last:N" (L + 1 - N), "all" (0)."""
-    from vitlab.errors import VitlabError
-
+    """The lowest trainable layer id for `unfreeze`: "head" (L + 2), "last:N" (L + 1 - N), "all" (0)."""
     if unfreeze == "all":
         return 0
     if unfreeze == "head":
@@ -93,9 +81,10 @@ def freeze_threshold(unfreeze: str, num_layers: int) -> int:
     if unfreeze.startswith("last:") and unfreeze[5:].isdigit():
         n = int(unfreeze[5:])
         if n > num_layers:
-            raise VitlabError(f"--unfreeze last:{n}: the model has only {num_layers} blocks; use last:{num_layers} or all")
+            raise VitlabError(f"unfreeze last:{n}: the model has only {num_layers} blocks; use last:{num_layers} or all",
+                              arg="unfreeze")
         return num_layers + 1 - n
-    raise VitlabError(f"--unfreeze must be all, head or last:N (N = number of blocks); found {unfreeze!r}")
+    raise VitlabError(f"unfreeze must be all, head or last:N (N = number of blocks); found {unfreeze!r}", arg="unfreeze")
 
 
 def layer_decay_groups(model: nn.Module, *, lr: float, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
@@ -125,7 +114,7 @@ def staged_warmup_cosine(
     """Warmup then cosine within each stage (stage_steps = optimizer steps per stage).
 
     Stage 2 of fine-tuning unfreezes blocks whose AdamW moments start from zero, so it warms up
-    again (seed 004 section 6.3: "warm up with a small lr, then cosine"). One stage is `warmup_cosine`.
+    again (seed 004 section 6.3: "warm up with a small lr, then cosine"). With one stage: warmup, then cosine.
     """
     bounds = [0]
     for n in stage_steps:

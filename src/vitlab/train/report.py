@@ -1,5 +1,6 @@
-"""The pictures and tables a training run ends with: learning curves, the confusion matrix, and
-per-class accuracy. matplotlib without pyplot; files are written atomically (vitlab.analysis.plots)."""
+"""What a training run ends with: learning curves, the best checkpoint's confusion matrix and per-class
+accuracy, the EMA weights, the diagnostics, and summary.json. matplotlib without pyplot; files are
+written atomically (vitlab.fileio)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from vitlab.analysis.plots import save_figure
-from vitlab.fileio import atomic_write
+from vitlab.fileio import atomic_write, write_json
+from vitlab.train import diagnostics
+from vitlab.train.engine import History, evaluate
+from vitlab.weights import checkpoint as ckpt
 
 
 def plot_curves(rows: list[dict], path: str | Path, *, freeze_epochs: int = 0, title: str = "",
@@ -83,4 +87,62 @@ def write_per_class(path: str | Path, classes: list[str], accuracy: list[float |
     return atomic_write(path, lambda tmp: Path(tmp).write_text(buf.getvalue()))
 
 
-__all__ = ["plot_curves", "plot_confusion", "write_per_class"]
+def finish_run(out: Path, *, model, history: History, scan, val_loader, recipe, name: str, from_scratch: bool,
+               world_size: int, elapsed: float, settings: dict, say) -> dict:
+    """The end of a run in `out`: the best checkpoint evaluated (confusion matrix, per-class accuracy),
+    the curves, the EMA weights, the diagnostics; printed, and written to summary.json."""
+    best_ptr = ckpt.read_pointer(out / "best.json")
+    device = next(model.parameters()).device
+    model.load_state_dict(ckpt.read_weights(ckpt.resolve_checkpoint(out / "best.json"), device))
+    ev = evaluate(model, val_loader, device=device, precision=recipe.precision, num_classes=len(scan.classes))
+    confusion = ev["confusion"]
+    counts = confusion.sum(1).tolist()
+    per_class = [c / n if n else None for c, n in zip(confusion.diag().tolist(), counts)]  # None: no val image
+    rows = history.rows
+    files = {
+        "metrics": "metrics.csv",
+        "tensorboard": "tensorboard/",
+        "confusion": plot_confusion(confusion, scan.classes, out / "confusion.png",
+                                    title=f"{name}, best epoch {best_ptr['epoch']}: val acc {ev['val_acc']:.3f}").name,
+        "curves": plot_curves(rows, out / "curves.png", freeze_epochs=recipe.freeze_epochs, title=name,
+                              lr_steps=history.lr_steps).name,
+        "per_class": write_per_class(out / "per_class_accuracy.csv", scan.classes, per_class, counts).name,
+        "best": "best.json",
+        "last": "last.json",
+    }
+    if history.ema is not None:
+        files["ema"] = ckpt.save_weights(out / "ema", history.ema.module).name + "/"
+    stage_start = recipe.freeze_epochs if recipe.freeze_epochs < recipe.epochs else 0
+    findings = diagnostics.diagnose(rows, warmup_epochs=recipe.warmup_epochs, num_classes=len(scan.classes),
+                                    stage_start=stage_start)
+    early = diagnostics.tiny_from_scratch(len(scan.train), name) if from_scratch else None
+    summary = {
+        "model": name,
+        "data": str(scan.root),
+        "classes": scan.classes,
+        "images": {"train": len(scan.train), "val": len(scan.val), "skipped": len(scan.skipped)},
+        "world_size": world_size,
+        "global_batch": recipe.batch_size * world_size * recipe.grad_accum,
+        "best": {"epoch": best_ptr["epoch"], "val_acc": ev["val_acc"], "val_loss": ev["val_loss"]},
+        "final": {k: v for k, v in rows[-1].items() if k != "time_s"},
+        "per_class_accuracy": dict(zip(scan.classes, per_class)),
+        "diagnostics": [str(f) for f in ([early] if early else []) + findings],  # `early` was printed at the start
+        "time_s": elapsed,
+        "train_time_s": sum(r["time_s"] for r in rows),
+        "files": files,
+        "settings": settings,
+    }
+    write_json(out / "summary.json", summary)
+    width = max(5, *(len(c) for c in scan.classes))
+    lines = [f"best epoch {best_ptr['epoch']}: val acc {ev['val_acc']:.4f} (val loss {ev['val_loss']:.4f})"
+             + (f"; EMA val acc (last epoch) {rows[-1]['val_acc_ema']:.4f}" if history.ema is not None else ""),
+             f"  {'class':<{width}}  {'acc':>6}  {'n':>5}"]
+    lines += [f"  {c:<{width}}  {'-' if a is None else f'{a:.3f}':>6}  {n:>5}" for c, a, n in zip(scan.classes, per_class, counts)]
+    say("\n".join(lines))
+    for f in findings:
+        say(str(f))
+    say(f"wrote {out}/: " + ", ".join(files.values()) + ", summary.json")
+    return summary
+
+
+__all__ = ["plot_curves", "plot_confusion", "write_per_class", "finish_run"]

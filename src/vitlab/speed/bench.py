@@ -20,9 +20,7 @@ process and reads its peak resident set size, so a measurement never inherits an
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import multiprocessing
 import os
 import platform
 import resource
@@ -35,11 +33,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab import cpu_inference, cpu_training
-from vitlab.analysis.flops import activation_elements, count_macs
-from vitlab.errors import VitlabError
-from vitlab.model import ViTConfig, VisionTransformer
-from vitlab.runtime import PRECISIONS, autocast, resolve_device
+from vitlab.analysis.flops import _bytes, activation_elements, count_macs
+from vitlab.errors import VitlabError, check_range
+from vitlab.models.factory import create_model
+from vitlab.models.registry import get_config
+from vitlab.models.vit import ViTConfig, VisionTransformer
+from vitlab.runtime import autocast, check_precision, process_pool, resolve_device
+from vitlab.speed import cpu_inference, cpu_training
+from vitlab.train.optim import build_optimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -66,7 +67,7 @@ def race(fns: dict[str, Callable[[], None]], *, warmup: int = 1, repeats: int = 
     several, threads that spin while waiting for each other count too).
     """
     if clock not in CLOCKS:
-        raise VitlabError(f"--clock must be one of {', '.join(CLOCKS)}; found {clock!r}")
+        raise VitlabError(f"clock must be one of {', '.join(CLOCKS)}; found {clock!r}", arg="clock")
     now = time.perf_counter if clock == "wall" else time.process_time
     names = list(fns)
     for _ in range(warmup):
@@ -118,13 +119,13 @@ def timm_twin(model: VisionTransformer) -> nn.Module:
     try:
         from timm.models.vision_transformer import VisionTransformer as TimmViT
     except ImportError as e:  # pragma: no cover - timm is a dev dependency
-        raise VitlabError("--against timm needs timm installed (pip install timm)") from e
+        raise VitlabError("against timm needs timm installed (pip install timm)", arg="against") from e
     c = model.cfg
     if c.stem != "patch" or c.patch_embed != "conv" or c.pos_embed not in ("learned", "none"):
         raise VitlabError(
-            f"--against timm: timm's VisionTransformer has no equivalent of stem={c.stem!r}, "
+            f"against timm: timm's VisionTransformer has no equivalent of stem={c.stem!r}, "
             f"patch_embed={c.patch_embed!r}, pos_embed={c.pos_embed!r}; benchmark a standard variant "
-            "(learned 1-D position embedding, conv patch embedding) or drop --against"
+            "(learned 1-D position embedding, conv patch embedding), or compare without timm", arg="against"
         )
     twin = TimmViT(
         img_size=c.img_size, patch_size=c.patch_size, in_chans=c.in_chans, num_classes=c.num_classes,
@@ -183,8 +184,6 @@ def _train_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str
     """One training step as `vitlab.train.engine.train_one_epoch` takes it, less gradient clipping:
     forward under autocast, cross-entropy in fp32, backward, one fused AdamW step (the same optimizer
     for both libraries). Returns the step as a closure."""
-    from vitlab.train.optim import build_optimizer
-
     optimizer = build_optimizer(model, lr=1e-4)  # a small lr: the weights stay meaningful over repeats
     device = x.device
 
@@ -220,12 +219,8 @@ def bench_model(
     With `pack`, vitlab runs on a CPU with oneDNN as its commands do: inference as `vitlab predict`,
     Linear weights packed once (`vitlab.cpu_inference`), training as `vitlab train`, fp32 Linear
     products by the faster library (`vitlab.cpu_training`); timm's twin runs as timm ships it."""
-    from vitlab.zoo import create_model
-
-    if precision not in PRECISIONS:
-        raise VitlabError(f"--precision must be one of {', '.join(PRECISIONS)}; found {precision!r}")
-    if batch_size < 1:
-        raise VitlabError(f"--batch-size must be at least 1; found {batch_size}")
+    check_precision(precision)
+    check_range("batch_size", batch_size, low=1, integer=True)
     device = resolve_device(device)
     torch.manual_seed(seed)
     ours = create_model(name).to(device)
@@ -375,10 +370,8 @@ def estimate_memory(cfg: ViTConfig, batch_size: int, *, train: bool = True, prec
     (the residual stream, the MLP's hidden layer before and after GELU: T (D + 2M) per image).
     Not counted: the allocator's slack, the framework itself (~0.3-0.5 GB of libraries for torch).
     """
-    if batch_size < 1:
-        raise VitlabError(f"--batch-size must be at least 1; found {batch_size}")
-    if precision not in PRECISIONS:
-        raise VitlabError(f"--precision must be one of {', '.join(PRECISIONS)}; found {precision!r}")
+    check_range("batch_size", batch_size, low=1, integer=True)
+    check_precision(precision)
     with torch.device("meta"):
         params = sum(p.numel() for p in VisionTransformer(cfg).parameters())
     f32 = 4
@@ -431,9 +424,6 @@ def _memory_probe(name: str, batch_size: int, train: bool, precision: str, grad_
                   threads: int, overrides: dict) -> dict:
     """Runs in a fresh process: build the model, run one step (two for training, so AdamW's state
     exists), and report peak RSS above the RSS before the model was built."""
-    from vitlab.train.optim import build_optimizer
-    from vitlab.zoo import create_model
-
     torch.set_num_threads(threads)
     x = torch.randn(batch_size, 3, 8, 8)  # touch the allocator and kernels once before the baseline
     del x
@@ -469,18 +459,16 @@ def measure_peak_memory(name: str, batch_size: int, *, train: bool = True, preci
     Returns {"peak_bytes": peak RSS above the baseline taken before the model was built,
     "model_bytes": RSS added by building the model and the input, "weights_bytes": parameter bytes}.
     """
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1) as pool:
-        return pool.apply(_memory_probe, (name, batch_size, train, precision, grad_checkpointing,
-                                          threads or torch.get_num_threads(), overrides))
+    threads = threads or torch.get_num_threads()
+    with process_pool(1, threads=threads) as pool:
+        return pool.submit(_memory_probe, name, batch_size, train, precision, grad_checkpointing, threads,
+                           overrides).result()
 
 
 def memory_report(name: str, batch_size: int, *, precision: str = "fp32", threads: int | None = None,
                   **overrides) -> dict:
     """Training peak memory with and without gradient checkpointing, inference at batch 1, each next
     to `estimate_memory`. Returns a JSON-ready dict."""
-    from vitlab.zoo import get_config
-
     cfg = get_config(name, **overrides)
     out = {"model": name, "batch_size": batch_size, "precision": precision, "runs": []}
     for train, ckpt, b in ((True, False, batch_size), (True, True, batch_size), (False, False, 1)):
@@ -497,8 +485,6 @@ def memory_report(name: str, batch_size: int, *, precision: str = "fp32", thread
 
 
 def format_memory(report: dict) -> str:
-    from vitlab.analysis.flops import _bytes
-
     lines = [f"{report['model']}: peak resident memory above the process baseline ({report['precision']})",
              f"{'run':<36}{'peak':>12}{'estimate':>12}{'weights':>12}"]
     for r in report["runs"]:
@@ -509,22 +495,6 @@ def format_memory(report: dict) -> str:
                  f"inference at batch 1 peaks at {report['inference_peak_over_weights']:.2f}x the weights "
                  "(small models: the allocator and kernels' own ~10-30 MB dominate)")
     return "\n".join(lines)
-
-
-@contextlib.contextmanager
-def num_threads(n: int | None):
-    """Run a block at `n` intra-op threads and restore the previous count afterwards."""
-    if n is None:
-        yield
-        return
-    if n < 1:
-        raise VitlabError(f"--threads must be at least 1; found {n}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 __all__ = [
@@ -540,5 +510,4 @@ __all__ = [
     "measure_peak_memory",
     "memory_report",
     "format_memory",
-    "num_threads",
 ]

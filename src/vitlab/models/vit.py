@@ -40,6 +40,7 @@ from torch.utils.checkpoint import checkpoint
 from torchvision.ops import StochasticDepth
 
 from vitlab.errors import VitlabError
+from vitlab.models.cnn import ConvStem  # the hybrid stem is the CNN baseline's ResNet stages
 
 POS_EMBEDS = ("learned", "learned2d", "sincos2d", "relative", "none")
 POOLS = ("cls", "mean")
@@ -251,14 +252,12 @@ class PatchEmbed(nn.Module):
 class HybridEmbed(nn.Module):
     """Section 3.1, "Hybrid Architecture": patches are taken from a CNN feature map instead of pixels.
 
-    The ResNet-style stem (vitlab.cnn.ConvStem) downsamples by P, so its feature map has the same
+    The ResNet-style stem (vitlab.models.cnn.ConvStem) downsamples by P, so its feature map has the same
     gh x gw grid as P x P patches would; the projection E is then a 1 x 1 patch (the paper's special case).
     """
 
     def __init__(self, *, img_size: tuple[int, int], patch_size: int, in_chans: int, dim: int, width: int):
         super().__init__()
-        from vitlab.cnn import ConvStem  # the CNN lives with the CNN baseline
-
         self.img_size, self.patch_size = img_size, patch_size
         self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
         self.backbone = ConvStem(in_chans=in_chans, width=width, downsample=patch_size)
@@ -382,7 +381,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         cfg = (cfg or ViTConfig()).replace(**overrides) if overrides else (cfg or ViTConfig())
         self.cfg = cfg
-        self.pretrained_cfg: dict = {}  # filled by vitlab.zoo / vitlab.weights: preprocessing, labels
+        self.pretrained_cfg = None  # a PretrainedCfg (preprocessing, labels), set by vitlab.create_model
         self.grad_checkpointing = False
         D = cfg.dim
 

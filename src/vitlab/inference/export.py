@@ -18,9 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from vitlab.errors import VitlabError
+from vitlab.fileio import write_json
+from vitlab.weights.checkpoint import model_meta
 
 ONNX_TOLERANCE = 1e-4  # max abs difference of the logits, ONNX Runtime vs PyTorch (fp32)
 SUFFIXES = (".safetensors", ".onnx")
@@ -31,9 +34,10 @@ def export_model(model: nn.Module, out: str | Path, *, check: bool = True, opset
     ONNX, the max abs difference to PyTorch measured by ONNX Runtime."""
     out = Path(out)
     if out.suffix.lower() not in SUFFIXES:
-        raise VitlabError(f"--out {out}: unknown export format {out.suffix!r}; expected a path ending in {' or '.join(SUFFIXES)}")
+        raise VitlabError(f"out {out}: unknown export format {out.suffix!r}; expected a path ending in "
+                          f"{' or '.join(SUFFIXES)}", arg="out")
     if out.is_dir():
-        raise VitlabError(f"--out {out} is a folder; give a file name such as {out / ('model' + out.suffix)}")
+        raise VitlabError(f"out {out} is a folder; give a file name such as {out / ('model' + out.suffix)}", arg="out")
     out.parent.mkdir(parents=True, exist_ok=True)
     model = model.eval().float().cpu()
     if out.suffix.lower() == ".safetensors":
@@ -56,35 +60,29 @@ def _staging(out: Path):
 
 def export_config(model: nn.Module) -> dict:
     """The JSON written next to the weights: vitlab's checkpoint config ({"kind": "vit", "config",
-    "pretrained_cfg"}, as vitlab.train.checkpoint writes it) plus timm's top-level fields."""
-    from vitlab.train.checkpoint import model_config
-
-    meta = model_config(model)
+    "pretrained_cfg"}, as vitlab.weights.checkpoint writes it) plus timm's top-level fields."""
+    meta = model_meta(model)
     pcfg = meta["pretrained_cfg"]
-    if getattr(model, "head", None) is not None and isinstance(model.head, nn.Linear):
+    if isinstance(model.head, nn.Linear):
         pcfg["head"] = "loaded" if model.head.weight.detach().any() else "zero"
     pcfg["notes"] = []  # the notes described the original load, not this file
-    meta.update(architecture=pcfg.get("architecture"), num_classes=getattr(getattr(model, "cfg", None), "num_classes", None))
+    meta.update(architecture=pcfg.get("architecture"), num_classes=model.cfg.num_classes)
     return meta
 
 
 def export_safetensors(model: nn.Module, out: Path) -> dict:
     """`out` (the state dict, timm names) and `out.with_suffix('.json')` (export_config)."""
-    from safetensors.torch import save_file
-
-    from vitlab.train.checkpoint import write_json_atomic
-
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     config_path = out.with_suffix(".json")
     with _staging(out) as tmp:
         save_file(tensors, str(tmp / out.name), metadata={"format": "pt", "producer": "vitlab"})
-        write_json_atomic(tmp / config_path.name, export_config(model))
+        write_json(tmp / config_path.name, export_config(model))
     return {"files": [str(out), str(config_path)], "tensors": len(tensors)}
 
 
 def export_onnx(model: nn.Module, out: Path, *, check: bool = True, opset: int | None = None) -> dict:
     """ONNX with a dynamic batch axis, checked with ONNX Runtime on a batch size other than the one traced."""
-    C, H, W = getattr(model, "cfg").in_chans, *model.cfg.img_size
+    C, H, W = model.cfg.in_chans, *model.cfg.img_size
     example = torch.randn(2, C, H, W, generator=torch.Generator().manual_seed(0))
     batch = torch.export.Dim("batch", min=1, max=1024)
     big = sum(p.numel() * p.element_size() for p in model.parameters()) > 1.8 * 2**30  # ONNX's 2 GB protobuf limit

@@ -8,10 +8,13 @@ this file builds one from torchvision's BasicBlock rather than a new residual bl
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock
+
+from vitlab.errors import VitlabError
 
 
 def _stage(in_ch: int, out_ch: int, stride: int, blocks: int) -> nn.Sequential:
@@ -45,6 +48,45 @@ class ConvStem(nn.Module):
         return self.stages(self.stem(x))  # (B, C', H/downsample, W/downsample)
 
 
+@dataclass(frozen=True)
+class ResNetConfig:
+    """The CNN baseline's configuration, a dataclass like ViTConfig so that both kinds of model are
+    described, saved and rebuilt the same way. `img_size` is not structural (the network pools
+    globally): it is the input size the model is meant for, which its preprocessing resizes to."""
+
+    num_classes: int = 10
+    in_chans: int = 3
+    width: int = 16  # channels of the first stage; stages 2 and 3 have 2x and 4x
+    blocks: int = 1  # BasicBlocks per stage
+    img_size: int | tuple[int, int] = 32
+
+    def __post_init__(self) -> None:
+        size = self.img_size
+        if isinstance(size, int):
+            size = (size, size)
+        if not (isinstance(size, (tuple, list)) and len(size) == 2 and all(isinstance(v, int) and v >= 8 for v in size)):
+            raise VitlabError(f"img_size must be an int or (height, width) of at least 8 pixels; found {self.img_size!r}")
+        object.__setattr__(self, "img_size", tuple(size))
+        for name in ("num_classes", "in_chans", "width", "blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < (0 if name == "num_classes" else 1):
+                raise VitlabError(f"{name} must be a positive integer; found {value!r}", arg=name)
+
+    def replace(self, **overrides) -> "ResNetConfig":
+        """A copy with some fields changed; an unknown field is an error that lists the valid ones."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise VitlabError(f"the CNN baseline has no field(s) {unknown} (ViT-only options such as drop_path do "
+                              f"not apply to it); its fields: {sorted(known)}")
+        return ResNetConfig(**{**asdict(self), **overrides})
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["img_size"] = list(self.img_size)
+        return d
+
+
 class ResNetMini(nn.Module):
     """A CIFAR-style ResNet (3 stages of BasicBlocks, global average pooling, linear head).
 
@@ -52,16 +94,18 @@ class ResNetMini(nn.Module):
     in vitlab's experiments, so ViT and CNN compare at equal size on the same data and recipe.
     """
 
-    def __init__(self, *, num_classes: int = 10, in_chans: int = 3, width: int = 16, blocks: int = 1):
+    def __init__(self, cfg: ResNetConfig | None = None, **overrides):
         super().__init__()
-        self.num_classes = num_classes
+        cfg = (cfg or ResNetConfig()).replace(**overrides) if overrides else (cfg or ResNetConfig())
+        self.cfg = cfg
+        width, blocks, in_chans = cfg.width, cfg.blocks, cfg.in_chans
         self.stem = nn.Sequential(nn.Conv2d(in_chans, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True))
         self.layer1 = _stage(width, width, 1, blocks)
         self.layer2 = _stage(width, 2 * width, 2, blocks)
         self.layer3 = _stage(2 * width, 4 * width, 2, blocks)
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.head = nn.Linear(4 * width, num_classes)
-        self.pretrained_cfg: dict = {}
+        self.head = nn.Linear(4 * width, cfg.num_classes)
+        self.pretrained_cfg = None  # a vitlab.models.pretrained_cfg.PretrainedCfg, set by create_model
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.layer3(self.layer2(self.layer1(self.stem(x))))  # (B, 4w, H/4, W/4)
@@ -73,9 +117,16 @@ class ResNetMini(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
+    @property
+    def num_classes(self) -> int:
+        return self.cfg.num_classes
+
     def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
+        """A new zero-initialised head for `num_classes` classes, as the ViT's (paper Section 3.2)."""
+        self.cfg = self.cfg.replace(num_classes=num_classes)
         self.head = nn.Linear(self.head.in_features, num_classes).to(self.head.weight.device)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
 
     def no_weight_decay(self) -> set[str]:
         return set()

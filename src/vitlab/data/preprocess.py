@@ -30,6 +30,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torchvision.transforms import InterpolationMode, v2
 
 from vitlab.errors import VitlabError
+from vitlab.models.pretrained_cfg import PretrainedCfg
 
 INTERPOLATIONS = {
     "nearest": InterpolationMode.NEAREST,
@@ -39,65 +40,66 @@ INTERPOLATIONS = {
 }
 
 
-def eval_transform(pretrained_cfg: dict, img_size: int | tuple[int, int] | None = None) -> v2.Compose:
-    """PIL image -> normalised float tensor (3, H, W), as the weights' source preprocessed for eval.
+def eval_transform(pretrained_cfg: PretrainedCfg, img_size: int | tuple[int, int] | None = None) -> v2.Compose:
+    """PIL image -> normalised float tensor (C, H, W), as the weights' source preprocessed for eval.
 
-    pretrained_cfg keys: input_size (C, H, W), mean, std, crop_pct (default 0.875), crop_mode
-    ("center": resize the short side to size / crop_pct then centre-crop; "squash": resize both sides
-    to size / crop_pct, so crop_pct 1.0 is a plain resize to the input size), interpolation.
-    resize_backend: "pil" (default; timm, torchvision and the JAX release resize PIL images) or "tensor"
-    (resize the uint8 tensor with torchvision's antialiased kernels, as Hugging Face's ViTImageProcessor does).
-    img_size overrides the input size (for a model built at another resolution).
+    From the PretrainedCfg: input_size (C, H, W), mean, std, crop_pct, crop_mode ("center": resize
+    the short side to size / crop_pct then centre-crop; "squash": resize both sides to size / crop_pct,
+    so crop_pct 1.0 is a plain resize to the input size), interpolation, resize_backend ("pil": timm,
+    torchvision and the JAX release resize PIL images; "tensor": resize the uint8 tensor with
+    torchvision's antialiased kernels, as Hugging Face's ViTImageProcessor does). A one-channel model
+    gets the image in grey. img_size overrides the input size (for a model built at another resolution).
     """
-    if img_size is None:
-        H, W = tuple(pretrained_cfg.get("input_size", (3, 224, 224)))[1:]
-    else:
-        H, W = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-    crop_pct = pretrained_cfg.get("crop_pct") or 0.875
-    crop_mode = pretrained_cfg.get("crop_mode") or "center"
-    name = pretrained_cfg.get("interpolation", "bicubic")
+    H, W = _size(pretrained_cfg, img_size)
+    crop_pct = pretrained_cfg.crop_pct or 0.875
+    name = pretrained_cfg.interpolation
     if name not in INTERPOLATIONS:
         raise VitlabError(f"pretrained_cfg interpolation {name!r} is unknown; expected one of {', '.join(INTERPOLATIONS)}")
     interpolation = INTERPOLATIONS[name]
     scale = (math.floor(H / crop_pct), math.floor(W / crop_pct))  # timm's arithmetic: 224 / 0.875 = 256
-    if crop_mode == "squash":
+    if pretrained_cfg.crop_mode == "squash":
         resize = v2.Resize(scale, interpolation=interpolation)  # both sides: the aspect ratio is not kept
-    elif crop_mode == "center":
+    elif pretrained_cfg.crop_mode == "center":
         # The short side to the scale (for a non-square input, the larger scale, so the crop fits).
         resize = v2.Resize(max(scale), interpolation=interpolation)
     else:
-        raise VitlabError(f"pretrained_cfg crop_mode {crop_mode!r} is unknown; expected center or squash")
-    backend = pretrained_cfg.get("resize_backend") or "pil"
+        raise VitlabError(f"pretrained_cfg crop_mode {pretrained_cfg.crop_mode!r} is unknown; expected center or squash")
+    backend = pretrained_cfg.resize_backend
     if backend not in ("pil", "tensor"):
         raise VitlabError(f"pretrained_cfg resize_backend {backend!r} is unknown; expected pil or tensor")
+    C = pretrained_cfg.in_chans
+    colour = [v2.Grayscale(num_output_channels=1)] if C == 1 else []  # PIL's convert("L") for grey models
     to_image = v2.ToImage()  # PIL (H, W, 3) uint8 -> tv_tensors.Image (3, H, W) uint8
     geometry = [resize, v2.CenterCrop((H, W))]
-    steps = geometry + [to_image] if backend == "pil" else [to_image] + geometry
+    steps = colour + geometry + [to_image] if backend == "pil" else colour + [to_image] + geometry
     return v2.Compose(
         steps
         + [
             v2.ToDtype(torch.float32, scale=True),  # [0, 255] -> [0, 1]
-            v2.Normalize(mean=list(pretrained_cfg.get("mean", (0.5,) * 3)), std=list(pretrained_cfg.get("std", (0.5,) * 3))),
+            v2.Normalize(mean=list(pretrained_cfg.mean)[:C], std=list(pretrained_cfg.std)[:C]),
         ]
     )
 
 
-def describe(pretrained_cfg: dict, img_size: int | tuple[int, int] | None = None) -> str:
-    """One line saying what eval_transform(pretrained_cfg, img_size) does, for logs and `vitlab predict`."""
+def _size(pretrained_cfg: PretrainedCfg, img_size) -> tuple[int, int]:
     if img_size is None:
-        H, W = tuple(pretrained_cfg.get("input_size", (3, 224, 224)))[1:]
-    else:
-        H, W = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-    crop_pct = pretrained_cfg.get("crop_pct") or 0.875
+        return pretrained_cfg.img_size
+    return (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+
+
+def describe(pretrained_cfg: PretrainedCfg, img_size: int | tuple[int, int] | None = None) -> str:
+    """One line saying what eval_transform(pretrained_cfg, img_size) does, for logs and `vitlab predict`."""
+    H, W = _size(pretrained_cfg, img_size)
+    crop_pct = pretrained_cfg.crop_pct or 0.875
     scale = (math.floor(H / crop_pct), math.floor(W / crop_pct))
-    interp = pretrained_cfg.get("interpolation", "bicubic")
-    if (pretrained_cfg.get("crop_mode") or "center") == "squash":
+    interp = pretrained_cfg.interpolation
+    if pretrained_cfg.crop_mode == "squash":
         steps = f"resize to {scale[0]}x{scale[1]} ({interp})" + ("" if scale == (H, W) else f", centre-crop {H}x{W}")
     else:
         steps = f"resize short side to {max(scale)} ({interp}), centre-crop {H}x{W}"
     fmt = lambda v: "(" + ", ".join(f"{x:g}" for x in v) + ")"  # noqa: E731
-    mean, std = pretrained_cfg.get("mean", (0.5,) * 3), pretrained_cfg.get("std", (0.5,) * 3)
-    return f"{steps}, mean {fmt(mean)}, std {fmt(std)}"
+    C = pretrained_cfg.in_chans
+    return f"{steps}, mean {fmt(pretrained_cfg.mean[:C])}, std {fmt(pretrained_cfg.std[:C])}"
 
 
 def open_image(path: str | Path) -> Image.Image:
@@ -108,7 +110,7 @@ def open_image(path: str | Path) -> Image.Image:
     transparent images are composited on white. Corrupt, truncated, empty and non-image files, and
     images over PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS), are refused.
     """
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.exists():
         raise VitlabError(f"{path}: no such file")
     if not path.is_file():
@@ -152,6 +154,13 @@ def to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV, RGB
 
 
+def images_tensor(images, pretrained_cfg: PretrainedCfg, img_size: int | tuple[int, int] | None = None) -> torch.Tensor:
+    """Image files (or PIL images) preprocessed for a model with this PretrainedCfg: (B, C, H, W).
+    A file that cannot be read is a VitlabError naming it."""
+    transform = eval_transform(pretrained_cfg, img_size)
+    return torch.stack([transform(to_rgb(im) if isinstance(im, Image.Image) else open_image(im)) for im in images])
+
+
 def load_images(paths, transform) -> tuple[list[tuple[str, torch.Tensor]], list[tuple[str, str]]]:
     """Open and preprocess many files: ([(path, tensor (3, H, W))], [(path, error message)])."""
     good, bad = [], []
@@ -163,4 +172,4 @@ def load_images(paths, transform) -> tuple[list[tuple[str, torch.Tensor]], list[
     return good, bad
 
 
-__all__ = ["eval_transform", "describe", "open_image", "to_rgb", "load_images", "INTERPOLATIONS"]
+__all__ = ["eval_transform", "describe", "open_image", "to_rgb", "images_tensor", "load_images", "INTERPOLATIONS"]

@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitlab import cpu_inference
-from vitlab.errors import VitlabError
-from vitlab.preprocess import eval_transform, load_images
+from vitlab.data.preprocess import eval_transform, load_images
+from vitlab.errors import VitlabError, check_range
 from vitlab.runtime import autocast, resolve_device
+from vitlab.speed import cpu_inference
 
 
 def class_names(model: nn.Module) -> list[str] | None:
-    names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+    names = model.pretrained_cfg.label_names
     return list(names) if names else None
 
 
@@ -55,13 +55,13 @@ def predict_files(
     `pack`: on a CPU with oneDNN, pack the model's Linear weights once (`vitlab.cpu_inference`: the
     same logits, faster); this changes `model` in place (the CLI does it).
     """
-    if topk < 1:
-        raise VitlabError(f"--topk must be at least 1, found {topk}")
-    pcfg = getattr(model, "pretrained_cfg", None) or {}
-    head = getattr(model, "head", None)
+    check_range("topk", topk, low=1, integer=True)
+    check_range("batch_size", batch_size, low=1, integer=True)
+    pcfg = model.pretrained_cfg
+    head = model.head
     if isinstance(head, nn.Linear) and not head.weight.detach().any():  # zeroed (in21k), absent or new head
         raise VitlabError(
-            f"the weights {pcfg.get('source')!r} have no trained classifier (the head is all zeros: an "
+            f"the weights {pcfg.source!r} have no trained classifier (the head is all zeros: an "
             "ImageNet-21k pre-training checkpoint, a backbone, or a new head), so predictions would be "
             "meaningless; use weights fine-tuned for classification (e.g. an ..._in1k checkpoint) or fine-tune first"
         )
@@ -69,8 +69,7 @@ def predict_files(
     model = model.to(dev).eval()
     if pack and cpu_inference.supported(precision, dev):
         model = cpu_inference.pack_for_cpu_inference(model, precision)
-    size = img_size or getattr(getattr(model, "cfg", None), "img_size", None)
-    transform = eval_transform(pcfg, size)
+    transform = eval_transform(pcfg, img_size or model.cfg.img_size)
     names = class_names(model)
     paths = [str(p) for p in paths]
     results: dict[str, dict] = {}

@@ -1,0 +1,92 @@
+"""The flags several commands share, declared once, with one meaning and one set of messages:
+where the model comes from, the device, the precision, CPU threads, the output.
+
+    add_model_source(p, weights="required" | "optional" | "none")   --model, --pretrained | --checkpoint, --img-size
+    model_from_args(args, num_classes=...)                          vitlab.create_model, load warnings printed
+    add_device(p), add_precision(p), add_threads(p), add_out(p)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from torch import nn
+
+from vitlab.errors import VitlabError
+from vitlab.models.factory import create_model
+from vitlab.runtime import PRECISIONS
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends with the default, where there is one worth showing."""
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        d = action.default
+        if d is None or isinstance(d, bool) or d is argparse.SUPPRESS or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def add_model_source(p: argparse.ArgumentParser, *, weights: str = "optional") -> None:
+    """--model NAME, --pretrained SOURCE | --checkpoint PATH, --img-size S.
+
+    weights: "required" (predict, export: random weights would predict nothing), "optional"
+    (attention, inspect, finetune: --model alone is a randomly initialised model), "none" (train:
+    from random weights only).
+    """
+    g = p.add_argument_group("model")
+    g.add_argument("--model", metavar="NAME", help="a registered model (`vitlab info` lists them); with --pretrained "
+                   "or --checkpoint optional, and then checked against the weights")
+    if weights != "none":
+        src = g.add_mutually_exclusive_group()
+        src.add_argument("--pretrained", metavar="SOURCE", help="weights of timm, Hugging Face, torchvision or the JAX "
+                         "release: a .safetensors/.pth/.bin/.npz file, a save_pretrained folder, or a hub id "
+                         "(hf-hub:timm/..., google/vit-...); the Hugging Face cache is tried first and HF_HUB_OFFLINE=1 "
+                         "is honoured")
+        src.add_argument("--checkpoint", metavar="PATH", help="a vitlab checkpoint: a run folder (its last.json), a "
+                         "last.json/best.json, a checkpoint folder, or an exported .safetensors with its .json")
+    g.add_argument("--img-size", type=int, default=None, metavar="S", help="run at S x S pixels; the position "
+                   "embedding is resampled (2-D bicubic) if the weights were trained at another size")
+    p.set_defaults(weights_rule=weights)
+
+
+def model_from_args(args, **kwargs) -> nn.Module:
+    """The model the flags name (vitlab.create_model); load warnings (a new head, dropped parts) are
+    printed as `warning: ...` lines."""
+    pretrained, checkpoint = getattr(args, "pretrained", None), getattr(args, "checkpoint", None)
+    if args.weights_rule == "required" and not (pretrained or checkpoint):
+        raise VitlabError("give the weights with --pretrained SOURCE (a file, folder or hub id) or --checkpoint PATH "
+                          "(a vitlab run); random weights predict nothing")
+    if not (args.model or pretrained or checkpoint):
+        raise VitlabError("--model NAME is required (or --pretrained/--checkpoint, whose weights say what the model "
+                          "is); `vitlab info` lists the names")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = create_model(args.model, pretrained=pretrained, checkpoint=checkpoint, img_size=args.img_size, **kwargs)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return model
+
+
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+
+
+def add_precision(p: argparse.ArgumentParser, help: str = "fp32, or bf16 autocast") -> None:
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help=help)
+
+
+def add_threads(p: argparse.ArgumentParser, default: int | None = None, help: str | None = None) -> None:
+    p.add_argument("--threads", type=int, default=default, metavar="N", help=help or (
+        "torch intra-op CPU threads (default: torch's; 1 is often fastest for small models on a busy CPU)"))
+
+
+def add_out(p: argparse.ArgumentParser, *, help: str, required: bool = True, default: str | None = None) -> None:
+    p.add_argument("--out", required=required, default=default, metavar="PATH" if "file" in help else "DIR", help=help)
+
+
+__all__ = ["DefaultsFormatter", "add_model_source", "model_from_args", "add_device", "add_precision", "add_threads",
+           "add_out"]

@@ -1,0 +1,102 @@
+"""`create_model`: the one door to a model, for the library, every command, experiment and the page.
+
+    create_model("vit_base_patch16_224")                                 # random init, the registry's config
+    create_model("vit_base_patch16_224", pretrained="hf-hub:timm/...")   # weights from any source
+    create_model(pretrained="model.safetensors")                         # the architecture read from the file
+    create_model(checkpoint="runs/digits")                               # a vitlab run (its last.json), any kind
+    create_model("vit_mini", num_classes=5, img_size=64, drop_path=0.1)  # checked overrides
+
+The arguments mean the same whatever the source: `name` is a registered model (vitlab.model_names()),
+checked field by field against the weights when both are given; `num_classes` different from the
+weights' gives a new zero-initialised head (paper Section 3.2); `img_size` different from the weights'
+resamples the position embedding (Section 3.2); `overrides` are other config fields. Every model comes
+with a typed `model.pretrained_cfg` (vitlab.models.pretrained_cfg.PretrainedCfg): its preprocessing,
+class names and provenance. Loaded weights come in eval mode; a new model in train mode.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from vitlab.errors import VitlabError
+from vitlab.models.cnn import ResNetMini
+from vitlab.models.registry import get_config, get_variant
+from vitlab.models.vit import ViTConfig, VisionTransformer
+from vitlab.weights import checkpoint as ckpt_format
+from vitlab.weights.pretrained import load_checkpoint, plan_load
+
+
+def create_model(
+    name: str | None = None,
+    *,
+    pretrained: str | Path | None = None,
+    checkpoint: str | Path | None = None,
+    num_classes: int | None = None,
+    img_size: int | tuple[int, int] | None = None,
+    **overrides,
+) -> nn.Module:
+    """Build a model, like timm.create_model; see the module docstring for the arguments.
+
+    pretrained: weights of timm, Hugging Face, torchvision or the JAX release: a .safetensors/.pth/
+        .bin/.npz file, a folder (save_pretrained, timm hub layout), or a hub id (vitlab.weights).
+    checkpoint: a vitlab checkpoint: a run folder (its last.json), a last.json/best.json pointer, a
+        checkpoint folder, or an exported .safetensors with its .json.
+    """
+    if pretrained is not None and checkpoint is not None:
+        raise VitlabError("give pretrained= (weights of any library) or checkpoint= (a vitlab run), not both")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if checkpoint is not None:
+        return _from_checkpoint(name, Path(checkpoint).expanduser(), num_classes, img_size, overrides)
+    if pretrained is not None:
+        return _from_weights(name, pretrained, str(pretrained), num_classes, img_size, overrides)
+    if name is None:
+        raise VitlabError("name a model (vitlab.model_names() lists them), or give pretrained= or checkpoint=",
+                          arg="model")
+    variant = get_variant(name)
+    config = get_config(name, num_classes=num_classes, img_size=img_size, **overrides)
+    model = VisionTransformer(config) if isinstance(config, ViTConfig) else ResNetMini(config)
+    model.pretrained_cfg = variant.pretrained_cfg.replace(
+        architecture=name, input_size=(config.in_chans, *config.img_size), num_classes=config.num_classes)
+    return model
+
+
+def _from_weights(name, source, label: str, num_classes, img_size, overrides) -> nn.Module:
+    """A ViT from weights of any format (vitlab's own ViT checkpoints included)."""
+    if name is not None and not get_variant(name).is_vit:
+        raise VitlabError(f"model {name!r} is a CNN baseline and has no pretrained weights; a vitlab checkpoint of it "
+                          "loads with checkpoint=", arg="model")
+    plan = plan_load(load_checkpoint(source), name, num_classes=num_classes, img_size=img_size, source=label,
+                     **overrides)
+    model = VisionTransformer(plan.config)
+    model.load_state_dict(plan.state_dict, strict=plan.strict)
+    model.pretrained_cfg = plan.pretrained_cfg
+    return model.eval()
+
+
+def _from_checkpoint(name, path: Path, num_classes, img_size, overrides) -> nn.Module:
+    if path.suffix == ".safetensors" and path.with_suffix(".json").is_file():
+        return _from_weights(name, path, str(path), num_classes, img_size, overrides)  # `vitlab export` output
+    folder = ckpt_format.resolve_checkpoint(path)
+    meta = ckpt_format.read_meta(folder)
+    if meta["kind"] == "vit":
+        return _from_weights(name, folder, str(folder), num_classes, img_size, overrides)
+    # The CNN baseline: its config rebuilds it exactly; only a new head can change.
+    if name is not None and name != meta["pretrained_cfg"].architecture:
+        raise VitlabError(f"checkpoint {folder} holds a {meta['pretrained_cfg'].architecture or meta['kind']} "
+                          f"model, not {name!r}; drop the model name or give its checkpoint", arg="model")
+    if img_size is not None:
+        overrides["img_size"] = img_size
+    model = ckpt_format.build_from_meta(meta, **overrides)
+    model.load_state_dict(ckpt_format.read_weights(folder))
+    pcfg = meta["pretrained_cfg"].replace(source=str(folder), format="vitlab", head="loaded",
+                                          input_size=(model.cfg.in_chans, *model.cfg.img_size))
+    if num_classes is not None and num_classes != model.num_classes:
+        model.reset_classifier(num_classes)
+        pcfg = pcfg.replace(num_classes=num_classes, label_names=None, head="new")
+    model.pretrained_cfg = pcfg
+    return model.eval()
+
+
+__all__ = ["create_model"]

@@ -1,0 +1,172 @@
+"""A training run on a dataset, as `vitlab train` and `vitlab finetune` start it: your image folder or a
+bundled dataset, a model from any source, a Recipe, a run folder; under torchrun on several processes.
+
+    from vitlab.train import RECIPES, TrainJob, run
+    run(TrainJob(dataset="digits", model="vit_mini", recipe=RECIPES["scratch"].replace(epochs=40), out="runs/vit"))
+    run(TrainJob(data="my_photos", model="vit_tiny_patch16_224", pretrained="weights.safetensors", img_size=64,
+                 recipe=RECIPES["finetune"], out="runs/ft"))
+
+Fine-tuning (seed 004 section 7.3): the model gets a new zero-initialised head for the folder's
+classes (paper Section 3.2), then `fit` trains it with the recipe's stages. Training from scratch is
+the same run with a model of random weights and a one-stage recipe.
+
+The run folder gets what `fit` writes every epoch (metrics.csv, checkpoints, last.json/best.json),
+TensorBoard scalars, and at the end (vitlab.train.report): the best checkpoint's confusion matrix and
+per-class accuracy, the curves, the EMA weights, the diagnostics, and summary.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from vitlab.data.datasets import DATASETS, dataset_classes, load_scan, make_loaders
+from vitlab.data.folder import FolderScan
+from vitlab.errors import VitlabError, check_range
+from vitlab.models.factory import create_model
+from vitlab.runtime import seed_everything
+from vitlab.train import diagnostics, distributed, report
+from vitlab.train.callbacks import EpochPrinter, TensorBoardLogger
+from vitlab.train.engine import check_run_folder, fit
+from vitlab.train.recipe import RECIPES, Recipe
+from vitlab.weights import checkpoint as ckpt
+
+
+@dataclass
+class TrainJob:
+    """What to train on, what to train, how, and where the run goes (the CLI flags, one to one)."""
+
+    # data: an image folder, or a bundled dataset
+    data: str | None = None
+    dataset: str | None = None
+    val_split: float | None = None  # validation fraction of a one-folder layout (seeded, stratified; default 0.2)
+    # model: a registered name, pretrained weights of any library, or a vitlab checkpoint
+    model: str | None = None
+    pretrained: str | None = None
+    checkpoint: str | None = None
+    img_size: int | None = None
+    drop_path: float = 0.0  # stochastic depth of the last block (ViTs)
+    recipe: Recipe = field(default_factory=lambda: RECIPES["scratch"])
+    # where and how it runs (nothing here changes the numbers)
+    out: str = "runs/train"
+    resume: bool = False
+    device: str = "auto"
+    workers: int | None = None  # data-loading processes (default: 0 on CPU, up to 8 on GPU)
+
+    def check(self) -> None:
+        if (self.data is None) == (self.dataset is None):
+            raise VitlabError(f"give exactly one of data (an image folder) or dataset ({' | '.join(DATASETS)})", arg="data")
+        if self.dataset is not None:
+            dataset_classes(self.dataset)
+        if self.pretrained and self.checkpoint:
+            raise VitlabError("give pretrained (weights of any library) or checkpoint (a vitlab run), not both")
+        if self.model is None and self.pretrained is None and self.checkpoint is None:
+            raise VitlabError("model is required (a name from `vitlab info`), unless pretrained or checkpoint says "
+                              "what the model is", arg="model")
+        check_range("val_split", self.val_split, low=0, high=1, low_open=True, high_open=True, optional=True)
+        check_range("img_size", self.img_size, low=1, integer=True, optional=True)
+        check_range("drop_path", self.drop_path, low=0, high=1, high_open=True)
+        check_range("workers", self.workers, low=0, integer=True, optional=True)
+
+    def identity(self, data_fingerprint: str) -> dict:
+        """What a resumed run must share with the run it resumes, besides the recipe."""
+        return {"data": data_fingerprint, "dataset": self.dataset, "val_split": self.val_split, "model": self.model,
+                "pretrained": self.pretrained, "checkpoint": self.checkpoint, "img_size": self.img_size,
+                "drop_path": self.drop_path}
+
+
+def run(job: TrainJob, *, progress: bool | None = None) -> dict:
+    """Train as `job` says; returns the summary (also written to out/summary.json)."""
+    job.check()
+    t_start = time.perf_counter()
+    dist = distributed.setup(job.device)
+    say = _printer(dist)
+    show = (sys.stderr.isatty() if progress is None else progress) and dist.is_main
+    out = Path(job.out).expanduser()
+    check_run_folder(out, job.resume)
+    recipe = job.recipe
+
+    seed_everything(recipe.seed)
+    bundled = job.dataset is not None
+    scan = None if bundled else _scan(job, dist, say, show)
+    names = dataset_classes(job.dataset) if bundled else scan.classes
+    model = create_model(job.model, pretrained=job.pretrained, checkpoint=job.checkpoint, num_classes=len(names),
+                         img_size=job.img_size, drop_path=job.drop_path if job.drop_path > 0 else None)
+    model.reset_classifier(len(names))  # a new zero-initialised head for these classes (paper Section 3.2)
+    model.pretrained_cfg = model.pretrained_cfg.replace(num_classes=len(names), label_names=tuple(names), head="new")
+    if bundled:
+        scan = load_scan(dataset=job.dataset, val_split=job.val_split, seed=recipe.seed, img_size=model.cfg.img_size)
+        say(scan.report())
+    name = job.model or model.pretrained_cfg.architecture or type(model).__name__
+    from_scratch = not (job.pretrained or job.checkpoint)
+    if from_scratch:
+        finding = diagnostics.tiny_from_scratch(len(scan.train), name)
+        if finding:
+            say(str(finding))
+    train_loader, val_loader = make_loaders(scan, model, recipe, dist=dist, bundled=bundled, workers=job.workers)
+
+    K = recipe.freeze_epochs
+    stages = f"{K} head-only, then unfreeze {recipe.unfreeze}" if K else f"unfreeze {recipe.unfreeze}"
+    accum = f" x {recipe.grad_accum} accumulation" if recipe.grad_accum > 1 else ""
+    say(f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters, {len(names)} classes; {recipe.epochs} "
+        f"epochs ({stages}), global batch {recipe.batch_size * dist.world_size * recipe.grad_accum} = "
+        f"{recipe.batch_size} x {dist.world_size} process(es){accum}, {dist.device}, {recipe.precision}")
+    start = int(ckpt.read_pointer(out / "last.json").get("epoch") or 0) if job.resume else 0
+    callbacks = [EpochPrinter(say, recipe.epochs, staged=K > 0, unfreeze=recipe.unfreeze)]
+    if dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        callbacks.append(TensorBoardLogger(out, start_epoch=start))
+    history = fit(model, train_loader, val_loader, recipe, dist=dist, out=out, resume=job.resume,
+                  identity=job.identity(fingerprint(scan)), callbacks=callbacks, log=say, progress=show, desc="epochs")
+
+    summary = {}
+    if dist.is_main:
+        summary = report.finish_run(out, model=model, history=history, scan=scan, val_loader=val_loader, recipe=recipe,
+                                    name=name, from_scratch=from_scratch, world_size=dist.world_size,
+                                    elapsed=time.perf_counter() - t_start, settings=_settings(job), say=say)
+    distributed.barrier(dist)
+    distributed.cleanup(dist)
+    return summary
+
+
+def _scan(job: TrainJob, dist, say, show: bool) -> FolderScan:
+    scan = load_scan(data=job.data, val_split=job.val_split, seed=job.recipe.seed, progress=show)
+    if dist.is_main:
+        if scan.warning():
+            print(scan.warning(), file=sys.stderr)
+        say(scan.report())
+    return scan
+
+
+def fingerprint(scan: FolderScan) -> str:
+    """A hash of the classes and of which file is in which split with which label; paths are taken
+    relative to the folder, so a moved folder still resumes."""
+
+    def rel(p: str) -> str:
+        return str(Path(p).relative_to(scan.root)) if Path(p).is_absolute() else p
+
+    items = [scan.classes, [(rel(p), y) for p, y in scan.train], [(rel(p), y) for p, y in scan.val]]
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
+
+
+def _settings(job: TrainJob) -> dict:
+    settings = asdict(job)
+    settings["recipe"] = job.recipe.to_dict()
+    return settings
+
+
+def _printer(dist):
+    def say(msg: str) -> None:
+        if dist.is_main:
+            tqdm.write(msg, file=sys.stdout)
+
+    return say
+
+
+__all__ = ["TrainJob", "run", "fingerprint"]

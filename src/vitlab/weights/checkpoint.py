@@ -1,0 +1,211 @@
+"""vitlab's own checkpoints: one format for every run, written so that a kill at any moment leaves
+the previous checkpoint intact, and read as untrusted input.
+
+A run folder holds `checkpoints/epoch_NNNN/` folders and two pointer files:
+
+    out/last.json                 {"checkpoint": "checkpoints/epoch_0012", "epoch": 12}
+    out/best.json                 {"checkpoint": "checkpoints/epoch_0009", "epoch": 9, "val_acc": ...}
+    out/checkpoints/epoch_0012/
+        model.safetensors         the weights (timm's names for a ViT)
+        config.json               how to rebuild the model: {"kind": "vit" | "resnet_mini", "config": {...},
+                                  "pretrained_cfg": {...}, "version": 2}
+        state.pt                  what resuming needs (vitlab.train.engine.fit): optimizer, scheduler, RNG,
+                                  metrics, recipe; read back with torch.load(weights_only=True)
+
+A checkpoint folder is written under a temporary name and renamed into place, then the pointer file
+is replaced atomically. Files from disk are not trusted: a pointer that is not the JSON object
+expected, a config of an unknown kind, a truncated or unsafe state.pt, each is a VitlabError that
+names the file and what was expected. Checkpoints written by earlier vitlab versions (no "version";
+an untyped pretrained_cfg) load the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from vitlab.errors import VitlabError
+from vitlab.fileio import write_json
+from vitlab.models.cnn import ResNetConfig, ResNetMini
+from vitlab.models.pretrained_cfg import PretrainedCfg
+from vitlab.models.vit import ViTConfig, VisionTransformer
+
+VERSION = 2
+# kind -> (configuration class, model class); the kind names are the ones earlier versions wrote
+KINDS = {"vit": (ViTConfig, VisionTransformer), "resnet_mini": (ResNetConfig, ResNetMini)}
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside DistributedDataParallel and torch.compile wrappers."""
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    return getattr(model, "_orig_mod", model)  # torch.compile
+
+
+def model_meta(model: nn.Module) -> dict:
+    """The config.json of a checkpoint of `model`: what rebuilding it needs."""
+    model = unwrap(model)
+    kind = next((k for k, (_, cls) in KINDS.items() if isinstance(model, cls)), None)
+    if kind is None:
+        raise TypeError(f"cannot describe a {type(model).__name__} for a checkpoint")
+    pcfg = model.pretrained_cfg or PretrainedCfg()
+    return {"kind": kind, "config": model.cfg.to_dict(), "pretrained_cfg": pcfg.to_dict(), "version": VERSION}
+
+
+def save_weights(folder: str | Path, model: nn.Module) -> Path:
+    """A checkpoint folder with weights and config only (no training state), written atomically."""
+    return _write_folder(Path(folder), model, state=None)
+
+
+def save_checkpoint(out_dir: str | Path, name: str, model: nn.Module, state: dict, *, keep: int = 2) -> Path:
+    """Write checkpoint folder `out_dir/checkpoints/<name>` and point `out_dir/last.json` at it.
+
+    `state` holds whatever resume needs (optimizer, scheduler, RNG, epoch, metrics). Only the newest
+    `keep` epoch folders are kept, plus whatever `best.json` points at.
+    """
+    out_dir = Path(out_dir)
+    final = _write_folder(out_dir / "checkpoints" / name, model, state)
+    write_json(out_dir / "last.json", {"checkpoint": f"checkpoints/{name}", "epoch": state.get("epoch")})
+    _prune(out_dir, keep)
+    return final
+
+
+def _write_folder(final: Path, model: nn.Module, state: dict | None) -> Path:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        weights = {k: v.detach().contiguous().cpu() for k, v in unwrap(model).state_dict().items()}
+        save_file(weights, tmp / "model.safetensors")
+        write_json(tmp / "config.json", model_meta(model))
+        if state is not None:
+            torch.save(state, tmp / "state.pt")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def mark_best(out_dir: str | Path, name: str, metrics: dict) -> None:
+    write_json(Path(out_dir) / "best.json", {"checkpoint": f"checkpoints/{name}", **metrics})
+
+
+def read_pointer(path: str | Path) -> dict:
+    """A last.json/best.json pointer: a JSON object whose "checkpoint" is a folder inside the run."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise VitlabError(f"checkpoint pointer {path} is not readable JSON ({type(e).__name__}); expected "
+                          '{"checkpoint": "checkpoints/epoch_NNNN", ...} as vitlab writes it') from e
+    target = data.get("checkpoint") if isinstance(data, dict) else None
+    if not isinstance(target, str) or Path(target).is_absolute() or ".." in Path(target).parts:
+        raise VitlabError(f"checkpoint pointer {path} should be a JSON object whose \"checkpoint\" names a folder "
+                          f"inside the run (e.g. checkpoints/epoch_0003); found {json.dumps(data)[:120]}")
+    return data
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder from: the folder itself, a run folder (its last.json), or a pointer file."""
+    path = Path(path).expanduser()
+    if path.is_dir() and (path / "model.safetensors").exists():
+        return path
+    if path.is_dir() and (path / "last.json").exists():
+        path = path / "last.json"
+    if path.is_file() and path.suffix == ".json":
+        target = path.parent / read_pointer(path)["checkpoint"]
+        if (target / "model.safetensors").exists():
+            return target
+        raise VitlabError(f"checkpoint pointer {path} names {target}, which has no model.safetensors")
+    if path.is_file() and path.suffix == ".safetensors" and (path.parent / "config.json").exists():
+        return path.parent
+    what = "does not exist" if not path.exists() else "holds no vitlab checkpoint"
+    raise VitlabError(
+        f"checkpoint {path} {what}: expected a checkpoint folder (model.safetensors + config.json), "
+        "a run folder with last.json, or a last.json/best.json pointer", arg="checkpoint"
+    )
+
+
+def read_meta(folder: str | Path) -> dict:
+    """config.json of a checkpoint folder, checked: {"kind", "config", "pretrained_cfg" (typed)}."""
+    path = Path(folder) / "config.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise VitlabError(f"checkpoint config {path} is not readable JSON ({type(e).__name__}); "
+                          'expected {"kind": "vit", "config": {...}} as vitlab writes it') from e
+    if not isinstance(meta, dict) or meta.get("kind") not in KINDS or not isinstance(meta.get("config"), dict):
+        found = meta.get("kind") if isinstance(meta, dict) else type(meta).__name__
+        raise VitlabError(f"checkpoint config {path} has model kind {found!r}; expected one of "
+                          f"{', '.join(KINDS)} with a \"config\" object (is it a vitlab checkpoint?)")
+    pcfg = meta.get("pretrained_cfg")
+    meta["pretrained_cfg"] = PretrainedCfg.from_dict(pcfg if isinstance(pcfg, dict) else {})
+    return meta
+
+
+def build_from_meta(meta: dict, **overrides) -> nn.Module:
+    """A new model of the kind and configuration `read_meta` returned (weights not loaded)."""
+    config_cls, model_cls = KINDS[meta["kind"]]
+    known = {k: v for k, v in meta["config"].items() if k in config_cls.__dataclass_fields__}
+    try:
+        config = config_cls(**known).replace(**overrides)
+    except TypeError as e:
+        raise VitlabError(f"checkpoint config has fields that do not fit a {meta['kind']} model: {e}") from e
+    return model_cls(config)
+
+
+def read_weights(folder: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    path = Path(folder) / "model.safetensors"
+    try:
+        return load_file(path, device=str(device))
+    except (OSError, SafetensorError) as e:
+        raise VitlabError(f"checkpoint weights {path} are unreadable or truncated ({type(e).__name__}: {e})") from e
+
+
+def read_state(folder: str | Path) -> dict:
+    """state.pt of a checkpoint folder: torch.load(weights_only=True), so it runs no code."""
+    path = Path(folder) / "state.pt"
+    if not path.is_file():
+        raise VitlabError(f"{path} does not exist: the checkpoint holds weights only, not a training state to resume")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise VitlabError(f"refused {path}: it holds objects other than tensors and plain containers, which could "
+                          f"run code (torch.load(weights_only=True) said: {str(e).splitlines()[0]})") from e
+    except (OSError, RuntimeError, EOFError, zipfile.BadZipFile) as e:
+        raise VitlabError(f"{path} is truncated or not a training state ({type(e).__name__}); "
+                          "resume from an earlier checkpoint or start a new run") from e
+    if not isinstance(state, dict):
+        raise VitlabError(f"{path} should hold a dict of training state; found {type(state).__name__}")
+    return state
+
+
+def _prune(out_dir: Path, keep: int) -> None:
+    root = out_dir / "checkpoints"
+    protected = set()
+    for pointer in ("last.json", "best.json"):
+        p = out_dir / pointer
+        if p.exists():
+            protected.add(Path(read_pointer(p)["checkpoint"]).name)
+    epochs = sorted(d for d in root.iterdir() if d.is_dir() and d.name.startswith("epoch_"))
+    for d in epochs[:-keep]:
+        if d.name not in protected:
+            shutil.rmtree(d, ignore_errors=True)
+    for d in root.iterdir():  # temp folders of a save that was killed
+        if d.name.startswith("."):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+__all__ = ["VERSION", "KINDS", "unwrap", "model_meta", "save_weights", "save_checkpoint", "mark_best", "read_pointer",
+           "resolve_checkpoint", "read_meta", "build_from_meta", "read_weights", "read_state"]

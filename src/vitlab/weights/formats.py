@@ -1,0 +1,402 @@
+"""Weight files of every source, read safely and renamed to vitlab's names: the one place that knows
+the other libraries' layouts.
+
+    source (file | directory | hub id)
+      -> resolve_source()       a local path; a hub id through the Hugging Face cache (HF_HUB_OFFLINE honoured)
+      -> read_checkpoint()      safetensors / torch.load(weights_only=True) / np.load(allow_pickle=False)
+      -> detect_format()        "timm" | "hf" | "torchvision" | "jax", from the key names alone
+      -> convert_state_dict()   one function per layout, all to vitlab names (which are timm's)
+
+The layouts (names of block i):
+
+    vitlab / timm   blocks.i.attn.qkv (3D, D)                    patch_embed.proj (D, C, P, P)
+    HF ViT          vit.encoder.layer.i.attention.attention.{query,key,value}; embeddings.*
+    torchvision     encoder.layers.encoder_layer_i.self_attention.in_proj_weight; conv_proj; class_token
+    JAX .npz        Transformer/encoderblock_i/MultiHeadDotProductAttention_1/query/kernel (D, h, d);
+                    embedding/kernel (P, P, C, D), permuted (3, 2, 0, 1) to PyTorch's (D, C, P, P)
+
+What the converted tensors say about the architecture, and loading them into a model, is
+`vitlab.weights.pretrained`.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from vitlab.errors import VitlabError
+
+FORMATS = ("timm", "hf", "torchvision", "jax")
+TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".tar")  # .tar: timm training checkpoints (model_best.pth.tar)
+WEIGHT_SUFFIXES = (".safetensors", ".npz", *TORCH_SUFFIXES)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reading files safely
+
+
+def read_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of one weights file. Nothing here runs code from the file.
+
+    .safetensors: safetensors (the default, a flat table of tensors).
+    .pth/.pt/.bin: torch.load(weights_only=True), which refuses any pickled object that is not a
+    tensor or a plain container, so a malicious pickle cannot run code. .npz: np.load(allow_pickle=False).
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if not path.is_file():
+        raise VitlabError(f"weights file {path} does not exist")
+    try:
+        if suffix == ".safetensors":
+            return load_file(str(path))
+        if suffix in TORCH_SUFFIXES:
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+            return _unwrap_torch_checkpoint(obj, path)
+        if suffix == ".npz":
+            with np.load(str(path), allow_pickle=False) as npz:
+                return {k: torch.from_numpy(np.array(npz[k])) for k in npz.files}
+    except VitlabError:
+        raise
+    except pickle.UnpicklingError as e:
+        raise VitlabError(
+            f"refused to load {path}: it holds pickled objects other than tensors, which could run code "
+            f"(torch.load(weights_only=True) said: {str(e).splitlines()[0]}); "
+            "get the weights as .safetensors, or re-save a trusted file's state_dict with torch.save"
+        ) from e
+    except Exception as e:  # safetensors, zip and numpy errors have no common base class
+        raise VitlabError(f"could not read weights file {path}: {type(e).__name__}: {e}") from e
+    raise VitlabError(f"weights file {path} has suffix {suffix!r}; expected one of {', '.join(WEIGHT_SUFFIXES)}")
+
+
+def _unwrap_torch_checkpoint(obj, path: Path) -> dict[str, torch.Tensor]:
+    """A training checkpoint often nests the weights ({"model": ..., "optimizer": ...}) or prefixes
+    them with "module." (DistributedDataParallel); take the weights out."""
+    if isinstance(obj, dict):
+        for key in ("state_dict", "model", "model_state_dict"):
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise VitlabError(f"{path} is not a state dict (a mapping from names to tensors); found {type(obj).__name__}")
+    if obj and all(k.startswith("module.") for k in obj):
+        obj = {k[len("module.") :]: v for k, v in obj.items()}
+    return dict(obj)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise VitlabError(f"could not read the JSON config {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise VitlabError(f"the JSON config {path} should hold an object, found {type(data).__name__}")
+    return data
+
+
+def _sibling_config(weights: Path) -> Path | None:
+    """The config next to a weights file: `<stem>.json` (vitlab export, fine-tuning) or `config.json`."""
+    for candidate in (weights.with_suffix(".json"), weights.parent / "config.json"):
+        if candidate.is_file() and candidate != weights:
+            return candidate
+    return None
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
+    """(tensors, config.json contents, preprocessor_config.json contents) of a file or a directory.
+
+    A directory may be a Hugging Face `save_pretrained` folder (config.json + model.safetensors or
+    pytorch_model.bin), a timm hub folder (config.json + model.safetensors or pytorch_model.bin), or
+    a folder holding one weights file (and its `<stem>.json`).
+    """
+    path = Path(path)
+    if path.is_dir():
+        weights = _weights_in_dir(path)
+        config_path = path / "config.json" if (path / "config.json").is_file() else _sibling_config(weights)
+    else:
+        weights = path
+        config_path = _sibling_config(path)
+    config = read_json(config_path) if config_path is not None else {}
+    preproc_path = weights.parent / "preprocessor_config.json"
+    preproc = read_json(preproc_path) if preproc_path.is_file() else {}
+    index = weights.name.endswith(".index.json")
+    tensors = _read_sharded(weights) if index else read_weights_file(weights)
+    return tensors, config, preproc
+
+
+def _weights_in_dir(folder: Path) -> Path:
+    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "open_clip_pytorch_model.bin"):
+        if (folder / name).is_file():
+            return folder / name
+    found = sorted(p for p in folder.iterdir() if p.suffix.lower() in WEIGHT_SUFFIXES)
+    if len(found) == 1:
+        return found[0]
+    what = f"{len(found)} candidates ({', '.join(p.name for p in found)})" if found else "none"
+    raise VitlabError(
+        f"directory {folder} has no weights file vitlab can pick: expected model.safetensors or pytorch_model.bin "
+        f"(Hugging Face / timm layout) or exactly one *.safetensors/*.npz/*.pth file, found {what}"
+    )
+
+
+def _read_sharded(index_path: Path) -> dict[str, torch.Tensor]:
+    shards = sorted(set(read_json(index_path).get("weight_map", {}).values()))
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        tensors.update(read_weights_file(index_path.parent / shard))
+    return tensors
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sources: local file, local directory, or a Hugging Face hub id
+
+
+def is_hub_id(source: str) -> bool:
+    """`hf-hub:org/name` always; a bare `org/name` when no such local path exists and it is not a file name."""
+    if source.startswith("hf-hub:"):
+        return True
+    return (
+        re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", source) is not None
+        and not Path(source).exists()
+        and not source.lower().endswith(WEIGHT_SUFFIXES + (".json",))
+    )
+
+
+def resolve_source(source: str | Path, *, cache_dir: str | Path | None = None) -> Path:
+    """A local file or directory for `source`; a hub id is looked up in the Hugging Face cache first,
+    and downloaded only when it is not there and HF_HUB_OFFLINE is not set."""
+    text = str(source)
+    if Path(text).expanduser().exists():
+        return Path(text).expanduser()
+    if is_hub_id(text):
+        return download_from_hub(text.removeprefix("hf-hub:"), cache_dir=cache_dir)
+    raise VitlabError(
+        f"pretrained source {text!r} is neither an existing file or directory nor a hub id; expected a "
+        ".safetensors/.pth/.bin/.npz file, a save_pretrained directory, or an id such as "
+        "hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k or google/vit-base-patch16-224"
+    )
+
+
+def download_from_hub(repo_id: str, *, cache_dir: str | Path | None = None) -> Path:
+    """The local snapshot folder of hub repo `repo_id`: the cache first, then the network."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+        pass
+    if constants.is_offline_mode():
+        raise VitlabError(
+            f"hub id {repo_id!r} is not in the Hugging Face cache {cache} and HF_HUB_OFFLINE is set, so it "
+            "cannot be downloaded; download it once with network access (or copy the cache), or pass a local file"
+        )
+    try:
+        folder = Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=["*.json", "model.safetensors"]))
+        if not (folder / "model.safetensors").is_file():
+            folder = Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=["*.json", "pytorch_model.bin"]))
+    except Exception as e:  # network, authentication, missing repository
+        raise VitlabError(f"could not download hub id {repo_id!r} into the cache {cache}: {type(e).__name__}: {e}") from e
+    return folder
+
+
+# ----------------------------------------------------------------------------------------------------
+# Formats: detection and conversion to vitlab names (the one place that knows the other layouts)
+
+
+def detect_format(keys) -> str:
+    """Which layout a state dict is in, from its key names alone."""
+    keys = list(keys)
+    if any(k.endswith("embedding/kernel") or "Transformer/encoder" in k for k in keys):
+        return "jax"
+    if any(k in ("conv_proj.weight", "class_token") or k.startswith("encoder.layers.encoder_layer_") for k in keys):
+        return "torchvision"
+    if any(k.startswith(("vit.", "embeddings.patch_embeddings", "embeddings.position_embeddings")) for k in keys):
+        return "hf"
+    if any(k.startswith(("patch_embed.", "blocks.")) for k in keys):
+        return "timm"
+    shown = ", ".join(sorted(keys)[:6])
+    raise VitlabError(
+        f"unrecognised checkpoint layout (first keys: {shown}); expected timm (patch_embed.proj, blocks.0...), "
+        "Hugging Face ViT (vit.embeddings...), torchvision (conv_proj, encoder.layers...) or JAX .npz "
+        "(embedding/kernel, Transformer/encoderblock_0/...)"
+    )
+
+
+def convert_state_dict(state_dict: dict[str, torch.Tensor], fmt: str | None = None) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Rename a checkpoint's tensors to vitlab's (timm's) names. Returns (state dict, notes on dropped parts)."""
+    fmt = fmt or detect_format(state_dict)
+    if fmt in ("timm", "vitlab"):
+        return dict(state_dict), []
+    return {"hf": _convert_hf, "torchvision": _convert_torchvision, "jax": _convert_jax}[fmt](state_dict)
+
+
+def _fuse_qkv(out: dict, parts: dict) -> None:
+    """Concatenate per-block q, k, v (each (D, D) / (D,)) into vitlab's one qkv Linear (3D, D) / (3D,)."""
+    for (i, kind), qkv in sorted(parts.items()):
+        missing = [n for n in "qkv" if n not in qkv]
+        if missing:
+            raise VitlabError(f"block {i} of the checkpoint lacks the {', '.join(missing)} projection {kind}")
+        out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([qkv["q"], qkv["k"], qkv["v"]], dim=0)
+
+
+def _convert_hf(sd: dict) -> tuple[dict, list[str]]:
+    """Hugging Face ViTModel / ViTForImageClassification, both the saved layout
+    (encoder.layer.i.attention.attention.query) and transformers 5's in-memory one (layers.i.attention.q_proj)."""
+    out, qkv, notes = {}, {}, []
+    block_rules = [
+        (r"attention\.attention\.(query|key|value)\.(weight|bias)", "qkv"),
+        (r"attention\.(q|k|v)_proj\.(weight|bias)", "qkv"),
+        (r"attention\.output\.dense\.(weight|bias)", "attn.proj.{}"),
+        (r"attention\.o_proj\.(weight|bias)", "attn.proj.{}"),
+        (r"intermediate\.dense\.(weight|bias)", "mlp.fc1.{}"),
+        (r"output\.dense\.(weight|bias)", "mlp.fc2.{}"),
+        (r"mlp\.(fc1|fc2)\.(weight|bias)", "mlp.{}.{}"),
+        (r"layernorm_before\.(weight|bias)", "norm1.{}"),
+        (r"layernorm_after\.(weight|bias)", "norm2.{}"),
+    ]
+    top_rules = {
+        "embeddings.cls_token": "cls_token",
+        "embeddings.position_embeddings": "pos_embed",
+        "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+        "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+        "layernorm.weight": "norm.weight",
+        "layernorm.bias": "norm.bias",
+        "classifier.weight": "head.weight",
+        "classifier.bias": "head.bias",
+    }
+    for key, value in sd.items():
+        name = key.removeprefix("vit.")
+        if name in top_rules:
+            out[top_rules[name]] = value
+            continue
+        m = re.fullmatch(r"(?:encoder\.layer|layers)\.(\d+)\.(.+)", name)
+        if m:
+            i, rest = int(m.group(1)), m.group(2)
+            for pattern, target in block_rules:
+                mm = re.fullmatch(pattern, rest)
+                if not mm:
+                    continue
+                if target == "qkv":
+                    qkv.setdefault((i, mm.group(2)), {})[mm.group(1)[0]] = value
+                else:
+                    out[f"blocks.{i}." + target.format(*mm.groups())] = value
+                break
+            else:
+                out[key] = value  # left for the key check to report
+            continue
+        if name.startswith("pooler."):
+            notes.append("dropped the Hugging Face pooler (a tanh Dense layer that ViTForImageClassification does not use)")
+        elif name == "embeddings.mask_token":
+            notes.append("dropped embeddings.mask_token (only used for masked image modelling)")
+        else:
+            out[key] = value
+    _fuse_qkv(out, qkv)
+    return out, sorted(set(notes))
+
+
+def _convert_torchvision(sd: dict) -> tuple[dict, list[str]]:
+    """torchvision.models.VisionTransformer (vit_b_16 and friends)."""
+    out, notes = {}, []
+    top_rules = {
+        "class_token": "cls_token",
+        "encoder.pos_embedding": "pos_embed",
+        "conv_proj.weight": "patch_embed.proj.weight",
+        "conv_proj.bias": "patch_embed.proj.bias",
+        "encoder.ln.weight": "norm.weight",
+        "encoder.ln.bias": "norm.bias",
+        "heads.head.weight": "head.weight",
+        "heads.head.bias": "head.bias",
+    }
+    block_rules = {
+        "ln_1": "norm1", "ln_2": "norm2",
+        "self_attention.in_proj_weight": "attn.qkv.weight", "self_attention.in_proj_bias": "attn.qkv.bias",
+        "self_attention.out_proj": "attn.proj",
+        "mlp.0": "mlp.fc1", "mlp.3": "mlp.fc2", "mlp.linear_1": "mlp.fc1", "mlp.linear_2": "mlp.fc2",
+    }
+    pre_logits = any(k.startswith("heads.pre_logits") for k in sd)
+    for key, value in sd.items():
+        if key in top_rules:
+            if not (pre_logits and key.startswith("heads.head")):
+                out[top_rules[key]] = value
+            continue
+        m = re.fullmatch(r"encoder\.layers\.encoder_layer_(\d+)\.(.+?)(\.weight|\.bias)?", key)
+        if m and m.group(2) in block_rules:
+            out[f"blocks.{m.group(1)}.{block_rules[m.group(2)]}{m.group(3) or ''}"] = value
+        elif key.startswith("heads.pre_logits"):
+            continue
+        else:
+            out[key] = value
+    if pre_logits:
+        notes.append(
+            "dropped heads.pre_logits and heads.head: the checkpoint has the paper's pre-training head "
+            "(a tanh hidden layer) which vitlab does not build; the classifier must be fine-tuned"
+        )
+    return out, notes
+
+
+def _convert_jax(sd: dict) -> tuple[dict, list[str]]:
+    """The .npz files of google-research/vision_transformer (and big_vision's variant of the names).
+
+    JAX stores Dense kernels as (in, out), attention kernels per head, (D, h, d) for q/k/v and
+    (h, d, D) for the output, and the patch embedding as a (P, P, C, D) conv kernel.
+    """
+    prefix = next((p for p in ("opt/target/", "params/img/", "params/") if f"{p}embedding/kernel" in sd), "")
+    w = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
+    out, notes = {}, []
+    out["patch_embed.proj.weight"] = w["embedding/kernel"].permute(3, 2, 0, 1)  # (P, P, C, D) -> (D, C, P, P)
+    out["patch_embed.proj.bias"] = w["embedding/bias"]
+    if "cls" in w:
+        out["cls_token"] = w["cls"].reshape(1, 1, -1)  # (1, 1, D)
+    else:  # classifier "gap": no class token; encoder_norm, then the mean over patches (infer_config: fc_norm=False)
+        notes.append("no class token (JAX classifier 'gap'): the patch tokens are averaged after the final LayerNorm")
+    pos = w.get("Transformer/posembed_input/pos_embedding", w.get("pos_embedding"))
+    out["pos_embed"] = pos.reshape(1, -1, pos.shape[-1])  # (1, N(+1), D)
+    out["norm.weight"] = w["Transformer/encoder_norm/scale"]
+    out["norm.bias"] = w["Transformer/encoder_norm/bias"]
+
+    stacked = "Transformer/encoderblock/LayerNorm_0/scale" in w  # big_vision's scanned layers: a leading depth axis
+    if stacked:
+        depth = w["Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
+        blocks = [{k.split("/", 2)[2]: v[i] for k, v in w.items() if k.startswith("Transformer/encoderblock/")} for i in range(depth)]
+    else:
+        idx = sorted({int(m.group(1)) for k in w if (m := re.match(r"Transformer/encoderblock_(\d+)/", k))})
+        blocks = [{k.split("/", 2)[2]: v for k, v in w.items() if k.startswith(f"Transformer/encoderblock_{i}/")} for i in idx]
+    for i, b in enumerate(blocks):
+        lns = sorted({k.split("/")[0] for k in b if k.startswith("LayerNorm_")}, key=lambda s: int(s.split("_")[1]))
+        mha = next(k.split("/")[0] for k in b if k.startswith("MultiHeadDotProductAttention_"))
+        mlp = next(k.split("/")[0] for k in b if k.startswith("MlpBlock_"))
+        p = f"blocks.{i}."
+        out[p + "norm1.weight"], out[p + "norm1.bias"] = b[f"{lns[0]}/scale"], b[f"{lns[0]}/bias"]
+        out[p + "norm2.weight"], out[p + "norm2.bias"] = b[f"{lns[1]}/scale"], b[f"{lns[1]}/bias"]
+        q, k, v = (b[f"{mha}/{n}/kernel"] for n in ("query", "key", "value"))  # each (D, h, d)
+        D = q.shape[0]
+        out[p + "attn.qkv.weight"] = torch.cat([t.reshape(D, -1).T for t in (q, k, v)])  # (3D, D): (out, in)
+        out[p + "attn.qkv.bias"] = torch.cat([b[f"{mha}/{n}/bias"].reshape(-1) for n in ("query", "key", "value")])
+        out[p + "attn.proj.weight"] = b[f"{mha}/out/kernel"].reshape(-1, D).T  # (h, d, D) -> (h*d, D) -> (D, h*d)
+        out[p + "attn.proj.bias"] = b[f"{mha}/out/bias"]
+        out[p + "mlp.fc1.weight"] = b[f"{mlp}/Dense_0/kernel"].T  # (D, hidden) -> (hidden, D)
+        out[p + "mlp.fc1.bias"] = b[f"{mlp}/Dense_0/bias"]
+        out[p + "mlp.fc2.weight"] = b[f"{mlp}/Dense_1/kernel"].T
+        out[p + "mlp.fc2.bias"] = b[f"{mlp}/Dense_1/bias"]
+        if i == 0:
+            out["_jax_heads"] = torch.tensor(q.shape[1])  # h, read by infer_config then removed
+    if "pre_logits/kernel" in w:
+        notes.append(
+            "dropped pre_logits and head: the checkpoint has the paper's pre-training head (a tanh hidden "
+            "layer before the classifier), which vitlab does not build; the classifier must be fine-tuned"
+        )
+    elif "head/kernel" in w:
+        out["head.weight"] = w["head/kernel"].T  # (D, K) -> (K, D)
+        out["head.bias"] = w["head/bias"]
+    out = {k: v.contiguous() for k, v in out.items()}
+    return out, notes
+
+
+__all__ = ["FORMATS", "WEIGHT_SUFFIXES", "read_weights_file", "read_json", "read_checkpoint", "is_hub_id",
+           "resolve_source", "download_from_hub", "detect_format", "convert_state_dict"]
