@@ -1,0 +1,102 @@
+"""The report of `vitlab reproduce`: Markdown and a self-contained HTML page (figures embedded) from the
+same outcomes, each claim with its setup, table, figures, rule and verdict."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Sequence
+
+from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+_BADGE = {REPRODUCED: "#2e7d32", NOT_REPRODUCED: "#c62828", INCONCLUSIVE: "#9e6a00"}
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _intro(meta: dict) -> list[str]:
+    scale = "quick (smoke-test scale: few images and epochs; verdicts are not meaningful)" if meta["quick"] else "full"
+    command = "vitlab reproduce" + (" --quick" if meta["quick"] else "") + (f" --seeds {meta['seeds']}" if meta["seeds"] != (2 if meta["quick"] else 3) else "") + " --out DIR"
+    return [
+        f"Made by `{command}`.",
+        "",
+        f"Scale: **{scale}**; {meta['seeds']} seeds per configuration; device `{meta['device']}`; torch {meta['torch']}; "
+        f"{meta['runs']} training runs ({meta['trained']} trained in this invocation, the rest read from the cache); "
+        f"this invocation took {_duration(meta['elapsed_s'])} with {meta['workers']} worker(s) (estimate printed at start: "
+        f"{_duration(meta['estimate_s'])}); the runs' own training times add up to {_duration(meta['train_s'])} "
+        "(one thread each, measured when each run was trained).",
+        "",
+        "Every number is a validation accuracy after the last epoch (no early stopping, no picking the best epoch), "
+        "as mean +- sample standard deviation over seeds; a seed fixes the data draw and the initialisation.",
+        "",
+        "**Verdict rules** (fixed in `vitlab/experiments/reproduce/verdicts.py` before any result was seen). For a difference d of "
+        "means with standard error se = sqrt(var_a/n_a + var_b/n_b): *a beats b by a margin* is reproduced when "
+        "d - 2se > 0 and d >= margin, not reproduced when d + 2se < margin, inconclusive otherwise; *a and b are about "
+        "equal* is reproduced when |d| <= tol, not reproduced when |d| - 2se > tol, inconclusive otherwise (and inconclusive "
+        "when both arms stay below chance + 3 points: equal because nothing was learned). margin = tol = "
+        "3 points, the size of the position-embedding effect in the paper's Table 8. A claim with parts is reproduced "
+        "when every part is, not reproduced when any part is not. \"Not reproduced at this scale\" is about these mini "
+        "models and synthetic data, not about the paper.",
+    ]
+
+
+def render_markdown(outcomes, meta: dict) -> str:
+    lines = ["# vitlab reproduce: the paper's claims at laptop scale", "", *_intro(meta), "", "## Verdicts", ""]
+    lines.append(_md_table(["#", "claim", "source", "verdict"],
+                           [[str(e.number), e.title, e.source, f"**{o.verdict.status}**"] for e, o in outcomes]))
+    for e, o in outcomes:
+        lines += ["", f"## {e.number}. {e.title}", "", f"> {e.claim}", ">", f"> Source: {e.source}", "",
+                  f"**Setup.** {o.setup}", "", _md_table(o.header, o.rows), ""]
+        if o.notes:
+            lines += [o.notes, ""]
+        lines += [f"![claim {e.number}](figures/{f.name})" for f in o.figures]
+        lines += ["", f"**Rule.** {e.rule}.", "", f"**Verdict: {o.verdict.status}.** {o.verdict.detail}", "",
+                  f"Raw numbers: `results/claim{e.number}_{e.name}.csv`."]
+    return "\n".join(lines) + "\n"
+
+
+def render_html(outcomes, meta: dict, out: Path) -> str:
+    esc = html.escape
+
+    def table(header, rows):
+        head = "".join(f"<th>{esc(str(h))}</th>" for h in header)
+        body = "".join("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def badge(status):
+        return f'<span class="badge" style="background:{_BADGE[status]}">{esc(status)}</span>'
+
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>vitlab reproduce</title><style>",
+             "body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.45}",
+             "table{border-collapse:collapse;margin:.8em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}",
+             "blockquote{border-left:4px solid #ccc;margin:0;padding:.2em 1em;color:#333}img{max-width:100%}",
+             ".badge{color:white;padding:.1em .5em;border-radius:.3em;font-weight:600}</style></head><body>",
+             "<h1>vitlab reproduce: the paper's claims at laptop scale</h1>"]
+    parts += [f"<p>{esc(p).replace('**', '')}</p>" for p in _intro(meta) if p]
+    parts.append("<h2>Verdicts</h2>")
+    parts.append("<table><thead><tr><th>#</th><th>claim</th><th>source</th><th>verdict</th></tr></thead><tbody>"
+                 + "".join(f"<tr><td>{e.number}</td><td><a href='#claim{e.number}'>{esc(e.title)}</a></td><td>{esc(e.source)}</td>"
+                           f"<td>{badge(o.verdict.status)}</td></tr>" for e, o in outcomes) + "</tbody></table>")
+    for e, o in outcomes:
+        parts += [f"<h2 id='claim{e.number}'>{e.number}. {esc(e.title)}</h2>",
+                  f"<blockquote><p>{esc(e.claim)}</p><p>Source: {esc(e.source)}</p></blockquote>",
+                  f"<p><b>Setup.</b> {esc(o.setup)}</p>", table(o.header, o.rows)]
+        if o.notes:
+            parts.append(f"<p>{esc(o.notes)}</p>")
+        for f in o.figures:
+            data = base64.b64encode(Path(f).read_bytes()).decode()
+            parts.append(f"<p><img alt='claim {e.number}' src='data:image/png;base64,{data}'></p>")
+        parts += [f"<p><b>Rule.</b> {esc(e.rule)}.</p>",
+                  f"<p><b>Verdict:</b> {badge(o.verdict.status)} {esc(o.verdict.detail)}</p>"]
+    parts.append("</body></html>")
+    return "\n".join(parts)
