@@ -34,9 +34,10 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.speed.bench import num_threads
+from vitlab.runtime import num_threads
 from vitlab.data.synthetic import dataset_x_splits
-from vitlab.train.engine import TensorLoader, TrainConfig, fit
+from vitlab.train.engine import TensorLoader, fit
+from vitlab.train.recipe import RECIPES
 
 
 def timm_mini() -> torch.nn.Module:
@@ -71,11 +72,11 @@ def simple_loop(model, data, epochs: int, seed: int) -> float:
 
 
 def engine_loop(model, data, epochs: int, seed: int) -> float:
-    """`vitlab demo`'s path: fit() with the seed's recipe (TrainConfig defaults)."""
+    """`vitlab demo`'s path: fit() with the mini experiment's recipe (RECIPES["mini"])."""
     (xt, yt), (xv, yv) = data
-    cfg = TrainConfig(epochs=epochs, seed=seed, device="cpu")
-    history = fit(model, TensorLoader(xt, yt, batch_size=cfg.batch_size, shuffle=True, seed=seed),
-                  TensorLoader(xv, yv, batch_size=250), cfg, progress=False)
+    recipe = RECIPES["mini"].replace(epochs=epochs, seed=seed)
+    history = fit(model, TensorLoader(xt, yt, batch_size=recipe.batch_size, shuffle=True, seed=seed),
+                  TensorLoader(xv, yv, batch_size=250), recipe, device="cpu")
     return history.last["val_acc"]
 
 

@@ -5,7 +5,7 @@ checkpoint pre-trained on other data. A benchmark (prints a table), not a test.
     python benchmarks/bench_digits.py --epochs 5          # a quick look
 
 The three rows use the same digits folder (`vitlab data digits`, 32 px, 1,438 train / 359 val), the
-same engine (`vitlab.train.finetune.run`, what `vitlab train` / `vitlab finetune` call), the same
+same engine (`vitlab.train.run`, what `vitlab train` / `vitlab finetune` call), the same
 augmentation and the same number of epochs:
 
 1. vit_mini from scratch (`vitlab train`).
@@ -34,6 +34,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
+
+from vitlab import create_model
+from vitlab.data.digits import write_digits_folder
+from vitlab.train import RECIPES, Recipe, TensorLoader, TrainJob, fit, run
 
 STROKES = ("horizontal bar", "vertical bar", "diagonal /", "diagonal \\", "plus", "x", "circle", "box",
            "triangle", "chevron")
@@ -89,9 +93,6 @@ def render_strokes(n: int, *, size: int = 32, seed: int = 0) -> tuple[torch.Tens
 
 def pretrain_on_strokes(out: Path, *, n: int, epochs: int, seed: int) -> tuple[Path, float, float]:
     """vit_mini trained on strokes with the core engine; returns (run folder, val acc, seconds)."""
-    from vitlab import create_model
-    from vitlab.train.engine import TensorLoader, TrainConfig, fit
-
     x, y = render_strokes(n, seed=seed)
     xv, yv = render_strokes(1000, seed=seed + 1)
     torch.manual_seed(seed)
@@ -99,7 +100,7 @@ def pretrain_on_strokes(out: Path, *, n: int, epochs: int, seed: int) -> tuple[P
     t0 = time.perf_counter()
     shutil.rmtree(out, ignore_errors=True)  # an incomplete earlier pre-training
     hist = fit(model, TensorLoader(x, y, batch_size=64, shuffle=True, seed=seed), TensorLoader(xv, yv, batch_size=256),
-               TrainConfig(epochs=epochs, lr=1e-3, warmup_epochs=1, seed=seed, device="cpu"), out_dir=out, desc="pretrain")
+               Recipe(epochs=epochs, lr=1e-3, warmup_epochs=1, seed=seed), device="cpu", out=out, desc="pretrain")
     return out, hist.last["val_acc"], time.perf_counter() - t0
 
 
@@ -113,34 +114,29 @@ def main() -> None:
     p.add_argument("--out", default=None, help="folder for the runs (default: a temporary folder)")
     args = p.parse_args()
 
-    from vitlab.data.digits import write_digits_folder
-    from vitlab.train.finetune import RunConfig, run
-
     torch.set_num_threads(args.threads)
     root = Path(args.out or tempfile.mkdtemp(prefix="bench_digits_"))
     root.mkdir(parents=True, exist_ok=True)
     if not (root / "digits").exists():
         write_digits_folder(root / "digits", size=32, seed=args.seed)
-    common = dict(data=str(root / "digits"), epochs=args.epochs, batch_size=32, weight_decay=0.05, hflip=False,
-                  crop_scale=0.6, seed=args.seed, device="cpu")
-    scratch = dict(lr=1e-3, warmup_epochs=3.0)
+    common = dict(epochs=args.epochs, batch_size=32, weight_decay=0.05, hflip=False, crop_scale=0.6, seed=args.seed)
+    scratch = RECIPES["scratch"].replace(lr=1e-3, warmup_epochs=3.0, **common)
     rows = []
 
-    def one(label: str, init: str, cfg: RunConfig, extra_s: float = 0.0) -> None:
+    def one(label: str, init: str, job: TrainJob, extra_s: float = 0.0) -> None:
         out = root / label.replace(" ", "_")
         if (out / "summary.json").exists():
             s = json.loads((out / "summary.json").read_text())
         else:
-            cfg.out = str(out)
-            s = run(cfg)
-        from vitlab.weights.checkpoint import load_model
-
-        params = sum(t.numel() for t in load_model(out / "last.json").parameters())
+            job.out = str(out)
+            s = run(job)
+        params = sum(t.numel() for t in create_model(checkpoint=out).parameters())
         rows.append({"model": label, "init": init, "params": params, "best_val_acc": s["best"]["val_acc"],
                      "last_val_acc": s["final"]["val_acc"], "train_s": s["train_time_s"], "pretrain_s": extra_s})
 
-    one("vit_mini scratch", "random", RunConfig(model="vit_mini", **scratch, **common))
-    one("resnet_mini scratch", "random", RunConfig(model="resnet_mini", **scratch, **common))
+    data = dict(data=str(root / "digits"), device="cpu")
+    one("vit_mini scratch", "random", TrainJob(model="vit_mini", recipe=scratch, **data))
+    one("resnet_mini scratch", "random", TrainJob(model="resnet_mini", recipe=scratch, **data))
     pre = root / "pretrain_strokes"
     if (pre / "last.json").exists() and json.loads((pre / "last.json").read_text())["epoch"] == args.pretrain_epochs:
         pre_acc, pre_s = float("nan"), float("nan")  # reused from an earlier run of this script
@@ -148,8 +144,8 @@ def main() -> None:
         pre, pre_acc, pre_s = pretrain_on_strokes(pre, n=args.pretrain_images, epochs=args.pretrain_epochs, seed=args.seed)
         print(f"pre-trained vit_mini on {args.pretrain_images} stroke images: val acc {pre_acc:.3f} in {pre_s:.0f}s")
     one("vit_mini fine-tuned", f"strokes ({args.pretrain_images} imgs)",
-        RunConfig(checkpoint=str(pre), lr=1e-3, warmup_epochs=1.0, freeze_epochs=2, unfreeze="all", layer_decay=0.75,
-                  **common), extra_s=pre_s)
+        TrainJob(checkpoint=str(pre), recipe=RECIPES["finetune"].replace(lr=1e-3, warmup_epochs=1.0, freeze_epochs=2,
+                 unfreeze="all", layer_decay=0.75, **common), **data), extra_s=pre_s)
 
     header = f"{'model':<22} {'initial weights':<24} {'params':>8} {'best val acc':>12} {'last val acc':>12} {'train s':>8} {'pretrain s':>10}"
     print(f"\ndigits (sklearn, 32 px, {rows and json.loads((root / 'vit_mini_scratch/summary.json').read_text())['images']['train']} "

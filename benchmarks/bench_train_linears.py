@@ -1,11 +1,11 @@
-"""A vitlab fp32 training step on CPU with and without `vitlab.cpu_training` (oneDNN for the big products).
+"""A vitlab fp32 training step on CPU with and without `vitlab.speed.cpu_training` (oneDNN for the big products).
 
 The same model and weights twice, one with its nn.Linear layers swapped for TrainingLinear (what
 `fit`, `vitlab train` and `vitlab finetune` do on CPU), each taking a forward pass, cross-entropy,
 backward and a fused AdamW step on one fixed batch; alternating rounds after a warm-up step, median.
 
 With --products it times the three products of a Linear one by one instead, MKL (what nn.Linear
-calls) against oneDNN with the weight reordered on each call (vitlab.cpu_training), for ViT-B/16's
+calls) against oneDNN with the weight reordered on each call (vitlab.speed.cpu_training), for ViT-B/16's
 four Linear shapes at 197, 1576 and 6304 rows (batch 1, 8 and 32 at 224), and prints the ranges that
 `src/vitlab/cpu_training.py`'s docstring cites.
 
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import vitlab
 from vitlab.speed import cpu_training
-from vitlab.speed.bench import num_threads
+from vitlab.runtime import num_threads
 from vitlab.train.optim import build_optimizer
 
 
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(args.batch_size, cfg.in_chans, *cfg.img_size, generator=g)
     y = torch.randint(0, cfg.num_classes, (args.batch_size,), generator=g)
-    steps = {"nn.Linear (MKL)": make_step(plain, x, y), "vitlab.cpu_training": make_step(swapped, x, y)}
+    steps = {"nn.Linear (MKL)": make_step(plain, x, y), "vitlab.speed.cpu_training": make_step(swapped, x, y)}
     times: dict[str, list[float]] = {k: [] for k in steps}
     with num_threads(args.threads):
         for step in steps.values():

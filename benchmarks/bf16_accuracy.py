@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.speed.bench import num_threads, race
+from vitlab.runtime import num_threads
+from vitlab.speed.bench import race
 from vitlab.runtime import autocast
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "cat", "camera", "coins", "moon", "page", "text",

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.speed.bench import num_threads
+from vitlab.runtime import num_threads
 from vitlab.train.optim import build_optimizer
 
 

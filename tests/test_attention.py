@@ -353,10 +353,12 @@ def test_cli_attention_maps_and_rollout_peak_at_the_controlled_patch(checkpoint,
     assert "rollout fuses the heads" in capsys.readouterr().err
     assert main(["attention", str(tmp_path / "missing.png"), "--model", "vit_mini_x", "--out", str(out)]) == 2
     assert "missing.png" in capsys.readouterr().err
-    both = tmp_path / "both"  # the checkpoint names its model: a second name is a mistake, not ignored
+    both = tmp_path / "both"  # a model name with a checkpoint is checked against it, field by field, not ignored
     assert main(["attention", str(checkpoint / "images"), "--checkpoint", str(checkpoint), "--model", "vit_base_patch16_224",
                  "--out", str(both)]) == 2
-    assert "give one" in capsys.readouterr().err and not both.exists()
+    err = capsys.readouterr().err
+    assert "does not fit model 'vit_base_patch16_224': patch_size: model 16 vs checkpoint 4, dim: model 768" in err
+    assert "it looks like vit_mini_x" in err and not both.exists()
 
 
 def test_cli_inspect_writes_figure7(checkpoint, tmp_path, capsys):

@@ -16,11 +16,12 @@ from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitlab
+from vitlab import create_model
 from vitlab.analysis import flops
 from vitlab.cli import main
 from vitlab.data.synthetic import dataset_x_splits
+from vitlab.experiments import demo
 from vitlab.experiments.demo import last_layer_cls_attention
-from vitlab.weights.checkpoint import load_model
 
 
 @pytest.fixture(autouse=True)
@@ -262,13 +263,11 @@ def test_demo_errors_leave_no_files(tmp_path, capsys, monkeypatch):
     _error(capsys, ["demo", "--epochs", "1", "--out", str(tmp_path / "file")])
 
     # a run that fails half-way (here: a fake `fit` that writes a metrics file, then fails)
-    import vitlab.train.engine as engine
+    def failing_fit(model, train_loader, val_loader, recipe, *, out, **kwargs):
+        (out / "metrics.csv").write_text("epoch\n1\n")
+        raise vitlab.VitlabError("training stopped: train loss nan in epoch 1")
 
-    def failing_fit(model, train_loader, val_loader, cfg, *, out_dir, **kwargs):
-        (out_dir / "metrics.csv").write_text("epoch\n1\n")
-        raise vitlab.VitlabError("training loss became nan at epoch 1: stopped")
-
-    monkeypatch.setattr(engine, "fit", failing_fit)
+    monkeypatch.setattr(demo, "fit", failing_fit)
     err = _error(capsys, ["demo", "--epochs", "1", "--out", str(out), "--no-progress", "--workers", "1"])
     assert "nan" in err
     assert not out.exists()

@@ -84,7 +84,7 @@ def test_short_training_run_learns_dataset_x():
     history = fit(model, train, val, RECIPES["mini"].replace(epochs=8, warmup_epochs=1), device="cpu")
     assert history.rows[0]["train_loss"] > history.rows[-1]["train_loss"]
     assert history.last["val_acc"] >= 0.95
-    if cpu_training.supported():  # on CPU, fit trains through vitlab.cpu_training's Linear (same parameters)
+    if cpu_training.supported():  # on CPU, fit trains through vitlab.speed.cpu_training's Linear (same parameters)
         assert all(type(m) is cpu_training.TrainingLinear for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from vitlab import create_model
 from vitlab.cli import main
@@ -249,3 +249,48 @@ def test_flips_default_on_for_folders_and_off_for_the_bundled_datasets():
 
     assert flips(False) and not flips(False, hflip=False)
     assert not flips(True) and flips(True, hflip=True)
+
+
+def _old_checkpoint(run: Path, model, kind: str, config: dict, pretrained_cfg: dict) -> Path:
+    """A run folder as vitlab wrote it before the one training engine: an untyped pretrained_cfg, no
+    "version" in config.json, and the old state.pt layout (run_config, a list of RNG states)."""
+    folder = run / "checkpoints" / "epoch_0001"
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"kind": kind, "config": config, "pretrained_cfg": pretrained_cfg}))
+    torch.save({"data_fingerprint": "0" * 16, "epoch": 1, "optimizer": {}, "scheduler": {}, "rng_cpu": [torch.get_rng_state()],
+                "history": [{"epoch": 1, "val_acc": 0.5}], "run_config": {"lr": 1e-3}, "world_size": 1}, folder / "state.pt")
+    (run / "last.json").write_text(json.dumps({"checkpoint": "checkpoints/epoch_0001", "epoch": 1}))
+    (run / "best.json").write_text(json.dumps({"checkpoint": "checkpoints/epoch_0001", "epoch": 1, "val_acc": 0.5}))
+    return run
+
+
+def test_checkpoints_of_earlier_versions_predict_and_fine_tune_but_do_not_resume(data, tmp_path, capsys):
+    torch.manual_seed(0)
+    vit = create_model("vit_mini", num_classes=10, **TINY)
+    torch.nn.init.normal_(vit.head.weight, std=0.5)
+    labels = [str(i) for i in range(10)]
+    old_vit = _old_checkpoint(tmp_path / "old_vit", vit, "vit", vit.cfg.to_dict(), {
+        "input_size": [3, 16, 16], "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "crop_pct": 0.9,
+        "interpolation": "bicubic", "num_classes": 10, "label_names": labels, "source": "random init",
+        "architecture": "vit_mini"})
+    cnn = create_model("resnet_mini", num_classes=10)
+    old_cnn = _old_checkpoint(tmp_path / "old_cnn", cnn, "resnet_mini", {"num_classes": 10, "width": 16, "blocks": 1,
+                              "in_chans": 3}, {"input_size": [3, 32, 32], "num_classes": 10, "label_names": labels})
+    image = str(next((data / "small" / "val" / "3").iterdir()))
+    for run in (old_vit, old_cnn):
+        model = create_model(checkpoint=run)
+        assert model.pretrained_cfg.label_names == tuple(labels) and model.pretrained_cfg.format == "vitlab"
+        ref = vit if run is old_vit else cnn
+        x = torch.randn(2, 3, 16, 16)
+        with torch.no_grad():
+            assert torch.equal(model(x), ref.eval()(x))
+        assert main(["predict", image, "--checkpoint", str(run / "best.json"), "--topk", "2"]) == 0
+        assert f"with weights {run / 'checkpoints' / 'epoch_0001'} (vitlab layout)" in capsys.readouterr().out
+        assert main(["finetune", "--data", str(data / "small"), "--checkpoint", str(run), "--epochs", "1", "--freeze-epochs",
+                     "0", "--batch-size", "32", "--no-aug", "--device", "cpu", "--out", str(tmp_path / f"ft_{run.name}")]) == 0
+        assert main(["finetune", "--data", str(data / "small"), "--checkpoint", str(run), "--epochs", "1", "--resume", "--freeze-epochs", "0",
+                     "--device", "cpu", "--out", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert "was written by an earlier vitlab (state version 1" in err and "cannot be resumed" in err, err
+    assert main(["attention", image, "--checkpoint", str(old_vit), "--out", str(tmp_path / "attn")]) == 0

@@ -74,7 +74,7 @@ def test_no_import_cycle_and_no_function_local_import_of_a_vitlab_module():
     assert len(mods) > 40  # the walk really saw the package
 
 
-MODEL_COMMANDS = {  # command -> (the positional arguments it needs, its rule for the weights)
+MODEL_COMMANDS = {  # command -> (the other arguments it needs, its rule for the weights)
     "predict": (["x.png"], "required"),
     "export": (["--out", "m.onnx"], "required"),
     "attention": (["x.png", "--out", "o"], "optional"),
@@ -82,6 +82,7 @@ MODEL_COMMANDS = {  # command -> (the positional arguments it needs, its rule fo
     "finetune": (["--data", "d", "--out", "o"], "optional"),
     "train": (["--data", "d", "--out", "o"], "none"),
 }
+NO_MODEL = "--model is required: name one of the models `vitlab info` lists, or give weights"
 
 
 def test_every_command_shares_the_model_source_flags():
@@ -99,21 +100,22 @@ def test_every_command_shares_the_model_source_flags():
 
 
 @pytest.mark.parametrize("command", [c for c, (_, rule) in MODEL_COMMANDS.items() if rule != "none"])
-def test_the_same_source_mistakes_get_the_same_messages(command, capsys, tmp_path):
+def test_the_same_source_mistakes_get_the_same_messages(command, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "digits", "--out", "d", "--size", "16", "--per-class", "6"]) == 0
+    next(Path("d/train/3").iterdir()).rename("x.png")
+    capsys.readouterr()
     args, rule = MODEL_COMMANDS[command]
     assert main([command, *args, "--pretrained", "a.safetensors", "--checkpoint", "run"]) == 2
     assert "argument --checkpoint: not allowed with argument --pretrained" in capsys.readouterr().err
     code = main([command, *args])  # no model at all
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
-    expected = "give the weights with --pretrained" if rule == "required" else "--model NAME is required"
-    if command != "finetune":  # finetune first checks its data folder, which does not exist here
-        assert expected in err, err
+    assert (("give the weights with --pretrained" if rule == "required" else NO_MODEL) in err), err
     missing = tmp_path / "no_run"
     assert main([command, *args, "--model", "vit_mini", "--checkpoint", str(missing)]) == 2
-    err = capsys.readouterr().err
-    if command != "finetune":
-        assert err.startswith(f"error: --checkpoint {missing} does not exist"), err
+    assert capsys.readouterr().err.startswith(f"error: --checkpoint {missing} does not exist")
+    assert not Path("o").exists()  # a refusal leaves no output behind
 
 
 def test_commands_work_with_relative_paths_home_and_a_symlinked_folder(tmp_path, monkeypatch, capsys):
@@ -128,7 +130,8 @@ def test_commands_work_with_relative_paths_home_and_a_symlinked_folder(tmp_path,
     assert main(["train", "--data", "link", "--model", "vit_mini", *small, "--out", "runs/scratch"]) == 0
     assert main(["finetune", "--data", "digits", "--checkpoint", "runs/scratch", "--freeze-epochs", "0", *small,
                  "--out", "~/runs/ft"]) == 0
-    assert (tmp_path / "home" / "runs" / "ft" / "best.json").is_file()  # `~` is the user's home, not a folder named ~
+    assert (tmp_path / "home" / "runs" / "ft" / "best.json").is_file()
+    assert main(["train", "--data", "link", "--out", "runs/x"]) == 2 and NO_MODEL in capsys.readouterr().err  # `~` is the user's home, not a folder named ~
     summary = json.loads((tmp_path / "home/runs/ft/summary.json").read_text())
     assert summary["images"]["train"] == 80 and summary["data"] == str(tmp_path / "digits")
     image = next(Path("link/val/3").iterdir())

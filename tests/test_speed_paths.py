@@ -16,10 +16,11 @@ import torch
 import torch.nn.functional as F
 
 import vitlab.models.vit as vm
+from vitlab.runtime import num_threads
 from vitlab.speed import bench, cpu_inference, cpu_training
 from vitlab.cli import main
 from vitlab.models.vit import VisionTransformer, ViTConfig
-from vitlab.zoo import get_config
+from vitlab.models.registry import get_config
 
 SMALL = dict(img_size=32, patch_size=8, dim=64, depth=2, heads=4, num_classes=10)
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -34,7 +35,7 @@ def _small_model(seed: int = 0, **overrides) -> VisionTransformer:
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    with bench.num_threads(1):  # small tensors: threads only add contention on a shared machine
+    with num_threads(1):  # small tensors: threads only add contention on a shared machine
         yield
 
 
@@ -59,7 +60,7 @@ def test_bf16_logits_close_to_fp32_and_same_top1():
 
 @pytest.mark.skipif(not cpu_inference.supported("bf16"), reason="this CPU has no oneDNN bf16 kernels")
 def test_packed_bf16_linears_give_the_autocast_logits():
-    """vitlab.cpu_inference casts and reorders each Linear weight once; in bf16 the product is autocast's
+    """vitlab.speed.cpu_inference casts and reorders each Linear weight once; in bf16 the product is autocast's
     kernel, so the logits are autocast's to the bit, and no nn.Linear is left to recast per call."""
     model = _small_model(dim=96, heads=3).eval()
     packed = cpu_inference.pack_for_cpu_inference(copy.deepcopy(model), "bf16", tokens_hint=8 * 17)
@@ -96,7 +97,7 @@ def _linear_grads(linear: torch.nn.Linear, x: torch.Tensor, dy: torch.Tensor) ->
 
 @pytest.mark.skipif(not cpu_training.supported(), reason="this torch build has no oneDNN")
 def test_training_linear_takes_onednn_on_big_products_and_matches_nn_linear(monkeypatch):
-    """vitlab.cpu_training: y and dx through oneDNN, dW and db as nn.Linear does; the same to float
+    """vitlab.speed.cpu_training: y and dx through oneDNN, dW and db as nn.Linear does; the same to float
     rounding, for a gradient that arrives non-contiguous too."""
     calls = []
     real = cpu_training._onednn_linear
@@ -262,9 +263,9 @@ def test_bench_cli_quick_json(capsys):
         rows[("train", "vitlab")]["images_per_s"] / rows[("train", "timm")]["images_per_s"])
     assert rows[("infer", "timm")]["ratio"] is None
     packed = cpu_inference.supported("fp32")
-    assert result["inference"] == ("vitlab: Linear weights packed once (vitlab.cpu_inference); timm: as shipped"
+    assert result["inference"] == ("vitlab: Linear weights packed once (vitlab.speed.cpu_inference); timm: as shipped"
                                    if packed else "both models as they are")
-    assert result["training"] == ("vitlab: big fp32 Linear products through oneDNN (vitlab.cpu_training); timm: as "
+    assert result["training"] == ("vitlab: big fp32 Linear products through oneDNN (vitlab.speed.cpu_training); timm: as "
                                   "shipped" if cpu_training.supported() else "both models as they are")
     code = main(["bench", "--quick", "--json", "--no-pack", "--repeats", "1", "--warmup", "0", "--matmul-size", "64",
                  "--batch-size", "2", "--threads", "1"])
@@ -278,7 +279,7 @@ def test_bench_cli_errors_are_one_line(capsys):
     assert "CNN baseline" in capsys.readouterr().err
     assert main(["bench", "--model", "vit_mini_x", "--against", "timm", "--quick", "--matmul-size", "32",
                  "--repeats", "0"]) == 2
-    assert "--repeats must be at least 1" in capsys.readouterr().err
+    assert "--repeats must be an integer >= 1; found 0" in capsys.readouterr().err
 
 
 def _load_gpu_bench():

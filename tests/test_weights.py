@@ -158,8 +158,8 @@ def test_torchvision_vit_b_16_matches(tmp_path):
     with torch.no_grad():
         assert max_diff(model(x), ref(x)) <= TOL
     pcfg = model.pretrained_cfg
-    assert pcfg["format"] == "torchvision"
-    assert pcfg["mean"] == (0.485, 0.456, 0.406) and pcfg["crop_pct"] == 0.875 and pcfg["interpolation"] == "bilinear"
+    assert pcfg.format == "torchvision"
+    assert pcfg.mean == (0.485, 0.456, 0.406) and pcfg.crop_pct == 0.875 and pcfg.interpolation == "bilinear"
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -60,9 +60,6 @@ def model_from_args(args, **kwargs) -> nn.Module:
     if args.weights_rule == "required" and not (pretrained or checkpoint):
         raise VitlabError("give the weights with --pretrained SOURCE (a file, folder or hub id) or --checkpoint PATH "
                           "(a vitlab run); random weights predict nothing")
-    if not (args.model or pretrained or checkpoint):
-        raise VitlabError("--model NAME is required (or --pretrained/--checkpoint, whose weights say what the model "
-                          "is); `vitlab info` lists the names")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = create_model(args.model, pretrained=pretrained, checkpoint=checkpoint, img_size=args.img_size, **kwargs)

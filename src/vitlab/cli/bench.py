@@ -54,8 +54,8 @@ def register(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help=f"a seconds-long smoke run ({QUICK_MODEL}, small sizes)")
     p.add_argument("--no-pack", action="store_true",
                    help="run vitlab's Linear layers as plain nn.Linear, as timm's (default on CPUs with oneDNN: as "
-                   "vitlab's commands run them: weights packed once for inference, vitlab.cpu_inference; big fp32 "
-                   "training products through oneDNN, vitlab.cpu_training)")
+                   "vitlab's commands run them: weights packed once for inference, vitlab.speed.cpu_inference; big fp32 "
+                   "training products through oneDNN, vitlab.speed.cpu_training)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.set_defaults(func=run)
 

@@ -6,7 +6,7 @@ Two layouts are accepted (the torchvision/timm convention, one sub-folder per cl
     DIR/<class>/*.jpg                                   (one folder; --val-split carves a seeded,
                                                          stratified validation set out of it)
 
-One scan opens every file once (with `vitlab.preprocess.open_image`, the same decoder inference
+One scan opens every file once (with `vitlab.data.preprocess.open_image`, the same decoder inference
 uses), so an unreadable file is found here, skipped, and listed in a warning, instead of crashing
 epoch 7. Folders that cannot train a classifier -- empty, one class, a class with no readable image --
 are a VitlabError naming the folder and the fix. Small folders are kept decoded in memory, so an

@@ -7,7 +7,7 @@ The order follows timm's training pipeline: crop -> flip -> colour -> RandAugmen
 the PIL image, then to a normalised tensor, then RandomErasing on the tensor. MixUp/CutMix act on a
 whole batch (`mix_transform`), after the loader, and turn the labels into soft targets.
 
-Eval preprocessing is `vitlab.preprocess.eval_transform(model.pretrained_cfg)`: the resize, crop and
+Eval preprocessing is `vitlab.data.preprocess.eval_transform(model.pretrained_cfg)`: the resize, crop and
 normalisation the weights were trained with (seed 004 section 7.2).
 """
 

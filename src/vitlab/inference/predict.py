@@ -52,7 +52,7 @@ def predict_files(
     {"file": path, "predictions": [{"rank", "index", "label", "prob"}, ...]} or {"file": path, "error": message}.
 
     The model's `pretrained_cfg` decides the preprocessing (resize, crop, interpolation, mean, std).
-    `pack`: on a CPU with oneDNN, pack the model's Linear weights once (`vitlab.cpu_inference`: the
+    `pack`: on a CPU with oneDNN, pack the model's Linear weights once (`vitlab.speed.cpu_inference`: the
     same logits, faster); this changes `model` in place (the CLI does it).
     """
     check_range("topk", topk, low=1, integer=True)

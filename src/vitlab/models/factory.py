@@ -44,22 +44,27 @@ def create_model(
     checkpoint: a vitlab checkpoint: a run folder (its last.json), a last.json/best.json pointer, a
         checkpoint folder, or an exported .safetensors with its .json.
     """
-    if pretrained is not None and checkpoint is not None:
-        raise VitlabError("give pretrained= (weights of any library) or checkpoint= (a vitlab run), not both")
+    check_source(name, pretrained, checkpoint)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if checkpoint is not None:
         return _from_checkpoint(name, Path(checkpoint).expanduser(), num_classes, img_size, overrides)
     if pretrained is not None:
         return _from_weights(name, pretrained, str(pretrained), num_classes, img_size, overrides)
-    if name is None:
-        raise VitlabError("name a model (vitlab.model_names() lists them), or give pretrained= or checkpoint=",
-                          arg="model")
     variant = get_variant(name)
     config = get_config(name, num_classes=num_classes, img_size=img_size, **overrides)
     model = VisionTransformer(config) if isinstance(config, ViTConfig) else ResNetMini(config)
     model.pretrained_cfg = variant.pretrained_cfg.replace(
         architecture=name, input_size=(config.in_chans, *config.img_size), num_classes=config.num_classes)
     return model
+
+
+def check_source(name: str | None, pretrained, checkpoint) -> None:
+    """The one rule for where a model comes from: a name, weights, or both; never two kinds of weights."""
+    if pretrained is not None and checkpoint is not None:
+        raise VitlabError("give pretrained weights (of any library) or a checkpoint (a vitlab run), not both")
+    if name is None and pretrained is None and checkpoint is None:
+        raise VitlabError("model is required: name one of the models `vitlab info` lists, or give weights (pretrained "
+                          "or checkpoint) that say what the model is", arg="model")
 
 
 def _from_weights(name, source, label: str, num_classes, img_size, overrides) -> nn.Module:
@@ -99,4 +104,4 @@ def _from_checkpoint(name, path: Path, num_classes, img_size, overrides) -> nn.M
     return model.eval()
 
 
-__all__ = ["create_model"]
+__all__ = ["create_model", "check_source"]

@@ -96,7 +96,7 @@ def matmul_rate(precision: str = "fp32", *, n: int = 2048, warmup: int = 2, repe
     """FLOP/s of an n x n x n matrix product (2 n^3 FLOPs) in `precision`: the best of `repeats`
     (the ceiling is what the machine can do; a slow repeat measures the neighbours, not the machine).
     On a CPU with oneDNN, the faster of torch.mm and oneDNN's product with a pre-packed operand (what
-    vitlab's inference runs, `vitlab.cpu_inference`), so that MFU stays a share of the best rate."""
+    vitlab's inference runs, `vitlab.speed.cpu_inference`), so that MFU stays a share of the best rate."""
     device = torch.device(device)
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(n, n, generator=g).to(device, DTYPES[precision])
@@ -217,8 +217,8 @@ def bench_model(
     """Inference (and with `train`, training-step) rows for vitlab, and for timm's twin if asked.
 
     With `pack`, vitlab runs on a CPU with oneDNN as its commands do: inference as `vitlab predict`,
-    Linear weights packed once (`vitlab.cpu_inference`), training as `vitlab train`, fp32 Linear
-    products by the faster library (`vitlab.cpu_training`); timm's twin runs as timm ships it."""
+    Linear weights packed once (`vitlab.speed.cpu_inference`), training as `vitlab train`, fp32 Linear
+    products by the faster library (`vitlab.speed.cpu_training`); timm's twin runs as timm ships it."""
     check_precision(precision)
     check_range("batch_size", batch_size, low=1, integer=True)
     device = resolve_device(device)
@@ -325,9 +325,9 @@ def run_bench(
                                     repeats=repeats, device=dev, clock=clock, pack=pack)
     packed = pack and any(cpu_inference.supported(p, dev) for p in precisions)
     return {"machine": machine_info(dev), "clock": clock, "matmul_size": matmul_size, "matmul_flops": rates,
-            "inference": "vitlab: Linear weights packed once (vitlab.cpu_inference); timm: as shipped" if packed
+            "inference": "vitlab: Linear weights packed once (vitlab.speed.cpu_inference); timm: as shipped" if packed
             else "both models as they are",
-            "training": "vitlab: big fp32 Linear products through oneDNN (vitlab.cpu_training); timm: as shipped"
+            "training": "vitlab: big fp32 Linear products through oneDNN (vitlab.speed.cpu_training); timm: as shipped"
             if train and pack and dev.type == "cpu" and cpu_training.supported() else "both models as they are",
             "rows": [asdict(r) for r in rows]}
 

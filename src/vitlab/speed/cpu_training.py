@@ -4,7 +4,7 @@ A ViT-B/16 training step is ~85% matrix products (torch.profiler, one core), and
 sends all three of its products to MKL: y = x W^T + b forward, and backward dx = dy W and dW = dy^T x.
 On the development VM (AMD EPYC, one core) oneDNN's kernel, with the weight reordered into its blocked
 layout on each call (the weights change every step, so it cannot be done once as in
-`vitlab.cpu_inference`), is faster than MKL for the first two products on big enough shapes and
+`vitlab.speed.cpu_inference`), is faster than MKL for the first two products on big enough shapes and
 slower for dW (`python benchmarks/bench_train_linears.py --products`; MKL time over oneDNN time, the
 range over ViT-B/16's four Linear shapes):
 

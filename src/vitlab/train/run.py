@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from vitlab.data.datasets import DATASETS, dataset_classes, load_scan, make_loaders
 from vitlab.data.folder import FolderScan
 from vitlab.errors import VitlabError, check_range
-from vitlab.models.factory import create_model
+from vitlab.models.factory import check_source, create_model
 from vitlab.runtime import seed_everything
 from vitlab.train import diagnostics, distributed, report
 from vitlab.train.callbacks import EpochPrinter, TensorBoardLogger
@@ -64,11 +64,10 @@ class TrainJob:
             raise VitlabError(f"give exactly one of data (an image folder) or dataset ({' | '.join(DATASETS)})", arg="data")
         if self.dataset is not None:
             dataset_classes(self.dataset)
-        if self.pretrained and self.checkpoint:
-            raise VitlabError("give pretrained (weights of any library) or checkpoint (a vitlab run), not both")
-        if self.model is None and self.pretrained is None and self.checkpoint is None:
-            raise VitlabError("model is required (a name from `vitlab info`), unless pretrained or checkpoint says "
-                              "what the model is", arg="model")
+        check_source(self.model, self.pretrained, self.checkpoint)
+        exported = self.checkpoint is not None and str(self.checkpoint).endswith(".safetensors")
+        if self.checkpoint is not None and not exported:
+            ckpt.resolve_checkpoint(self.checkpoint)  # a missing checkpoint is found before the data is scanned
         check_range("val_split", self.val_split, low=0, high=1, low_open=True, high_open=True, optional=True)
         check_range("img_size", self.img_size, low=1, integer=True, optional=True)
         check_range("drop_path", self.drop_path, low=0, high=1, high_open=True)
