@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 
 from vitlab import create_model
 from vitlab.cli import main
-from vitlab.data.digits import load_digits, stratified_split, write_digits_folder
+from vitlab.data.digits import load_digits, write_digits_folder
+from vitlab.data.split import stratified_split
 from torchvision.transforms import v2
 
 from vitlab.data.datasets import make_loaders

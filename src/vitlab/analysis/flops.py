@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.factory import create_model
@@ -131,7 +132,6 @@ def count_macs(cfg: ViTConfig) -> FlopCount:
 
 
 def _hybrid_stem_macs(cfg: ViTConfig) -> int:
-    from torch.utils.flop_counter import FlopCounterMode
 
     stem = build_on_meta(cfg).patch_embed.backbone
     x = torch.empty(1, cfg.in_chans, *cfg.img_size, device="meta")
@@ -149,7 +149,6 @@ def measured_flops(model: nn.Module, img_size: tuple[int, int], in_chans: int = 
     to `_scaled_dot_product_flash_attention_for_cpu`, which the counter does not count at all: the
     attention products silently vanish from the total (the "SDPA not counted" pitfall).
     """
-    from torch.utils.flop_counter import FlopCounterMode
 
     device = next(model.parameters()).device
     x = torch.zeros(1, in_chans, *img_size, device=device)

@@ -243,7 +243,7 @@ def write_figure7(model, images, out_dir: str | Path, *, batch_size: int | None 
         fig7b_position_embedding_similarity.png/.csv cosine similarity of every pair of positions
         fig7c_mean_attention_distance.png/.csv       per layer and head, pixels, mean over `images`
     """
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).expanduser()
     cfg = model.cfg
     summary: dict = {"files": [], "notes": []}
     try:

@@ -60,7 +60,7 @@ def run(args) -> int:
     maps, rows, cols = A.explain(model, x, method=args.method, layers=layers, head=args.head,
                                  discard_ratio=args.discard_ratio, start_layer=args.start_layer,
                                  batch_size=args.batch_size)  # (B, R, C, gh, gw)
-    out = Path(args.out)
+    out = Path(args.out).expanduser()
     pcfg = model.pretrained_cfg
     gh, gw = model.cfg.grid_size
     stems = [p.stem for p in paths]

@@ -11,6 +11,7 @@ import sys
 
 from vitlab.data.digits import write_digits_folder
 from vitlab.data.folder import scan_folder
+from vitlab.data.split import DEFAULT_VAL_SPLIT
 
 
 def register(subparsers) -> None:
@@ -26,7 +27,7 @@ def register(subparsers) -> None:
                        description="Write scikit-learn's 1,797 digits, upsampled to --size, as a train/val image folder.")
     d.add_argument("--out", required=True, metavar="DIR", help="new folder to write (must not exist or be empty)")
     d.add_argument("--size", type=int, default=32, metavar="PX", help="image side in pixels (>= 8; default 32)")
-    d.add_argument("--val-split", type=float, default=0.2, metavar="F",
+    d.add_argument("--val-split", type=float, default=DEFAULT_VAL_SPLIT, metavar="F",
                    help="fraction of each class written to val/ (seeded, stratified; default 0.2)")
     d.add_argument("--per-class", type=int, default=None, metavar="N",
                    help="keep at most N images per class (for quick tests; default all, ~180)")

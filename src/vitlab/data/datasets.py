@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from vitlab.data import digits, synthetic
-from vitlab.data.folder import DEFAULT_VAL_SPLIT, FolderScan, ImageDataset, in_memory_scan, scan_folder
+from vitlab.data.folder import FolderScan, ImageDataset, in_memory_scan, scan_folder
+from vitlab.data.split import DEFAULT_VAL_SPLIT, stratified_split
 from vitlab.data.transforms import model_transforms
 from vitlab.errors import VitlabError
 
@@ -42,7 +43,7 @@ def load_scan(*, data: str | None = None, dataset: str | None = None, val_split:
     names = dataset_classes(dataset)
     if dataset == "digits":
         x, y = digits.load_digits(max(32, img_size[0]), channels=3, normalize=False)
-        tr, va = digits.stratified_split(y, DEFAULT_VAL_SPLIT if val_split is None else val_split, seed=seed)
+        tr, va = stratified_split(y, DEFAULT_VAL_SPLIT if val_split is None else val_split, seed=seed)
         return in_memory_scan("digits", names, (x[tr], y[tr]), (x[va], y[va]))
     (xt, yt), (xv, yv) = synthetic.dataset_x_splits(seed=seed, normalize=False)
     return in_memory_scan("dataset X", names, (xt, yt), (xv, yv))

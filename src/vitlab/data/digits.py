@@ -5,9 +5,16 @@ It ships inside scikit-learn, so it needs no download: vitlab's real dataset for
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
+from vitlab.data.split import DEFAULT_VAL_SPLIT, stratified_split
 from vitlab.errors import VitlabError
 
 CLASS_NAMES = tuple(str(i) for i in range(10))
@@ -33,22 +40,7 @@ def load_digits(
     return x.contiguous(), torch.tensor(d.target, dtype=torch.int64)
 
 
-def stratified_split(labels: torch.Tensor, val_fraction: float, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices of a seeded, stratified train/val split: each class keeps its share in both parts."""
-    if not 0.0 < val_fraction < 1.0:
-        raise VitlabError(f"val_split must be between 0 and 1 (exclusive); found {val_fraction}", arg="val_split")
-    g = torch.Generator().manual_seed(seed)
-    train, val = [], []
-    for c in labels.unique(sorted=True):
-        idx = (labels == c).nonzero().flatten()
-        idx = idx[torch.randperm(len(idx), generator=g)]
-        k = max(1, round(len(idx) * val_fraction))
-        val.append(idx[:k])
-        train.append(idx[k:])
-    return torch.cat(train).sort().values, torch.cat(val).sort().values
-
-
-def write_digits_folder(out, *, size: int = 32, val_split: float = 0.2, seed: int = 0,
+def write_digits_folder(out, *, size: int = 32, val_split: float = DEFAULT_VAL_SPLIT, seed: int = 0,
                         per_class: int | None = None) -> dict:
     """Write the digits as an image folder, `out/{train,val}/<digit>/<index>.png` (grey PNGs).
 
@@ -56,14 +48,7 @@ def write_digits_folder(out, *, size: int = 32, val_split: float = 0.2, seed: in
     class (before splitting), for quick tests. The folder is built under a temporary name and moved
     into place, so `out` is either complete or absent. Returns {"train": n, "val": n}.
     """
-    import os
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from PIL import Image
-
-    out = Path(out)
+    out = Path(out).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise VitlabError(f"out {out} already exists and is not empty; choose a new folder or delete it", arg="out")
     if per_class is not None and per_class < 2:

@@ -19,17 +19,17 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from vitlab.data.digits import stratified_split
+from vitlab.data.split import DEFAULT_VAL_SPLIT, stratified_split
 from vitlab.data.preprocess import open_image
 from vitlab.errors import VitlabError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
-DEFAULT_VAL_SPLIT = 0.2
 
 
 @dataclass
@@ -278,8 +278,6 @@ class ImageDataset(Dataset):
 
 def in_memory_scan(name: str, classes, train: tuple, val: tuple) -> FolderScan:
     """A FolderScan for tensors already in memory ((N, C, H, W) in [0, 1], labels), e.g. bundled digits."""
-    import numpy as np
-
     images: dict[str, Image.Image] = {}
     parts = []
     for part, (x, y) in (("train", train), ("val", val)):

@@ -63,7 +63,7 @@ def check_options(*, epochs: int, seed: int, out: str | Path, n_train: int = N_T
     check_range("seed", seed, low=0, integer=True)
     if n_train < 2 or n_val < 1:
         raise VitlabError(f"dataset X needs at least 2 training and 1 validation image; found {n_train} and {n_val}")
-    out = Path(out)
+    out = Path(out).expanduser()
     if out.exists() and not out.is_dir():
         raise VitlabError(f"out {out} is a file; expected a folder (it is created if missing)", arg="out")
     return out

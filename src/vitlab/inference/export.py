@@ -32,7 +32,7 @@ SUFFIXES = (".safetensors", ".onnx")
 def export_model(model: nn.Module, out: str | Path, *, check: bool = True, opset: int | None = None) -> dict:
     """Write `model` to `out` (format from the suffix). Returns a report: the files written and, for
     ONNX, the max abs difference to PyTorch measured by ONNX Runtime."""
-    out = Path(out)
+    out = Path(out).expanduser()
     if out.suffix.lower() not in SUFFIXES:
         raise VitlabError(f"out {out}: unknown export format {out.suffix!r}; expected a path ending in "
                           f"{' or '.join(SUFFIXES)}", arg="out")

@@ -261,7 +261,7 @@ def fit(
     """
     dist = dist or distributed.single_process(device)
     dev = dist.device
-    out = Path(out) if out is not None else None
+    out = Path(out).expanduser() if out is not None else None
     callbacks = list(callbacks) if dist.is_main else []
     say = log if (log is not None and dist.is_main) else (lambda message: None)
     if out is not None or resume:
@@ -273,14 +273,7 @@ def fit(
     ids, L = layer_ids(model)
     K = recipe.freeze_epochs
     thresholds = (L + 2, freeze_threshold(recipe.unfreeze, L))  # stage 1: the head only; stage 2: `unfreeze`
-    groups = layer_decay_groups(model, lr=recipe.lr, weight_decay=recipe.weight_decay, layer_decay=recipe.layer_decay)
-    optimizer = build_optimizer(groups, lr=recipe.lr, weight_decay=recipe.weight_decay)
-    steps = math.ceil(len(train_loader) / recipe.grad_accum)  # optimizer steps per epoch
-    stage_steps = [n for n in (K * steps, (recipe.epochs - K) * steps) if n > 0]
-    scheduler = staged_warmup_cosine(optimizer, stage_steps=stage_steps, warmup_steps=round(recipe.warmup_epochs * steps),
-                                     min_lr_ratio=recipe.min_lr_ratio)
-    total = sum(stage_steps)  # the head's lr at optimizer step k, drawn at epoch (k + 1) / steps
-    lr_steps = ([(k + 1) / steps for k in range(total)], [recipe.lr * scheduler.lr_lambdas[0](k) for k in range(total)])
+    optimizer, scheduler, lr_steps = _optimizer(model, recipe, steps=math.ceil(len(train_loader) / recipe.grad_accum))
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(recipe.ema), use_buffers=True) if recipe.ema else None
     mix = mix_transform(num_classes=model.head.out_features, mixup=recipe.mixup, cutmix=recipe.cutmix,
                         switch_prob=recipe.mix_switch_prob) if recipe.mixes else None
@@ -307,11 +300,7 @@ def fit(
             wrapped = distributed.wrap(model, dist)  # DDP fixes its parameter set when it is built
             for cb in callbacks:
                 cb.on_stage(epoch, stage, trainable)
-        for loader in (train_loader, val_loader):
-            if hasattr(loader, "set_epoch"):
-                loader.set_epoch(epoch)
-            elif hasattr(getattr(loader, "sampler", None), "set_epoch"):
-                loader.sampler.set_epoch(epoch)
+        _set_epoch(epoch, train_loader, val_loader)
         t0 = time.perf_counter()
         stats = train_one_epoch(wrapped, train_loader, optimizer, _AfterStep(scheduler, ema, model), device=dev,
                                 clip_grad=recipe.clip_grad, label_smoothing=recipe.label_smoothing,
@@ -352,6 +341,29 @@ def fit(
     for cb in callbacks:
         cb.on_fit_end(history)
     return history
+
+
+def _optimizer(model: nn.Module, recipe: Recipe, *, steps: int):
+    """One AdamW over every parameter, grouped by layer id (layer decay) and by whether it decays; warmup +
+    cosine in each stage (`steps` optimizer steps per epoch). Also the head's lr at every step, for the curves."""
+    groups = layer_decay_groups(model, lr=recipe.lr, weight_decay=recipe.weight_decay, layer_decay=recipe.layer_decay)
+    optimizer = build_optimizer(groups, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    K = recipe.freeze_epochs
+    stage_steps = [n for n in (K * steps, (recipe.epochs - K) * steps) if n > 0]
+    scheduler = staged_warmup_cosine(optimizer, stage_steps=stage_steps, warmup_steps=round(recipe.warmup_epochs * steps),
+                                     min_lr_ratio=recipe.min_lr_ratio)
+    total = sum(stage_steps)  # the head's lr at optimizer step k, drawn at epoch (k + 1) / steps
+    lr_steps = ([(k + 1) / steps for k in range(total)], [recipe.lr * scheduler.lr_lambdas[0](k) for k in range(total)])
+    return optimizer, scheduler, lr_steps
+
+
+def _set_epoch(epoch: int, *loaders) -> None:
+    """Every epoch's order depends on the seed and the epoch alone (TensorLoader, DistributedSampler)."""
+    for loader in loaders:
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        elif hasattr(getattr(loader, "sampler", None), "set_epoch"):
+            loader.sampler.set_epoch(epoch)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def reproduce(
     if n_seeds < 1:
         raise VitlabError(f"seeds must be at least 1 (3 or more for error bars); found {n_seeds}", arg="seeds")
     dev = resolve_device(device)
-    out = Path(out_dir)
+    out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     scale = Scale(quick=quick, seeds=tuple(range(n_seeds)))
     experiments = select(only)

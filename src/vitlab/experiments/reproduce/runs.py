@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitlab.data.digits import load_digits, stratified_split
+from vitlab.data.digits import load_digits
+from vitlab.data.split import stratified_split
 from vitlab.data.shapes import class_names, make_shapes
 from vitlab.data.synthetic import dataset_x_splits
 from vitlab.errors import VitlabError
