@@ -101,6 +101,22 @@ def overlay(
     return (out.clip(0, 1) * 255).round().astype(np.uint8)
 
 
+def display_image(x: torch.Tensor, pretrained_cfg) -> np.ndarray:
+    """One preprocessed image (C, H, W) as the attention figures show it: un-normalised with its
+    PretrainedCfg's mean and std, and enlarged (`enlarge`) if small. (H', W', 3) float in [0, 1]."""
+    return enlarge(to_display(x, pretrained_cfg.mean, pretrained_cfg.std))
+
+
+def final_overlay(
+    image: np.ndarray, maps: torch.Tensor | np.ndarray, *, alpha: float = 0.5, mode: str = "bilinear"
+) -> tuple[np.ndarray, torch.Tensor]:
+    """The single picture of one image's attention (`vitlab attention`'s <stem>_<method>_overlay.png, the
+    page's overlay): the last row of its (R, C, gh, gw) maps, columns averaged, blended on `image`.
+    Returns ((H, W, 3) uint8, the (gh, gw) map)."""
+    final = torch.as_tensor(maps)[-1].mean(dim=0)  # (gh, gw): the last layer's map, heads fused
+    return overlay(image, final, alpha=alpha, mode=mode), final
+
+
 # ----------------------------------------------------------------------------------------------------
 # Attention figures
 
@@ -274,6 +290,21 @@ def write_figure7(model, images, out_dir: str | Path, *, batch_size: int | None 
     return summary
 
 
+def figure7_lines(summary: dict) -> list[str]:
+    """The headline numbers of `write_figure7`'s summary, one line per panel, then its notes."""
+    lines = []
+    if "pcs_explained" in summary:
+        lines.append(f"(a) first 28 principal components of the patch-embedding filters explain "
+                     f"{summary['pcs_explained']:.1%} of their variance")
+    if "pe_neighbour_vs_far" in summary:
+        near, far = summary["pe_neighbour_vs_far"]
+        lines.append(f"(b) position-embedding cosine similarity: neighbours {near:.3f}, far apart {far:.3f}")
+    per_layer = ", ".join(f"{d:.1f}" for d in summary["distance_per_layer"])
+    lines.append(f"(c) mean attention distance per layer (px, mean over heads): {per_layer}; uniform attention: "
+                 f"{summary['distance_uniform']:.1f}")
+    return lines + list(summary["notes"])
+
+
 def _neighbour_vs_far(sim: torch.Tensor, grid_size: tuple[int, int]) -> tuple[float, float]:
     """Mean similarity of 4-neighbour positions and of positions at least half the grid apart."""
     gh, gw = grid_size
@@ -294,9 +325,12 @@ __all__ = [
     "upsample",
     "normalize01",
     "overlay",
+    "display_image",
+    "final_overlay",
     "attention_grid",
     "figure7a",
     "figure7b",
     "figure7c",
     "write_figure7",
+    "figure7_lines",
 ]

@@ -68,12 +68,11 @@ def run(args) -> int:
         stems = [f"{i:02d}_{s}" for i, s in enumerate(stems)]
     csv_rows = []
     for i, (path, stem) in enumerate(zip(paths, stems)):
-        image = plots.enlarge(plots.to_display(x[i], pcfg.mean, pcfg.std))  # (H', W', 3) in [0, 1]
+        image = plots.display_image(x[i], pcfg)  # (H', W', 3) in [0, 1]
         grid = plots.attention_grid(image, maps[i], out / f"{stem}_{args.method}.png", row_labels=rows,
                                     col_labels=cols, title=f"{path.name}: {args.method}", alpha=args.alpha, mode=args.upsample)
-        final = maps[i, -1].mean(dim=0)  # (gh, gw): the last row's fused map
-        single = plots.save_image(plots.overlay(image, final, alpha=args.alpha, mode=args.upsample),
-                                  out / f"{stem}_{args.method}_overlay.png")
+        picture, final = plots.final_overlay(image, maps[i], alpha=args.alpha, mode=args.upsample)
+        single = plots.save_image(picture, out / f"{stem}_{args.method}_overlay.png")
         for r, row in enumerate(rows):
             for c, col in enumerate(cols):
                 m = maps[i, r, c]

@@ -41,15 +41,8 @@ def run(args) -> int:
     x = images_tensor(images, model.pretrained_cfg, model.cfg.img_size)
     summary = plots.write_figure7(model, x, args.out, batch_size=args.batch_size)
     print(f"Figure 7 for {args.model or args.pretrained or args.checkpoint} ({len(x)} images from {source}):")
-    if "pcs_explained" in summary:
-        print(f"  (a) first 28 principal components of the patch-embedding filters explain {summary['pcs_explained']:.1%} of their variance")
-    if "pe_neighbour_vs_far" in summary:
-        near, far = summary["pe_neighbour_vs_far"]
-        print(f"  (b) position-embedding cosine similarity: neighbours {near:.3f}, far apart {far:.3f}")
-    per_layer = ", ".join(f"{d:.1f}" for d in summary["distance_per_layer"])
-    print(f"  (c) mean attention distance per layer (px, mean over heads): {per_layer}; uniform attention: {summary['distance_uniform']:.1f}")
-    for note in summary["notes"]:
-        print(f"  {note}")
+    for line in plots.figure7_lines(summary):
+        print(f"  {line}")
     for path in summary["files"]:
         print(f"  wrote {path}")
     return 0

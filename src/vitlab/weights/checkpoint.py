@@ -191,6 +191,26 @@ def read_state(folder: str | Path) -> dict:
     return state
 
 
+def find_runs(root: str | Path) -> list[Path]:
+    """The run folders under `root` (root itself included): folders with a last.json or best.json
+    pointer, sorted by path. A run's own sub-folders (checkpoints/, tensorboard/, ...) and hidden
+    folders (a run still being written) are not searched; a `root` that does not exist has no runs."""
+    root = Path(root).expanduser()
+    found, seen = [], set()
+    for folder, subfolders, files in os.walk(root, followlinks=True):  # runs may be symlinked in
+        real = os.path.realpath(folder)
+        if real in seen:  # a symlink loop, or the same folder reached twice
+            subfolders.clear()
+            continue
+        seen.add(real)
+        if "last.json" in files or "best.json" in files:
+            found.append(Path(folder))
+            subfolders.clear()  # a run does not hold other runs
+        else:
+            subfolders[:] = [d for d in subfolders if not d.startswith(".")]
+    return sorted(found)
+
+
 def _prune(out_dir: Path, keep: int) -> None:
     root = out_dir / "checkpoints"
     protected = set()
@@ -208,4 +228,4 @@ def _prune(out_dir: Path, keep: int) -> None:
 
 
 __all__ = ["VERSION", "KINDS", "unwrap", "model_meta", "save_weights", "save_checkpoint", "mark_best", "read_pointer",
-           "resolve_checkpoint", "read_meta", "build_from_meta", "read_weights", "read_state"]
+           "resolve_checkpoint", "read_meta", "build_from_meta", "read_weights", "read_state", "find_runs"]
