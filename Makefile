@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev,serve]'
 	touch $(STAMP)
 
 demo: $(STAMP)

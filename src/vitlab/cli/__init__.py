@@ -13,11 +13,11 @@ import argparse
 import sys
 
 from vitlab import __version__
-from vitlab.cli import attention, bench, data, demo, export, finetune, info, inspect, predict, reproduce, train
+from vitlab.cli import attention, bench, data, demo, export, finetune, info, inspect, predict, reproduce, serve, train
 from vitlab.errors import VitlabError
 
 # The commands, in the order `vitlab --help` lists them.
-COMMANDS = [demo, info, attention, inspect, predict, export, data, train, finetune, reproduce, bench]
+COMMANDS = [demo, info, attention, inspect, predict, export, serve, data, train, finetune, reproduce, bench]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,94 @@
+"""`vitlab serve [--checkpoint RUN | --pretrained SOURCE | --model NAME] [--runs DIR]`: a local web page.
+
+Drop images (or pick a bundled photo) and see the top-5 and the attention overlays, with the numbers of
+`vitlab predict` and `vitlab attention`; the paper's Figure 7 of the model; the training runs and the
+`vitlab reproduce` report under --runs. The page is served on 127.0.0.1 (this machine only) at a free
+port, printed on start, and fetches nothing from the network: no analytics, no update check, no
+fonts from elsewhere. Needs the optional extra: pip install -e '.[serve]'.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from vitlab.cli._common import DefaultsFormatter, add_device, add_model_source, add_precision, add_threads
+from vitlab.errors import VitlabError, check_range
+from vitlab.serve.models import ModelSource, ModelStore
+from vitlab.serve.page import CSS, build_page, check_gradio, require_gradio, save_samples, theme
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="a local web page: drop an image, see the top-5 and where the ViT looks; Figure 7; your runs",
+        description="Start a local web page (Gradio) over a model: the top-5 of images you drop, the class "
+        "token's attention per layer and head next to the attention rollout, the paper's Figure 7 of the "
+        "model, and the training runs and `vitlab reproduce` report under --runs, two runs side by side. "
+        "The model is optional: the runs found are listed as models, and others can be loaded in the page.",
+        formatter_class=DefaultsFormatter,
+    )
+    add_model_source(p, weights="optional")
+    p.add_argument("--runs", default="runs", metavar="DIR", help="folder searched for training runs (each one is "
+                   "also listed as a model) and `vitlab reproduce` reports")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 opens the page to other "
+                   "machines")
+    p.add_argument("--port", type=int, default=None, help="port to listen on (default: a free one, printed on start)")
+    p.add_argument("--max-upload-mb", type=int, default=25, metavar="MB", help="largest image file the page accepts")
+    p.add_argument("--max-models", type=int, default=3, metavar="N", help="models kept in memory at once; the one "
+                   "used longest ago is dropped first")
+    add_device(p)
+    add_precision(p)
+    add_threads(p)
+    p.set_defaults(func=run)
+
+
+def free_port(host: str) -> int:
+    """A port that nothing listens on now (the system picks it)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def run(args) -> int:
+    check_range("max_upload_mb", args.max_upload_mb, low=1, integer=True)
+    check_range("port", args.port, low=1, high=65535, integer=True, optional=True)
+    check_range("threads", args.threads, low=1, integer=True, optional=True)
+    check_range("max_models", args.max_models, low=1, integer=True)
+    if args.img_size is not None and not (args.model or args.pretrained or args.checkpoint):
+        raise VitlabError("--img-size needs a model: give --model, --pretrained or --checkpoint")
+    check_gradio()  # before loading a model for nothing
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    store = ModelStore(device=args.device, precision=args.precision, capacity=args.max_models)
+    key = None
+    if args.model or args.pretrained or args.checkpoint:
+        loaded = store.load(ModelSource(model=args.model, pretrained=args.pretrained, checkpoint=args.checkpoint,
+                                        img_size=args.img_size))
+        for note in loaded.notes:
+            print(f"warning: {note}", file=sys.stderr)
+        key = loaded.source.label
+    # No telemetry and no update check; Gradio reads this when it is imported and when it launches.
+    os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+    gr = require_gradio()
+    port = args.port or free_port(args.host)
+    with tempfile.TemporaryDirectory(prefix="vitlab-serve-") as work:
+        work_dir = Path(work)
+        samples = save_samples(work_dir / "samples")
+        page = build_page(store, runs_dir=args.runs, work_dir=work_dir, model=key, samples=samples)
+        where = "this machine only" if args.host in ("127.0.0.1", "localhost", "::1") else f"listening on {args.host}"
+        print(f"vitlab serve: http://{'127.0.0.1' if args.host == '0.0.0.0' else args.host}:{port}/ ({where}; "
+              f"model: {key or 'none yet, choose one in the page'}; runs from {args.runs}/). Ctrl-C stops it.",
+              flush=True)
+        try:
+            page.launch(server_name=args.host, server_port=port, max_file_size=f"{args.max_upload_mb}mb",
+                        ssr_mode=False, share=False, quiet=True, theme=theme(), css=CSS, allowed_paths=[str(work_dir)],
+                        footer_links=["api", "settings"], show_error=False)
+        finally:
+            gr.close_all()
+    return 0
