@@ -38,10 +38,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
+from PIL import Image
 
 import vitlab
 from vitlab.cli import main as vitlab_main
-from vitlab.data.photos import sample_photos
+from vitlab.data.photos import BUNDLED_PHOTOS, sample_photos
 from vitlab.weights.checkpoint import save_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +136,7 @@ def random_vit(folder: str | Path, name: str = "vit_small_patch16_224", seed: in
 def sample_image(folder: str | Path, name: str = "chelsea") -> Path:
     """A bundled photo saved as PNG: the image every client sends."""
     path = Path(folder) / f"{name}.png"
-    dict(sample_photos())[name].save(path)
+    dict(sample_photos(BUNDLED_PHOTOS.index(name) + 1))[name].save(path)  # up to `name` only: they load slowly
     return path
 
 
@@ -349,15 +350,24 @@ class Page:
 
     def choose(self, elem_id: str, option: str) -> None:
         """Pick `option` in the dropdown `elem_id`."""
-        from selenium.webdriver.common.keys import Keys  # noqa: PLC0415
-
-        box = self.find(f"#{elem_id} input")
-        box.click()
-        box.send_keys(Keys.CONTROL, "a")
-        box.send_keys(option)
-        item = self.until(lambda: next((li for li in self.find_all("ul.options li") if li.text.strip() == option), None),
+        self.find(f"#{elem_id} input").click()
+        item = self.until(lambda: next((li for li in self.find_all("li[role=option]")
+                                        if li.get_attribute("aria-label") == option), None),
                           f"{option!r} in the list {elem_id}")
         item.click()
+
+    def load_model(self, kind: str, value: str) -> None:
+        """Open "Load another model", choose `kind` (checkpoint, pretrained, model), type `value`, press Load."""
+        from selenium.webdriver.common.keys import Keys  # noqa: PLC0415
+
+        if not self.find_all("#load-value textarea, #load-value input"):
+            next(b for b in self.find_all("button") if b.text.strip().startswith("Load another model")).click()
+        self.until(lambda: self.find_all("#load-value textarea, #load-value input"), "the load box")
+        next(label for label in self.find_all("#load-kind label") if label.text.strip() == kind).click()
+        box = self.find("#load-value textarea, #load-value input")
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys(value)
+        self.find("#load").click()
 
     def screenshot(self, path: str | Path, max_height: int = 1800) -> Path:
         """The page from its top, as tall as the page (at most `max_height` pixels)."""
@@ -425,12 +435,15 @@ def main_screenshots(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         runs = digits_runs(tmp, models=("vit_mini", "resnet_mini"), epochs=args.epochs, per_class=60)
         shutil.copytree(ROOT / "docs" / "reproduce", Path(tmp) / "runs" / "reproduce")
-        server = Server(["--checkpoint", str(runs[0]), "--runs", str(Path(tmp) / "runs")], cwd=tmp)
-        driver = chromium(Path(tmp) / "profile")
+        # From the folder, with relative paths, as a user types them.
+        server = Server(["--checkpoint", str(runs[0].relative_to(tmp)), "--runs", "runs"], cwd=tmp)
+        driver = chromium(Path(tmp) / "profile", width=1280)
         try:
             page = Page(driver, server.url)
             for shot in screenshot_tabs(page, args.out, digit_image(tmp)):
-                print(f"wrote {shot}")
+                small = Image.open(shot).convert("RGB").quantize(256)  # a palette: a third of the bytes
+                small.save(shot, optimize=True)
+                print(f"wrote {shot} ({small.width}x{small.height}, {shot.stat().st_size // 1024} KiB)")
             leaks = outside(requested_urls(driver))
             print("requests outside 127.0.0.1: " + (", ".join(leaks) if leaks else "none"))
         finally:

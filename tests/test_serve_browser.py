@@ -108,6 +108,20 @@ def test_broken_files_get_a_message_and_the_server_goes_on(served, tmp_path):
     assert len(page.topk(good.name)) == 5
 
 
+def test_a_checkpoint_that_fails_to_load_is_reported_and_the_model_stays(served, tmp_path):
+    page = served.page
+    broken = tmp_path / "broken"
+    shutil.copytree(served.mini, broken)
+    (broken / "config.json").write_text('{"kind": "transformer"}')
+    page.load_model("checkpoint", str(broken))
+    error = page.until(lambda: page.text("#model-error"), "the load error")
+    assert error.startswith(f"error: checkpoint config {broken / 'config.json'} has model kind 'transformer'")
+    assert page.find("#model input").get_attribute("value") == f"--checkpoint {served.mini}"
+    image = serve_page.digit_image(served.tmp, 8)
+    page.upload(image)  # still predicted, by the model that was loaded
+    assert len(page.topk(image.name)) == 5
+
+
 def test_the_runs_tab_shows_the_run_made_here(served):
     page = served.page
     page.tab("Runs")

@@ -79,14 +79,14 @@ def error_html(message: str) -> str:
 
 
 def summary_rows(results: list[dict]) -> list[list[str]]:
-    """One table row per image: file, top-1 class, its probability (or the error)."""
+    """One table row per image: file, the top-1 probability, the top-1 class (or the error)."""
     rows = []
     for r in results:
         if "error" in r:
-            rows.append([r["file"], "error: " + r["error"], ""])
+            rows.append([r["file"], "", "error: " + r["error"]])
         else:
             best = r["predictions"][0]
-            rows.append([r["file"], best["label"], format_prob(best["prob"])])
+            rows.append([r["file"], format_prob(best["prob"]), best["label"]])
     return rows
 
 

@@ -138,7 +138,7 @@ def build_page(
             info, layer, head, start = model_panel(key)
         except VitlabError as e:
             return (gr.update(value=current), current, gr.update(), gr.update(), gr.update(), gr.update(),
-                    look.error_html(f"{key}: {e.for_cli()}"))
+                    look.error_html(e.for_cli()))
         return gr.update(), key, info, layer, head, start, ""
 
     def load_model(kind, value, current):
@@ -229,9 +229,8 @@ def build_page(
         try:
             with figure7_lock:
                 if key not in figure7_done:
-                    photos = [Image.open(p) for p in samples[:16]]
                     out = work_dir / "figure7" / f"model_{len(figure7_done)}"
-                    figure7_done[key] = look.figure7(store.get(key), photos, out)
+                    figure7_done[key] = look.figure7(store.get(key), samples[:16], out)  # as `vitlab inspect`
             summary = figure7_done[key]
         except VitlabError as e:
             return look.error_html(e.for_cli()), None, None, None
@@ -323,12 +322,12 @@ def build_page(
                         files = gr.File(file_count="multiple", label="Images: drop one or more here, or click",
                                         elem_id="images", height=140)
                         sample_gallery = gr.Gallery(value=[(str(p), p.stem) for p in samples], label="or a sample photo",
-                                                    columns=5, height="auto", object_fit="cover", allow_preview=False,
+                                                    columns=4, object_fit="cover", allow_preview=False,
                                                     interactive=False, buttons=[], elem_id="samples")
                     with gr.Column(scale=3):
                         which = gr.Dropdown(label="image shown", choices=[], visible=False, elem_id="which")
                         topk = gr.HTML(elem_id="topk", label="top-5")
-                        table = gr.Dataframe(headers=["image", "top-1 class", "probability"], visible=False,
+                        table = gr.Dataframe(headers=["image", "probability", "top-1 class"], visible=False,
                                              interactive=False, elem_id="table")
                 with gr.Row():
                     with gr.Column():
@@ -356,10 +355,12 @@ def build_page(
             with gr.Tab("Inside (Figure 7)", id="inside") as inside_tab:
                 inside_text = gr.Markdown(elem_id="inside-text")
                 with gr.Row():
-                    fig_a = gr.Image(label="(a) embedding filters", format="png", interactive=False, buttons=["download", "fullscreen"], elem_id="fig7a")
-                    fig_b = gr.Image(label="(b) position-embedding similarity", format="png", interactive=False, buttons=["download", "fullscreen"],
+                    # Each figure carries its own title, as `vitlab inspect` writes it.
+                    fig_a = gr.Image(show_label=False, format="png", interactive=False, buttons=["download", "fullscreen"],
+                                     elem_id="fig7a")
+                    fig_b = gr.Image(show_label=False, format="png", interactive=False, buttons=["download", "fullscreen"],
                                      elem_id="fig7b")
-                    fig_c = gr.Image(label="(c) mean attention distance", format="png", interactive=False, buttons=["download", "fullscreen"],
+                    fig_c = gr.Image(show_label=False, format="png", interactive=False, buttons=["download", "fullscreen"],
                                      elem_id="fig7c")
 
             with gr.Tab("Runs", id="runs") as runs_tab:
