@@ -9,10 +9,14 @@ fonts from elsewhere. Needs the optional extra: pip install -e '.[serve]'.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -55,6 +59,23 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    """SIGTERM (kill, a service manager) stops the server as Ctrl-C does, so its temporary folder goes too."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def run(args) -> int:
     check_range("max_upload_mb", args.max_upload_mb, low=1, integer=True)
     check_range("port", args.port, low=1, high=65535, integer=True, optional=True)
@@ -81,14 +102,25 @@ def run(args) -> int:
         work_dir = Path(work)
         samples = save_samples(work_dir / "samples")
         page = build_page(store, runs_dir=args.runs, work_dir=work_dir, model=key, samples=samples)
-        where = "this machine only" if args.host in ("127.0.0.1", "localhost", "::1") else f"listening on {args.host}"
-        print(f"vitlab serve: http://{'127.0.0.1' if args.host == '0.0.0.0' else args.host}:{port}/ ({where}; "
-              f"model: {key or 'none yet, choose one in the page'}; runs from {args.runs}/). Ctrl-C stops it.",
-              flush=True)
         try:
             page.launch(server_name=args.host, server_port=port, max_file_size=f"{args.max_upload_mb}mb",
-                        ssr_mode=False, share=False, quiet=True, theme=theme(), css=CSS, allowed_paths=[str(work_dir)],
-                        footer_links=["api", "settings"], show_error=False)
-        finally:
-            gr.close_all()
+                        ssr_mode=False, share=False, quiet=True, prevent_thread_lock=True, theme=theme(), css=CSS,
+                        allowed_paths=[str(work_dir)], footer_links=["api", "settings"], show_error=False)
+        except OSError as e:
+            raise VitlabError(f"cannot listen on {args.host}:{port}: the port is taken or not allowed; choose another "
+                              "--port, or leave it out for a free one") from e
+        host = f"[{args.host}]" if ":" in args.host else ("127.0.0.1" if args.host == "0.0.0.0" else args.host)
+        where = "this machine only" if args.host in ("127.0.0.1", "localhost", "::1") else f"listening on {args.host}"
+        print(f"vitlab serve: http://{host}:{port}/ ({where}; model: {key or 'none yet, choose one in the page'}; "
+              f"runs from {args.runs}/). Ctrl-C stops it.", flush=True)
+        with _stop_on_sigterm():
+            try:
+                while page.is_running:
+                    time.sleep(0.2)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                page.close()
+                gr.close_all()
+        print("vitlab serve: stopped", flush=True)
     return 0

@@ -294,7 +294,8 @@ def build_page(
     # Layout
 
     keys = store.keys()
-    with gr.Blocks(title="vitlab", analytics_enabled=False) as page:
+    # Uploads and drawn pictures older than a day are deleted every hour: the disk stays bounded too.
+    with gr.Blocks(title="vitlab", analytics_enabled=False, delete_cache=(3600, 24 * 3600)) as page:
         current = gr.State(model)
         shown_tab = gr.State("predict")
         paths = gr.State([])
