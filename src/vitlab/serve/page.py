@@ -293,6 +293,10 @@ def build_page(
     # ------------------------------------------------------------------------------------------------
     # Layout
 
+    def picture(**kwargs):
+        """An image the page draws: PNG (lossless, so it is the command line's picture), not editable."""
+        return gr.Image(format="png", interactive=False, buttons=["download", "fullscreen"], **kwargs)
+
     keys = store.keys()
     # Uploads and drawn pictures older than a day are deleted every hour: the disk stays bounded too.
     with gr.Blocks(title="vitlab", analytics_enabled=False, delete_cache=(3600, 24 * 3600)) as page:
@@ -332,12 +336,10 @@ def build_page(
                                              interactive=False, elem_id="table")
                 with gr.Row():
                     with gr.Column():
-                        cls_picture = gr.Image(label="class-token attention", format="png", interactive=False, buttons=["download", "fullscreen"],
-                                               elem_id="overlay-cls", height=360)
+                        cls_picture = picture(label="class-token attention", elem_id="overlay-cls", height=360)
                         cls_caption = gr.Markdown(elem_id="caption-cls")
                     with gr.Column():
-                        rollout_picture = gr.Image(label="attention rollout", format="png", interactive=False, buttons=["download", "fullscreen"],
-                                                   elem_id="overlay-rollout", height=360)
+                        rollout_picture = picture(label="attention rollout", elem_id="overlay-rollout", height=360)
                         rollout_caption = gr.Markdown(elem_id="caption-rollout")
                 with gr.Row():
                     layer = gr.Slider(0, 1, value=1, step=1, label="layer (0 = first)", elem_id="layer")
@@ -349,20 +351,17 @@ def build_page(
                     with gr.Row():
                         start = gr.Slider(0, 1, value=0, step=1, label="first layer rolled out", elem_id="start")
                         fusion = gr.Radio(HEAD_CHOICES, value="mean", label="head fusion", elem_id="fusion")
-                        discard = gr.Slider(0, 0.9, value=0.0, step=0.05, label="discard ratio (lowest share of each row zeroed)",
-                                            elem_id="discard")
+                        discard = gr.Slider(0, 0.9, value=0.0, step=0.05, elem_id="discard",
+                                            label="discard ratio (lowest share of each row zeroed)")
                 commands = gr.Markdown(elem_id="commands")
 
             with gr.Tab("Inside (Figure 7)", id="inside") as inside_tab:
                 inside_text = gr.Markdown(elem_id="inside-text")
                 with gr.Row():
                     # Each figure carries its own title, as `vitlab inspect` writes it.
-                    fig_a = gr.Image(show_label=False, format="png", interactive=False, buttons=["download", "fullscreen"],
-                                     elem_id="fig7a")
-                    fig_b = gr.Image(show_label=False, format="png", interactive=False, buttons=["download", "fullscreen"],
-                                     elem_id="fig7b")
-                    fig_c = gr.Image(show_label=False, format="png", interactive=False, buttons=["download", "fullscreen"],
-                                     elem_id="fig7c")
+                    fig_a = picture(show_label=False, elem_id="fig7a")
+                    fig_b = picture(show_label=False, elem_id="fig7b")
+                    fig_c = picture(show_label=False, elem_id="fig7c")
 
             with gr.Tab("Runs", id="runs") as runs_tab:
                 with gr.Row():
@@ -375,11 +374,9 @@ def build_page(
                             choice = gr.Dropdown(label=f"run {side.upper()}", choices=[], elem_id=f"run-{side}")
                             summary = gr.Markdown(elem_id=f"run-{side}-summary")
                             # The run's own figures carry their titles.
-                            curves = gr.Image(show_label=False, format="png", interactive=False, visible=False,
-                                              buttons=["download", "fullscreen"], elem_id=f"run-{side}-curves")
-                            confusion = gr.Image(show_label=False, format="png", interactive=False, visible=False,
-                                                 height=480, buttons=["download", "fullscreen"],
-                                                 elem_id=f"run-{side}-confusion")
+                            curves = picture(show_label=False, visible=False, elem_id=f"run-{side}-curves")
+                            confusion = picture(show_label=False, visible=False, height=480,
+                                                elem_id=f"run-{side}-confusion")
                             per_class = gr.Dataframe(label="per-class accuracy", visible=False, interactive=False,
                                                      elem_id=f"run-{side}-per-class")
                             sides.append((choice, summary, curves, confusion, per_class))

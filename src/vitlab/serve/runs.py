@@ -195,4 +195,5 @@ def report_markdown(folder: str | Path) -> str:
     return _IMAGE.sub(embed, (folder / "report.md").read_text(errors="replace"))
 
 
-__all__ = ["Run", "run_name", "read_run", "list_runs", "run_markdown", "per_class_rows", "curves_image", "find_reports", "report_markdown"]
+__all__ = ["Run", "run_name", "read_run", "list_runs", "run_markdown", "per_class_rows", "curves_image", "find_reports",
+           "report_markdown"]
