@@ -189,6 +189,23 @@ class ViTConfig:
         """Width of what the head reads: D, or 2D for pool 'cls+mean'."""
         return 2 * self.dim if self.pool == "cls+mean" else self.dim
 
+    def describe(self) -> str:
+        """One line: the size, and the options of the family that depart from the paper's model."""
+        text = f"D={self.dim} L={self.depth} h={self.heads} P={self.patch_size} img={self.img_size[0]}"
+        extras = [
+            "no class token" if not self.class_token else "",
+            "distillation token" if self.dist_token else "",
+            f"{self.reg_tokens} registers" if self.reg_tokens else "",
+            f"pool {self.pool}" if self.pool != "cls" else "",
+            "LayerScale" if self.layer_scale is not None else "",
+            "pre-norm" if self.pre_norm else "",
+            "no qkv bias" if not self.qkv_bias else "",
+            "QuickGELU" if self.act == "quick_gelu" else "",
+            "no head" if self.num_classes == 0 else "",
+        ]
+        extras = [e for e in extras if e]
+        return text + (f" ({', '.join(extras)})" if extras else "")
+
     def replace(self, **overrides) -> "ViTConfig":
         """A copy with some fields changed; an unknown field is an error that lists the valid ones."""
         known = {f.name for f in fields(self)}
