@@ -49,7 +49,8 @@ def run(args) -> int:
         print(json.dumps(doc, indent=2))
     else:
         text = format_results(results)
-        print(f"{pcfg.architecture or 'model'} with weights {pcfg.source} ({pcfg.format} layout); "
+        name = pcfg.architecture or f"ViT {model.cfg.describe()}"  # read from the weights when not named
+        print(f"{name} with weights {pcfg.source} ({pcfg.format} layout); "
               f"preprocessing: {describe(pcfg)}")
         if text:
             print(text)

@@ -33,7 +33,8 @@ PREPROCESSING = {
     "torchvision": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, crop_mode="center", interpolation="bilinear"),
     # DeiT and DeiT III in timm (deit_*.fb_in1k, deit3_*.fb_in1k): ImageNet stats, bicubic, centre crop 0.9.
     "deit": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.9, crop_mode="center", interpolation="bicubic"),
-    # HF's DeiTImageProcessor: both sides to 256 (bicubic, on the tensor), centre crop 224, ImageNet stats.
+    # HF's DeiTImageProcessor as facebook/deit-* configure it: both sides to 256 (bicubic, on the tensor), centre
+    # crop 224, ImageNet stats (the processor class's own default, 0.5, is not what DeiT was trained with).
     "hf_deit": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, crop_mode="squash", interpolation="bicubic",
                     resize_backend="tensor"),
     # DINO in timm (vit_*.dino): ImageNet stats, bicubic, centre crop 0.9.

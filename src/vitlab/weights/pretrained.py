@@ -330,14 +330,14 @@ def family_of(cfg: dict) -> tuple[str, str] | None:
     return None
 
 
-# family: (its name, its preprocessing preset, what else the rule fills in, and how that reads)
+# family: (its name, its preprocessing preset, the config fields no tensor shows, and how those read)
 FAMILY_RULES = {
     "deit": ("DeiT", "deit", {}, ""),
     "deit3": ("DeiT III", "deit", {}, ""),
     "dinov2": ("DINOv2", "dinov2", {}, ""),
     "clip": ("CLIP", "clip", {"norm_eps": 1e-5},
-             "LayerNorm eps 1e-5 as CLIP's; GELU in the MLP (OpenAI's own CLIP weights use QuickGELU: name a "
-             "*_clip_quickgelu_* model)"),
+             "LayerNorm eps 1e-5, and GELU in the MLP as timm's CLIP models (OpenAI's own weights use QuickGELU: "
+             "name a *_clip_quickgelu_* model for them)"),
 }
 
 
@@ -511,8 +511,7 @@ def plan_load(
             inferred["heads"] = _heads_from_rule(inferred["dim"], ckpt, notes)
         known = {f.name for f in fields(ViTConfig)} - {"num_classes"}
         start = get_config(name) if name is not None else ViTConfig()
-        ruled = FAMILY_RULES[family[0]][2] if family and name is None else {}
-        ruled = {k: v for k, v in ruled.items() if k not in inferred}
+        ruled = _family_config(family, inferred, ckpt, notes) if name is None else {}
         base = start.replace(**{k: v for k, v in {**ruled, **inferred}.items() if k in known}).replace(**overrides)
     _check_architecture(name, base, inferred, ckpt, named=named)
 
@@ -591,6 +590,19 @@ def _heads_from_rule(dim: int, ckpt: Checkpoint, notes: list[str]) -> int:
     return heads
 
 
+def _family_config(family, inferred: dict, ckpt: Checkpoint, notes: list[str]) -> dict:
+    """The config fields no tensor shows (CLIP's LayerNorm eps) from the family's rule, with a warning."""
+    if family is None:
+        return {}
+    label, _, config, text = FAMILY_RULES[family[0]]
+    ruled = {k: v for k, v in config.items() if k not in inferred}
+    if ruled:
+        note = f"the tensors show {family[1]}, a {label} model, and the file does not say the rest: taken as {label}'s, {text}"
+        notes.append(note)
+        _warn(f"{ckpt.path}: {note}")
+    return ruled
+
+
 def _plan_preprocessing(ckpt: Checkpoint, name: str | None, family, notes: list[str]) -> dict:
     """The preprocessing fields to use. A bare timm-layout file says none: the named model's source's
     (registry), else the family's the tensors show (with a warning), else timm's default."""
@@ -601,11 +613,11 @@ def _plan_preprocessing(ckpt: Checkpoint, name: str | None, family, notes: list[
         return {f: getattr(pcfg, f) for f in PREPROCESSING_FIELDS}
     if family is None:
         return {}
-    label, preset, _, extra = FAMILY_RULES[family[0]]
+    label, preset, _, _ = FAMILY_RULES[family[0]]
     p = PREPROCESSING[preset]
     what = f"{p['interpolation']}, crop {p['crop_pct']:g}, mean {tuple(p['mean'])}, std {tuple(p['std'])}"
-    note = (f"the file does not say how to preprocess images or what else its library assumed; the tensors show "
-            f"{family[1]}, a {label} model, so {label}'s preprocessing is used ({what})" + (f"; {extra}" if extra else ""))
+    note = (f"the file does not say how its images were preprocessed; the tensors show {family[1]}, a {label} model, "
+            f"so {label}'s preprocessing is used ({what})")
     notes.append(note)
     _warn(f"{ckpt.path}: {note}")
     return dict(p)
@@ -647,9 +659,9 @@ def _check_architecture(name: str | None, cfg: ViTConfig, inferred: dict, ckpt: 
     hint = f" (it looks like {', '.join(like)})" if like else ""
     what = f"model {name!r}" if named else "the model asked for"
     raise VitlabError(
-        f"{what} does not fit checkpoint {ckpt.path} ({ckpt.format} layout): {listing}. Leave the model name out "
+        f"checkpoint {ckpt.path} ({ckpt.format} layout) does not fit {what}: {listing}. Leave the model name out "
         f"and the architecture is read from the checkpoint, or name the model it was trained as{hint}; from Python, "
-        f"the overrides {fix} also fit it. " + _key_report(cfg, ckpt), arg="model" if named else None
+        f"the overrides {fix} also fit it. " + _key_report(cfg, ckpt)
     )
 
 
