@@ -17,7 +17,6 @@ import warnings
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -26,6 +25,7 @@ from safetensors.torch import save_file
 from vitlab import create_model
 from vitlab.analysis import attention as A
 from vitlab.cli import main
+from vitlab.data.digits import write_digits_folder
 from vitlab.data.preprocess import images_tensor
 from vitlab.models.pretrained_cfg import PREPROCESSING
 from vitlab.weights import PretrainedWarning
@@ -369,8 +369,6 @@ def test_high_norm_patches_are_marked_and_prefix_tokens_kept_apart():
 def test_finetune_a_dinov2_backbone(timm_files, tmp_path):
     """A headless DINOv2 file gets a new zero head for the folder's classes; the registers and LayerScale
     train with the blocks (stage 2), and the run's checkpoint reloads as the same family."""
-    from vitlab.data.digits import write_digits_folder
-
     torch.manual_seed(0)
     ref = perturb(_timm("vit_small_patch14_reg4_dinov2", depth=1, img_size=28))
     save_file(ref.state_dict(), tmp_path / "dinov2.safetensors")

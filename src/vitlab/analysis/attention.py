@@ -6,7 +6,7 @@ Eq. 5-7) per call, through `model.forward_features(x, return_attention=[...])`. 
 fast path (fused `scaled_dot_product_attention`) is never switched off and nothing global changes, so
 the maps survive fused attention (the first pitfall of ../shared/docs/paper.md).
 
-Memory: one layer's attention is B x h x (N+1)^2 floats, 16 MB per image for ViT-B/16 at 384
+Memory: one layer's attention is B x h x T^2 floats (T = prefix tokens + N patches), 16 MB per image for ViT-B/16 at 384
 (577 tokens, 12 heads), 192 MB for all twelve layers. `iter_attention` therefore runs the images in
 chunks and the layers in groups sized to `max_bytes`, and moves each chunk's maps off the GPU; the
 analyses (rollout, distances, boundary share) reduce each chunk before the next one runs.
@@ -19,7 +19,7 @@ registers are prefix tokens: they are never drawn as patches, and the attention 
 what its patch map does not sum to.
 
 Functions
-- `attention_maps(model, images, layers=...)`  -> {layer: (B, h, N+1, N+1)}
+- `attention_maps(model, images, layers=...)`  -> {layer: (B, h, T, T)}
 - `cls_attention(model, images, layers=...)`  -> {layer: (B, h, gh, gw)}, the CLS row on the grid
 - `attention_rollout(attns, ...)` / `rollout(model, images, ...)`  (Abnar & Zuidema 2020; Figure 6)
 - `attention_distance(attn, ...)` / `mean_attention_distance(model, images)`  (Figure 7, right)
@@ -143,7 +143,7 @@ def iter_attention(
     max_bytes: int = DEFAULT_MAX_BYTES,
     out_device: str | torch.device | None = "cpu",
 ) -> Iterator[dict[int, torch.Tensor]]:
-    """Yield, per chunk of images, {layer: (b, h, N+1, N+1) float32 attention weights}.
+    """Yield, per chunk of images, {layer: (b, h, T, T) float32 attention weights}.
 
     Runs the model in eval mode without gradients on the model's device, asking
     `forward_features(x, return_attention=group)` for one group of layers at a time (the other layers
@@ -175,7 +175,7 @@ def attention_maps(
     max_bytes: int = DEFAULT_MAX_BYTES,
     out_device: str | torch.device | None = "cpu",
 ) -> dict[int, torch.Tensor]:
-    """The attention weights of the chosen layers: {layer: (B, h, N+1, N+1)}, rows summing to 1.
+    """The attention weights of the chosen layers: {layer: (B, h, T, T)}, rows summing to 1.
 
     `layers`: "all", an int (negative from the end) or a list. Each row is one query token's
     distribution over the keys; index 0 is the class token when the model has one. The model's default

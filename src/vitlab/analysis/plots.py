@@ -309,15 +309,14 @@ def token_norm_figure(image: np.ndarray, norms: A.TokenNorms, path: str | Path, 
     """
     shown = _spread(norms.layers, max_maps)
     p = len(norms.prefix_names)
-    gh, gw = norms.patches.shape[-2:]
     high = norms.high_norm(ratio)
     cols = 1 + len(shown)
-    tile, panel, head = 1.9, 2.8, (0.45 if title else 0.15)  # inches
-    fig = Figure(figsize=(tile * cols + 0.4, head + tile + 0.35 + panel))
-    H = fig.get_figheight()
-    grid = fig.add_gridspec(2, cols, height_ratios=[tile + 0.35, panel], left=0.03, right=0.97, bottom=0.5 / H,
-                            top=1 - head / H, hspace=0.35, wspace=0.25)
-    ax = fig.add_subplot(grid[0, 0])
+    tile, label, panel, head = 1.9, 0.3, 2.6, (0.45 if title else 0.15)  # inches
+    fig = Figure(figsize=(max(tile * cols + 0.8, 7.0), head + label + tile + 0.5 + panel + 0.5))
+    W, H = fig.get_figwidth(), fig.get_figheight()
+    top = fig.add_gridspec(1, cols, left=0.1 / W, right=1 - 0.7 / W, top=1 - (head + label) / H,
+                           bottom=1 - (head + label + tile) / H, wspace=0.35)
+    ax = fig.add_subplot(top[0, 0])
     ax.imshow(image)
     ax.set_title("image", fontsize=8)
     ax.set_axis_off()
@@ -327,20 +326,20 @@ def token_norm_figure(image: np.ndarray, norms: A.TokenNorms, path: str | Path, 
         patch = norms.patches[i, index].numpy()  # (gh, gw)
         prefix = norms.prefix[i, index].numpy()  # (p,)
         vmax = float(max(patch.max(), prefix.max() if p else 0.0))
-        cell = grid[0, c].subgridspec(1, 2 if p else 1, width_ratios=[gw, max(1.0, 0.18 * gw)] if p else None, wspace=0.08)
-        ax = fig.add_subplot(cell[0, 0])
+        ax = fig.add_subplot(top[0, c])
         ax.imshow(patch, cmap=cmap, vmin=0, vmax=vmax, interpolation="nearest")
         for r, q in zip(*np.nonzero(high[i, index].numpy())):
             ax.add_patch(Rectangle((q - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.0))
         ax.set_title(f"layer {layer} (max {vmax:.3g})", fontsize=8)
         ax.set_xticks([]), ax.set_yticks([])
-        if p:
-            strip = fig.add_subplot(cell[0, 1])
+        if p:  # the prefix tokens, apart from the grid, as tall as it, on the same colour scale
+            strip = make_axes_locatable(ax).append_axes("right", size="12%", pad=0.04)
             strip.imshow(prefix[:, None], cmap=cmap, vmin=0, vmax=vmax, interpolation="nearest", aspect="auto")
             strip.set_xticks([])
             strip.yaxis.tick_right()
             strip.set_yticks(range(p), norms.prefix_names, fontsize=6)
-    ax = fig.add_subplot(grid[1, :])
+    bottom = fig.add_gridspec(1, 1, left=0.75 / W, right=1 - 1.3 / W, top=(panel + 0.5) / H, bottom=0.5 / H)
+    ax = fig.add_subplot(bottom[0, 0])
     flat = norms.patches.flatten(1)  # (L, B*N)
     x = np.asarray(norms.layers)
     lo, med, hi = (flat.quantile(q, dim=1).numpy() for q in (0.05, 0.5, 0.95))
@@ -350,12 +349,12 @@ def token_norm_figure(image: np.ndarray, norms: A.TokenNorms, path: str | Path, 
     colours = colormaps["tab10"]
     for j, name in enumerate(norms.prefix_names):
         ax.plot(x, norms.prefix[:, :, j].mean(dim=1).numpy(), marker="o", markersize=3, color=colours(j % 10), label=name)
-    if float(flat.amax()) > 20 * max(float(flat[0].median()), 1e-6):
+    if float(flat.amax()) > 20 * max(float(flat.median()), 1e-6):
         ax.set_yscale("log")
     ax.set_xlabel("layer")
     ax.set_ylabel("token norm")
     ax.set_xticks(x if len(x) <= 16 else x[:: math.ceil(len(x) / 16)])
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     if title:
         fig.suptitle(title, fontsize=10, y=1 - 0.1 / H, va="top")
     return save_figure(fig, path)

@@ -269,7 +269,7 @@ def relative_position_index(grid_size: tuple[int, int]) -> torch.Tensor:
 class RelativePositionBias(nn.Module):
     """A learned bias per head for every 2-D offset between two patches, added to the attention logits.
 
-    The class token has no position: its rows and columns get zero bias.
+    The prefix tokens have no position: their rows and columns get zero bias.
     """
 
     def __init__(self, grid_size: tuple[int, int], heads: int, num_prefix_tokens: int):
@@ -283,7 +283,7 @@ class RelativePositionBias(nn.Module):
     def forward(self) -> torch.Tensor:
         bias = self.table[:, self.index]  # (h, N, N)
         p = self.num_prefix_tokens
-        return F.pad(bias, (p, 0, p, 0))  # (h, N+1, N+1): zero rows/columns for the class token
+        return F.pad(bias, (p, 0, p, 0))  # (h, p+N, p+N): zero rows/columns for the prefix tokens
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -501,7 +501,7 @@ class VisionTransformer(nn.Module):
         n_tokens = cfg.num_patches + cfg.num_pos_prefix_tokens
         self.pos_embed = self.pos_embed_row = self.pos_embed_col = self.rel_pos = None
         if cfg.pos_embed == "learned":  # E_pos: one learned row per position, class token included (not with no_embed_class)
-            self.pos_embed = nn.Parameter(torch.zeros(1, n_tokens, D))  # (1, N+1, D)
+            self.pos_embed = nn.Parameter(torch.zeros(1, n_tokens, D))  # (1, p+N, D); (1, N, D) with no_embed_class
         elif cfg.pos_embed == "learned2d":  # Appendix D.4: X- and Y-embeddings of D/2 each, concatenated
             self.pos_embed_row = nn.Parameter(torch.zeros(1, gh, D // 2))
             self.pos_embed_col = nn.Parameter(torch.zeros(1, gw, D // 2))
@@ -589,7 +589,7 @@ class VisionTransformer(nn.Module):
         x = self.embed(x)
         attns = []
         for i, block in enumerate(self.blocks):
-            bias = self.rel_pos[i]().to(x.dtype) if self.rel_pos is not None else None  # (h, N+1, N+1)
+            bias = self.rel_pos[i]().to(x.dtype) if self.rel_pos is not None else None  # (h, p+N, p+N)
             if self.grad_checkpointing and self.training and i not in wanted:
                 x, _ = checkpoint(block, x, bias, False, use_reentrant=False)  # recompute in backward
             else:
