@@ -615,7 +615,7 @@ def _plan_preprocessing(ckpt: Checkpoint, name: str | None, family, notes: list[
         return {}
     label, preset, _, _ = FAMILY_RULES[family[0]]
     p = PREPROCESSING[preset]
-    what = f"{p['interpolation']}, crop {p['crop_pct']:g}, mean {tuple(p['mean'])}, std {tuple(p['std'])}"
+    what = f"{p['interpolation']}, crop_pct {p['crop_pct']}, mean {tuple(p['mean'])}, std {tuple(p['std'])}"
     note = (f"the file does not say how its images were preprocessed; the tensors show {family[1]}, a {label} model, "
             f"so {label}'s preprocessing is used ({what})")
     notes.append(note)
@@ -638,22 +638,24 @@ def _warn(message: str) -> None:
 def _check_architecture(name: str | None, cfg: ViTConfig, inferred: dict, ckpt: Checkpoint, *, named: bool) -> None:
     """The model's structure must be the checkpoint's: one message lists every field that differs,
     and how to load the file instead."""
-    diffs = []
+    diffs = []  # (field, "model ... vs checkpoint ...", the checkpoint's value)
     for f in STRUCTURAL_FIELDS:
         theirs = _inferred(inferred, f)
         if theirs is None:  # the checkpoint does not say (heads without a config, mlp_dim of a linear stem, ...)
             continue
         if _structural(cfg, f) != theirs:
-            diffs.append((f, getattr(cfg, f) if f == "layer_scale" else _structural(cfg, f), inferred[f]))
+            mine = getattr(cfg, f) if f == "layer_scale" else _structural(cfg, f)
+            diffs.append((f, f"model {mine!r} vs checkpoint {inferred[f]!r}", inferred[f]))
     if diffs and "fc_norm" in inferred and all(f != "fc_norm" for f, _, _ in diffs):
         # fc_norm's default follows pool: with the other fixes applied it may be the one left to differ
         pool = next((t for f, _, t in diffs if f == "pool"), cfg.pool)
         fixed = (pool == "mean") if cfg.fc_norm is None else cfg.fc_norm
         if fixed != inferred["fc_norm"]:
-            diffs.append(("fc_norm", fixed, inferred["fc_norm"]))
+            diffs.append(("fc_norm", f"model {fixed!r} once pool is {pool!r} vs checkpoint {inferred['fc_norm']!r}",
+                          inferred["fc_norm"]))
     if not diffs:
         return
-    listing = ", ".join(f"{f}: model {m!r} vs checkpoint {t!r}" for f, m, t in diffs)
+    listing = ", ".join(f"{f}: {text}" for f, text, _ in diffs)
     fix = ", ".join(f"{f}={t!r}" for f, _, t in diffs)
     like = _matching_variants(inferred)
     hint = f" (it looks like {', '.join(like)})" if like else ""
