@@ -198,8 +198,8 @@ def infer_config(sd: dict[str, torch.Tensor], config: dict | None = None) -> dic
         cfg["pool"] = "cls+mean"  # DINOv2's linear head reads the class token and the mean patch token
     elif cfg["fc_norm"] or not cfg["class_token"]:
         cfg["pool"] = "mean"
-    else:  # a class token and no fc_norm: the class token, unless a config says GAP (timm global_pool='avg', fc_norm=False)
-        cfg["pool"] = stored.get("pool", "cls") if stored.get("pool") != "cls+mean" else "cls"
+    else:  # a class token and no fc_norm: the class token, unless a config says otherwise (GAP with fc_norm=False)
+        cfg["pool"] = stored.get("pool", "cls")
     if "_jax_heads" in sd:
         cfg["heads"] = int(sd["_jax_heads"])
     _read_config_file(cfg, config)
