@@ -13,6 +13,7 @@ family's rule when the file does not say it; depth 1 and 28-64 px images keep it
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from functools import partial
 from pathlib import Path
@@ -381,3 +382,32 @@ def test_finetune_a_dinov2_backbone(timm_files, tmp_path):
     assert tuned.cfg.reg_tokens == 4 and tuned.cfg.num_classes == 10 and tuned.pretrained_cfg.head == "loaded"
     assert not torch.equal(tuned.reg_token, ref.reg_token)  # unfrozen in stage 2, so trained
     assert not torch.equal(tuned.blocks[0].ls1.gamma, ref.blocks[0].ls1.gamma)
+
+
+def test_dinov2_release_deit3_and_mae_layouts_load_like_timm(timm_files, tmp_path):
+    """facebookresearch/dinov2's .pth (register_tokens, a class-token row in the position table, a mask
+    token), DeiT III's original gamma_1/gamma_2 and an MAE pre-training file with its decoder: the same
+    tensors timm holds, under the names those releases use."""
+    ref, _ = timm_files("dinov2-reg4")
+    sd = {k: v.clone() for k, v in ref.state_dict().items()}
+    cls_row = torch.randn(1, 1, sd["pos_embed"].shape[-1])  # the release adds this row to the class token
+    release = {k: v for k, v in sd.items() if k not in ("reg_token", "cls_token", "pos_embed")}
+    release.update(register_tokens=sd["reg_token"], cls_token=sd["cls_token"] - cls_row,
+                   pos_embed=torch.cat([cls_row, sd["pos_embed"]], dim=1), mask_token=torch.zeros(1, sd["cls_token"].shape[-1]))
+    torch.save(release, tmp_path / "dinov2_vits14_reg4_pretrain.pth")
+    deit3, _ = timm_files("deit3")
+    original = {re.sub(r"\.ls([12])\.gamma$", r".gamma_\1", k): v for k, v in deit3.state_dict().items()}
+    torch.save({"model": original}, tmp_path / "deit_3_small_224_1k.pth")  # DeiT's checkpoints nest the weights
+    mae_ref, _ = timm_files("no-qkv-bias")
+    mae = {**mae_ref.state_dict(), "mask_token": torch.zeros(1, 1, 192), "decoder_embed.weight": torch.zeros(128, 192),
+           "decoder_pred.weight": torch.zeros(768, 128)}
+    save_file(mae, tmp_path / "mae.safetensors")
+    for name, reference, fmt in (("dinov2_vits14_reg4_pretrain.pth", ref, "dinov2"), ("deit_3_small_224_1k.pth", deit3, "timm"),
+                                 ("mae.safetensors", mae_ref, "timm")):
+        model = create_model(pretrained=str(tmp_path / name))
+        size = reference.patch_embed.img_size
+        x = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            assert (model(x) - reference(x)).abs().max() <= TOL, name
+        assert model.pretrained_cfg.format == fmt
+    assert model.pretrained_cfg.notes and "MAE decoder" in model.pretrained_cfg.notes[0]

@@ -223,8 +223,10 @@ def detect_format(keys) -> str:
     if any(k.startswith((*HF_PREFIXES, "embeddings.patch_embeddings", "embeddings.position_embeddings")) for k in keys):
         return "hf"
     if any(k.startswith(("patch_embed.", "blocks.")) for k in keys):
-        # facebookresearch/dinov2 keeps its mask token (for iBOT) and names its registers differently
-        return "dinov2" if {"mask_token", "register_tokens"} & set(keys) else "timm"
+        # facebookresearch/dinov2 keeps its mask token (for iBOT) and names its registers differently;
+        # an MAE pre-training file has a mask token too, for its decoder
+        mae = any(k.startswith("decoder_") for k in keys)
+        return "dinov2" if "register_tokens" in keys or ("mask_token" in keys and not mae) else "timm"
     shown = ", ".join(sorted(keys)[:6])
     raise VitlabError(
         f"unrecognised checkpoint layout (first keys: {shown}); expected timm (patch_embed.proj, blocks.0...), "
