@@ -1,27 +1,32 @@
-"""What a ViT attends to: attention maps, attention rollout, and the analyses of the paper's Figure 7.
+"""What a ViT attends to: attention maps, attention rollout, the analyses of the paper's Figure 7, and
+the token norms of "Vision Transformers Need Registers" (Darcet et al. 2023).
 
 Everything here reads the model's explicit attention path (`softmax(q k^T / sqrt(d))`, Appendix A
 Eq. 5-7) per call, through `model.forward_features(x, return_attention=[...])`. The model's default
 fast path (fused `scaled_dot_product_attention`) is never switched off and nothing global changes, so
 the maps survive fused attention (the first pitfall of ../shared/docs/paper.md).
 
-Memory: one layer's attention is B x h x (N+1)^2 floats, 16 MB per image for ViT-B/16 at 384
+Memory: one layer's attention is B x h x T^2 floats (T = prefix tokens + N patches), 16 MB per image for ViT-B/16 at 384
 (577 tokens, 12 heads), 192 MB for all twelve layers. `iter_attention` therefore runs the images in
 chunks and the layers in groups sized to `max_bytes`, and moves each chunk's maps off the GPU; the
 analyses (rollout, distances, boundary share) reduce each chunk before the next one runs.
 
-Token order: prefix tokens (the class token, if any) first, then the N patches in raster order
-(row-major over the gh x gw grid), as `PatchEmbed` produces them. A CLS-to-patch row is therefore
-`attn[..., 0, prefix:]`, reshaped to (gh, gw): row index = image row, column index = image column.
+Token order: the prefix tokens first (class, distillation, registers: `cfg.num_prefix_tokens` of them,
+one in the paper), then the N patches in raster order (row-major over the gh x gw grid), as `PatchEmbed`
+produces them. A CLS-to-patch row is therefore `attn[..., 0, prefix:]`, reshaped to (gh, gw): row
+index = image row, column index = image column. A DeiT model's distillation token and a DINOv2 model's
+registers are prefix tokens: they are never drawn as patches, and the attention a row gives them is
+what its patch map does not sum to.
 
 Functions
-- `attention_maps(model, images, layers=...)`  -> {layer: (B, h, N+1, N+1)}
+- `attention_maps(model, images, layers=...)`  -> {layer: (B, h, T, T)}
 - `cls_attention(model, images, layers=...)`  -> {layer: (B, h, gh, gw)}, the CLS row on the grid
 - `attention_rollout(attns, ...)` / `rollout(model, images, ...)`  (Abnar & Zuidema 2020; Figure 6)
 - `attention_distance(attn, ...)` / `mean_attention_distance(model, images)`  (Figure 7, right)
 - `position_embedding_similarity(model)`  (Figure 7, centre)
 - `patch_embedding_pcs(model, k=28)`  (Figure 7, left)
 - `boundary_attention_share(model, images)`  (seed 000's claim about the demo model on dataset X)
+- `token_norms(model, images)`  (Darcet et al. 2023: high-norm patch tokens, and the registers that take them)
 """
 
 from __future__ import annotations
@@ -138,7 +143,7 @@ def iter_attention(
     max_bytes: int = DEFAULT_MAX_BYTES,
     out_device: str | torch.device | None = "cpu",
 ) -> Iterator[dict[int, torch.Tensor]]:
-    """Yield, per chunk of images, {layer: (b, h, N+1, N+1) float32 attention weights}.
+    """Yield, per chunk of images, {layer: (b, h, T, T) float32 attention weights}.
 
     Runs the model in eval mode without gradients on the model's device, asking
     `forward_features(x, return_attention=group)` for one group of layers at a time (the other layers
@@ -170,7 +175,7 @@ def attention_maps(
     max_bytes: int = DEFAULT_MAX_BYTES,
     out_device: str | torch.device | None = "cpu",
 ) -> dict[int, torch.Tensor]:
-    """The attention weights of the chosen layers: {layer: (B, h, N+1, N+1)}, rows summing to 1.
+    """The attention weights of the chosen layers: {layer: (B, h, T, T)}, rows summing to 1.
 
     `layers`: "all", an int (negative from the end) or a list. Each row is one query token's
     distribution over the keys; index 0 is the class token when the model has one. The model's default
@@ -208,7 +213,8 @@ def token_map(matrix: torch.Tensor, *, num_prefix_tokens: int, grid_size: tuple[
 
 
 def _model_pool(model: nn.Module) -> str:
-    return "cls" if model.cfg.pool == "cls" else "mean"
+    """The row the classifier reads: the class token's (pool 'cls', and DINOv2's 'cls+mean'), or the patches' mean."""
+    return "mean" if model.cfg.pool == "mean" else "cls"
 
 
 def cls_attention(
@@ -432,12 +438,10 @@ def mean_attention_distance(
 
 
 def patch_position_embedding(model: nn.Module) -> torch.Tensor:
-    """The position embedding of the N patches, (N, D), raster order; the class token's row dropped."""
+    """The position embedding of the N patches, (N, D), raster order; the prefix tokens' rows dropped."""
     _check_vit(model)
     cfg = model.cfg
-    if cfg.pos_embed == "learned":
-        return model.pos_embed[0, cfg.num_prefix_tokens :].detach()  # (N, D)
-    if cfg.pos_embed in ("learned2d", "sincos2d"):
+    if cfg.pos_embed in ("learned", "learned2d", "sincos2d"):
         return model.patch_pos_embed()[0].detach()  # (N, D)
     raise VitlabError(
         f"the model's pos_embed is {cfg.pos_embed!r}, which has no table of absolute position embeddings; "
@@ -551,6 +555,97 @@ def boundary_attention_share(
     return BoundaryShare(share=total / n, uniform=len(columns) / gw, columns=columns, layer=last, n_images=n)
 
 
+# ----------------------------------------------------------------------------------------------------
+# Token norms (Darcet et al. 2023, "Vision Transformers Need Registers", Section 2)
+
+
+def prefix_token_names(cfg) -> list[str]:
+    """Short names of the prefix tokens, in token order: cls, dist, reg0, reg1, ..."""
+    names = ["cls"] if cfg.class_token else []
+    if cfg.dist_token:
+        names.append("dist")
+    return names + [f"reg{i}" for i in range(cfg.reg_tokens)]
+
+
+@dataclass(frozen=True)
+class TokenNorms:
+    """The L2 norm of every token of z_l, the residual stream after block l (before the final LayerNorm).
+
+    Darcet et al. found that large ViTs trained long (DINOv2, OpenCLIP, DeiT III) turn a few patch tokens
+    of background into stores of global information: their norm is ~10x the others', and their attention
+    maps show them as artefacts. Given register tokens, the model keeps that information there instead.
+    """
+
+    layers: tuple[int, ...]
+    patches: torch.Tensor  # (L, B, gh, gw): each patch token's norm, on the patch grid
+    prefix: torch.Tensor  # (L, B, p): each prefix token's norm, in token order
+    prefix_names: tuple[str, ...]  # cls, dist, reg0, ...
+
+    def high_norm(self, ratio: float = 4.0) -> torch.Tensor:
+        """(L, B, gh, gw) bools: patches whose norm exceeds `ratio` times the median patch norm of their
+        image and layer. Darcet et al. split a bimodal histogram (at 150 for DINOv2 ViT-g); a ratio to
+        the median works at any width and depth."""
+        median = self.patches.flatten(2).median(dim=-1).values  # (L, B)
+        return self.patches > ratio * median[..., None, None]
+
+    def summary(self, ratio: float = 4.0) -> list[dict]:
+        """Per layer, over all images: the patches' median, 95th percentile and max norm, the share of
+        high-norm patches, and each prefix token's mean norm."""
+        high = self.high_norm(ratio)
+        rows = []
+        for i, layer in enumerate(self.layers):
+            flat = self.patches[i].flatten()
+            row = {"layer": layer, "patch_median": float(flat.median()), "patch_p95": float(flat.quantile(0.95)),
+                   "patch_max": float(flat.max()), "high_norm_share": float(high[i].float().mean())}
+            row.update({name: float(self.prefix[i, :, j].mean()) for j, name in enumerate(self.prefix_names)})
+            rows.append(row)
+        return rows
+
+
+def token_norms(
+    model: nn.Module,
+    images,
+    layers: int | str | Iterable[int] | None = "all",
+    *,
+    batch_size: int | None = 32,
+) -> TokenNorms:
+    """The norm of every token after each chosen block, patches on the grid and prefix tokens apart.
+
+    Hooks on the blocks read their outputs during one ordinary forward pass (the fast attention path;
+    the hooks are removed afterwards), in eval mode without gradients.
+    """
+    _check_vit(model)
+    cfg = model.cfg
+    chosen = _layer_list(model, layers)
+    gh, gw = cfg.grid_size
+    p = cfg.num_prefix_tokens
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    per_chunk: list[torch.Tensor] = []
+    caught: dict[int, torch.Tensor] = {}
+
+    def keep(i: int):
+        def hook(module, args, out):  # a Block returns (tokens, attention weights or None)
+            caught[i] = out[0].detach().float().norm(dim=-1).cpu()  # (b, T)
+        return hook
+
+    hooks = [model.blocks[i].register_forward_hook(keep(i)) for i in chosen]
+    try:
+        with _eval_mode(model):
+            for x in _batches(images, batch_size or 32):
+                model.forward_features(x.to(device=device, dtype=dtype))
+                per_chunk.append(torch.stack([caught[i] for i in chosen]))  # (L, b, T)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if not per_chunk:
+        raise VitlabError("token_norms needs at least one image; found none")
+    norms = torch.cat(per_chunk, dim=1)  # (L, B, T)
+    patches = norms[..., p:].reshape(len(chosen), -1, gh, gw)  # (L, B, gh, gw), raster order
+    return TokenNorms(layers=tuple(chosen), patches=patches, prefix=norms[..., :p],
+                      prefix_names=tuple(prefix_token_names(cfg)))
+
+
 __all__ = [
     "HEAD_FUSIONS",
     "iter_attention",
@@ -570,4 +665,7 @@ __all__ = [
     "BoundaryShare",
     "boundary_columns",
     "boundary_attention_share",
+    "prefix_token_names",
+    "TokenNorms",
+    "token_norms",
 ]

@@ -55,13 +55,13 @@ def build_on_meta(cfg: ViTConfig) -> VisionTransformer:
 def _component(name: str) -> str:
     if name.startswith("patch_embed."):
         return "patch_embed"
-    if name in ("cls_token", "pos_embed", "pos_embed_row", "pos_embed_col") or name.startswith("rel_pos."):
-        return "cls_token + pos_embed"
+    if name in ("cls_token", "dist_token", "reg_token", "pos_embed", "pos_embed_row", "pos_embed_col") or name.startswith("rel_pos."):
+        return "cls_token + pos_embed"  # every prefix token (class, distillation, registers) with the positions
     if name.startswith("blocks."):
         return "blocks"
-    if name.startswith(("norm.", "fc_norm.")):
+    if name.startswith(("norm.", "fc_norm.", "norm_pre.")):
         return "norm"
-    if name.startswith("head."):
+    if name.startswith(("head.", "head_dist.")):
         return "head"
     return "other"
 
@@ -78,10 +78,14 @@ def parameter_breakdown(model: nn.Module) -> dict[str, int]:
 
 
 def block_breakdown(model: nn.Module) -> dict[str, int]:
-    """Parameters of one encoder block: attention (qkv + proj), MLP (fc1 + fc2), the two LayerNorms."""
+    """Parameters of one encoder block: attention (qkv + proj), MLP (fc1 + fc2), the two LayerNorms, and
+    LayerScale's two gains where the model has them."""
     block = model.blocks[0]
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-    return {"attn": count(block.attn), "mlp": count(block.mlp), "norms": count(block.norm1) + count(block.norm2)}
+    out = {"attn": count(block.attn), "mlp": count(block.mlp), "norms": count(block.norm1) + count(block.norm2)}
+    if count(block.ls1):
+        out["layer scale"] = count(block.ls1) + count(block.ls2)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -127,7 +131,7 @@ def count_macs(cfg: ViTConfig) -> FlopCount:
     rows["attention AV"] = L * T * T * D
     rows["output projection"] = L * T * D * D
     rows["MLP"] = L * 2 * T * D * M
-    rows["head"] = D * K
+    rows["head"] = cfg.pooled_dim * K + (D * K if cfg.use_dist_head else 0)  # DeiT: a second head
     return FlopCount(rows, note)
 
 
@@ -313,14 +317,16 @@ def info_report(name: str, *, img_size: int | None = None, patch_size: int | Non
     for key in ("patch_embed", "cls_token + pos_embed", "blocks", "norm", "head"):
         extra = ""
         if key == "blocks":
-            extra = (f"  ({cfg.depth} x {sum(block.values()):,}: attn {block['attn']:,}, mlp {block['mlp']:,}, "
-                     f"norms {block['norms']:,})")
+            parts = ", ".join(f"{part} {n:,}" for part, n in block.items())
+            extra = f"  ({cfg.depth} x {sum(block.values()):,}: {parts})"
         lines.append(f"  {key:<24}{params[key]:>14,}{extra}")
     if params.get("other"):
         lines.append(f"  {'other':<24}{params['other']:>14,}")
     lines.append(f"  {'total':<24}{params['total']:>14,}")
-    lines += ["", f"Sequence: {gh}x{gw} = {cfg.num_patches} patches + {cfg.num_prefix_tokens} class token "
-              f"= {T} tokens (N+1)", "",
+    tokens = (("class", cfg.class_token), ("distillation", cfg.dist_token), (f"{cfg.reg_tokens} registers", cfg.reg_tokens))
+    prefix = ", ".join(kind for kind, present in tokens if present) or "none"
+    lines += ["", f"Sequence: {gh}x{gw} = {cfg.num_patches} patches + {cfg.num_prefix_tokens} prefix ({prefix}) "
+              f"= {T} tokens", "",
               "Compute per image (1 MAC = one multiply-add; FLOPs = 2 x MACs)"]
     for key, macs in count.rows.items():
         lines.append(f"  {key:<24}{_si(macs, 'MACs'):>14}  {100 * macs / count.macs:5.1f}%")

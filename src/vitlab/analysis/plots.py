@@ -1,4 +1,5 @@
-"""Figures of what a ViT attends to: heatmap overlays, grids of heads per layer, and Figure 7 (a, b, c).
+"""Figures of what a ViT attends to: heatmap overlays, grids of heads per layer, Figure 7 (a, b, c), and
+the token norms per layer of Darcet et al. 2023.
 
 matplotlib without pyplot: every figure is a `matplotlib.figure.Figure` rendered by the Agg canvas,
 so nothing here touches a global backend or opens a window. Every file is written to a temporary
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from mpl_toolkits.axes_grid1 import make_axes_locatable
 from PIL import Image
 
@@ -305,6 +307,17 @@ def figure7_lines(summary: dict) -> list[str]:
     return lines + list(summary["notes"])
 
 
+def token_norm_lines(norms: dict) -> list[str]:
+    """The headline numbers of `write_token_norms`: the last layer's patch and prefix-token norms, and the
+    share of high-norm patches per layer."""
+    last = norms["rows"][-1]
+    prefix = ", ".join(f"{name} {last[name]:.3g}" for name in norms["prefix_names"])
+    high = ", ".join(f"{r['high_norm_share']:.1%}" for r in norms["rows"])
+    return [f"(d) token norms, last layer: patches median {last['patch_median']:.3g}, max {last['patch_max']:.3g}"
+            + (f"; prefix tokens: {prefix}" if prefix else ""),
+            f"    share of patches above {norms['ratio']:g}x the median, per layer: {high}"]
+
+
 def _neighbour_vs_far(sim: torch.Tensor, grid_size: tuple[int, int]) -> tuple[float, float]:
     """Mean similarity of 4-neighbour positions and of positions at least half the grid apart."""
     gh, gw = grid_size
@@ -314,6 +327,96 @@ def _neighbour_vs_far(sim: torch.Tensor, grid_size: tuple[int, int]) -> tuple[fl
     near = sim[manhattan == 1]
     far = sim[manhattan >= (gh + gw) // 2]  # at least half the grid apart
     return float(near.mean()), float(far.mean()) if far.numel() else float("nan")
+
+# ----------------------------------------------------------------------------------------------------
+# Token norms (Darcet et al. 2023)
+
+
+def _spread(layers: Sequence[int], k: int) -> list[int]:
+    """Up to k of `layers`, evenly spread, the first and the last included."""
+    if len(layers) <= k:
+        return list(layers)
+    return [layers[round(i * (len(layers) - 1) / (k - 1))] for i in range(k)]
+
+
+def token_norm_figure(image: np.ndarray, norms: A.TokenNorms, path: str | Path, *, index: int = 0, max_maps: int = 6,
+                      ratio: float = 4.0, title: str = "") -> Path:
+    """Where the large token norms are, per layer.
+
+    Top: the image, then for up to `max_maps` layers (spread over the depth, the last included) the norm
+    of each patch token of image `index` on the patch grid, and beside it, apart, the prefix tokens'
+    norms (class, distillation, registers) on the same colour scale; patches above `ratio` x the median
+    are outlined in red. Bottom: per layer over all images, the patch norms' median, 5-95% band and
+    maximum, and each prefix token's mean norm.
+    """
+    shown = _spread(norms.layers, max_maps)
+    p = len(norms.prefix_names)
+    high = norms.high_norm(ratio)
+    cols = 1 + len(shown)
+    tile, label, panel, head = 1.9, 0.3, 2.6, (0.45 if title else 0.15)  # inches
+    fig = Figure(figsize=(max(tile * cols + 0.8, 7.0), head + label + tile + 0.5 + panel + 0.5))
+    W, H = fig.get_figwidth(), fig.get_figheight()
+    top = fig.add_gridspec(1, cols, left=0.1 / W, right=1 - 0.7 / W, top=1 - (head + label) / H,
+                           bottom=1 - (head + label + tile) / H, wspace=0.35)
+    ax = fig.add_subplot(top[0, 0])
+    ax.imshow(image)
+    ax.set_title("image", fontsize=8)
+    ax.set_axis_off()
+    cmap = colormaps["viridis"]
+    for c, layer in enumerate(shown, start=1):
+        i = norms.layers.index(layer)
+        patch = norms.patches[i, index].numpy()  # (gh, gw)
+        prefix = norms.prefix[i, index].numpy()  # (p,)
+        vmax = float(max(patch.max(), prefix.max() if p else 0.0))
+        ax = fig.add_subplot(top[0, c])
+        ax.imshow(patch, cmap=cmap, vmin=0, vmax=vmax, interpolation="nearest")
+        for r, q in zip(*np.nonzero(high[i, index].numpy())):
+            ax.add_patch(Rectangle((q - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.0))
+        ax.set_title(f"layer {layer} (max {vmax:.3g})", fontsize=8)
+        ax.set_xticks([]), ax.set_yticks([])
+        if p:  # the prefix tokens, apart from the grid, as tall as it, on the same colour scale
+            strip = make_axes_locatable(ax).append_axes("right", size="12%", pad=0.04)
+            strip.imshow(prefix[:, None], cmap=cmap, vmin=0, vmax=vmax, interpolation="nearest", aspect="auto")
+            strip.set_xticks([])
+            strip.yaxis.tick_right()
+            strip.set_yticks(range(p), norms.prefix_names, fontsize=6)
+    bottom = fig.add_gridspec(1, 1, left=0.75 / W, right=1 - 1.3 / W, top=(panel + 0.5) / H, bottom=0.5 / H)
+    ax = fig.add_subplot(bottom[0, 0])
+    flat = norms.patches.flatten(1)  # (L, B*N)
+    x = np.asarray(norms.layers)
+    lo, med, hi = (flat.quantile(q, dim=1).numpy() for q in (0.05, 0.5, 0.95))
+    ax.fill_between(x, lo, hi, color="0.85", label="patches, 5-95%")
+    ax.plot(x, med, color="black", label="patches, median")
+    ax.plot(x, flat.amax(dim=1).numpy(), color="red", linestyle=":", label="patches, max")
+    colours = colormaps["tab10"]
+    for j, name in enumerate(norms.prefix_names):
+        ax.plot(x, norms.prefix[:, :, j].mean(dim=1).numpy(), marker="o", markersize=3, color=colours(j % 10), label=name)
+    if float(flat.amax()) > 20 * max(float(flat.median()), 1e-6):
+        ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("token norm")
+    ax.set_xticks(x if len(x) <= 16 else x[:: math.ceil(len(x) / 16)])
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10, y=1 - 0.1 / H, va="top")
+    return save_figure(fig, path)
+
+
+def write_token_norms(model, images: torch.Tensor, display: np.ndarray, out_dir: str | Path, *, ratio: float = 4.0,
+                      batch_size: int | None = None) -> dict:
+    """token_norms.png (`token_norm_figure`, first image) and token_norms.csv (per layer over all images:
+    the patch norms' median, 95th percentile and maximum, the share of high-norm patches, and each prefix
+    token's mean norm). Returns the files and the per-layer rows."""
+    out_dir = Path(out_dir).expanduser()
+    norms = A.token_norms(model, images, batch_size=batch_size)
+    rows = norms.summary(ratio)
+    title = f"Token norms per layer ({len(images)} images); red: patches above {ratio:g}x the median"
+    files = [token_norm_figure(display, norms, out_dir / "token_norms.png", ratio=ratio, title=title)]
+    header = list(rows[0])
+    files.append(write_csv(out_dir / "token_norms.csv", header, [[f"{r[k]:.5g}" if k != "layer" else r[k] for k in header]
+                                                                  for r in rows]))
+    return {"files": files, "rows": rows, "prefix_names": norms.prefix_names, "ratio": ratio}
+
 
 __all__ = [
     "DPI",
@@ -333,4 +436,7 @@ __all__ = [
     "figure7c",
     "write_figure7",
     "figure7_lines",
+    "token_norm_figure",
+    "token_norm_lines",
+    "write_token_norms",
 ]

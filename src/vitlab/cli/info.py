@@ -32,8 +32,9 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     if args.model is None:
+        width = max(map(len, model_names())) + 2
         for name in model_names():
-            print(f"{name:<26}{VARIANTS[name].describe()}")
+            print(f"{name:<{width}}{VARIANTS[name].describe()}")
         return 0
     print(info_report(args.model, img_size=args.img_size, patch_size=args.patch_size, batch_size=args.batch_size,
                       dim=args.dim, depth=args.depth, heads=args.heads))

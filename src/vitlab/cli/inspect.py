@@ -1,8 +1,11 @@
-"""`vitlab inspect --checkpoint RUN --out DIR`: the paper's Figure 7 for any vitlab model.
+"""`vitlab inspect --checkpoint RUN --out DIR`: the paper's Figure 7 for any vitlab model, and the token
+norms per layer of "Vision Transformers Need Registers".
 
 (a) the first 28 principal components of the RGB patch-embedding filters, (b) the cosine similarity
 of each patch's position embedding to all others, one tile per position, (c) the mean attention
-distance of every head against depth, in pixels, averaged over a set of images. PNG + CSV each.
+distance of every head against depth, in pixels, averaged over a set of images; (d) the norm of every
+token after each block, patches on the grid and prefix tokens (class, distillation, registers) apart,
+where high-norm artefact patches show (Darcet et al. 2023). PNG + CSV each.
 """
 
 from __future__ import annotations
@@ -20,19 +23,26 @@ from vitlab.runtime import resolve_device
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "inspect",
-        help="the paper's Figure 7: embedding filters, position-embedding similarity, attention distance",
+        help="the paper's Figure 7 (embedding filters, position-embedding similarity, attention distance) and "
+        "token norms per layer",
         description="Figure 7 of the ViT paper for a model: (a) principal components of the patch-embedding "
-        "filters, (b) position-embedding cosine similarity, (c) mean attention distance per head vs depth.",
+        "filters, (b) position-embedding cosine similarity, (c) mean attention distance per head vs depth; and "
+        "(d) the norm of every token per layer on the patch grid, with the prefix tokens (class, distillation, "
+        "registers) apart, which shows high-norm artefact patches and the registers that take them (Darcet et "
+        "al. 2023, 'Vision Transformers Need Registers').",
     )
     add_analysis_arguments(p)
     p.add_argument("--images", metavar="DIR", help="folder of images for (c) (default: scikit-image's bundled photos)")
-    p.add_argument("--max-images", type=int, default=16, metavar="N", help="use at most N images for (c)")
+    p.add_argument("--max-images", type=int, default=16, metavar="N", help="use at most N images for (c) and (d)")
+    p.add_argument("--norm-ratio", type=float, default=4.0, metavar="R", help="(d): mark patches whose norm is above "
+                   "R times the median patch norm of their layer")
     add_out(p, help="folder for the PNGs and CSVs")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     check_range("max_images", args.max_images, low=1, integer=True)
+    check_range("norm_ratio", args.norm_ratio, low=1)
     if args.images:
         images, source = image_paths([args.images])[: args.max_images], args.images
     else:
@@ -40,9 +50,12 @@ def run(args) -> int:
     model = model_from_args(args).to(resolve_device(args.device)).eval()
     x = images_tensor(images, model.pretrained_cfg, model.cfg.img_size)
     summary = plots.write_figure7(model, x, args.out, batch_size=args.batch_size)
+    pcfg = model.pretrained_cfg
+    display = plots.enlarge(plots.to_display(x[0], pcfg.mean, pcfg.std))
+    norms = plots.write_token_norms(model, x, display, args.out, ratio=args.norm_ratio, batch_size=args.batch_size)
     print(f"Figure 7 for {args.model or args.pretrained or args.checkpoint} ({len(x)} images from {source}):")
-    for line in plots.figure7_lines(summary):
+    for line in plots.figure7_lines(summary) + plots.token_norm_lines(norms):
         print(f"  {line}")
-    for path in summary["files"]:
+    for path in summary["files"] + norms["files"]:
         print(f"  wrote {path}")
     return 0

@@ -14,6 +14,7 @@ import sys
 from vitlab.cli._common import add_device, add_model_source, add_precision, model_from_args
 from vitlab.data.preprocess import describe
 from vitlab.inference.predict import format_results, predict_files
+from vitlab.models.vit import VisionTransformer
 
 
 def register(subparsers) -> None:
@@ -49,7 +50,9 @@ def run(args) -> int:
         print(json.dumps(doc, indent=2))
     else:
         text = format_results(results)
-        print(f"{pcfg.architecture or 'model'} with weights {pcfg.source} ({pcfg.format} layout); "
+        described = f"ViT {model.cfg.describe()}" if isinstance(model, VisionTransformer) else "model"
+        name = pcfg.architecture or described  # the architecture read from the weights, when not named
+        print(f"{name} with weights {pcfg.source} ({pcfg.format} layout); "
               f"preprocessing: {describe(pcfg)}")
         if text:
             print(text)

@@ -59,6 +59,12 @@ def predict_files(
     check_range("batch_size", batch_size, low=1, integer=True)
     pcfg = model.pretrained_cfg
     head = model.head
+    if isinstance(head, nn.Identity):  # num_classes=0: DINO/DINOv2 and other self-supervised backbones
+        raise VitlabError(
+            f"the weights {pcfg.source!r} have no classifier: the model returns features, not class scores (a "
+            "DINO/DINOv2-style backbone); `vitlab attention` and `vitlab inspect` show inside it, and `vitlab "
+            "finetune` trains a classifier on it"
+        )
     if isinstance(head, nn.Linear) and not head.weight.detach().any():  # zeroed (in21k), absent or new head
         raise VitlabError(
             f"the weights {pcfg.source!r} have no trained classifier (the head is all zeros: an "

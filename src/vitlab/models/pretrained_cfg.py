@@ -14,6 +14,44 @@ from dataclasses import asdict, dataclass, fields, replace
 
 HEAD_STATES = ("random", "loaded", "zero", "absent", "new", "none")
 
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+
+# Eval preprocessing per weight source (../shared/docs/paper.md, "Preprocessing differs per weight source"),
+# as each source's own library does it. crop_mode "squash" resizes both sides to input_size / crop_pct;
+# "center" resizes the short side, then crops. The registry's named models and the weight formats use these.
+PREPROCESSING = {
+    # timm augreg ViTs (the default of timm's vit_* configs): mean = std = 0.5, crop 0.9, bicubic.
+    "timm": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=0.9, crop_mode="center", interpolation="bicubic"),
+    # Original JAX release and HF google/vit-*: resize straight to the input size, bilinear, no crop.
+    "jax": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash", interpolation="bilinear"),
+    # HF's ViTImageProcessor (transformers >= 5) resizes the uint8 tensor with torchvision (antialiased), not PIL.
+    "hf": dict(
+        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash", interpolation="bilinear", resize_backend="tensor"
+    ),
+    # torchvision vit_b_16 IMAGENET1K_V1: resize 256 bilinear, centre crop 224 (224/256 = 0.875), ImageNet stats.
+    "torchvision": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, crop_mode="center", interpolation="bilinear"),
+    # DeiT and DeiT III in timm (deit_*.fb_in1k, deit3_*.fb_in1k): ImageNet stats, bicubic, centre crop 0.9.
+    "deit": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.9, crop_mode="center", interpolation="bicubic"),
+    # HF's DeiTImageProcessor as facebook/deit-* configure it: both sides to 256 (bicubic, on the tensor), centre
+    # crop 224, ImageNet stats (the processor class's own default, 0.5, is not what DeiT was trained with).
+    "hf_deit": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, crop_mode="squash", interpolation="bicubic",
+                    resize_backend="tensor"),
+    # DINO in timm (vit_*.dino): ImageNet stats, bicubic, centre crop 0.9.
+    "dino": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.9, crop_mode="center", interpolation="bicubic"),
+    # DINOv2 in timm (vit_*_dinov2.lvd142m): ImageNet stats, bicubic, no crop (the models run at 518).
+    "dinov2": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=1.0, crop_mode="center", interpolation="bicubic"),
+    # facebookresearch/dinov2's own eval transform (dinov2/data/transforms.py): short side 256 bicubic, crop 224.
+    "dinov2_repo": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, crop_mode="center", interpolation="bicubic"),
+    # HF facebook/dinov2-*'s BitImageProcessor: short side 256 bicubic, centre crop 224, ImageNet stats (tensor).
+    "hf_dinov2": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, crop_mode="center", interpolation="bicubic",
+                      resize_backend="tensor"),
+    # OpenAI CLIP's preprocess (clip.load): short side 224 bicubic, centre crop 224, CLIP's own mean/std.
+    "clip": dict(mean=CLIP_MEAN, std=CLIP_STD, crop_pct=1.0, crop_mode="center", interpolation="bicubic"),
+    # Alibaba-MIIL's ImageNet-21K ViT in timm (vit_base_patch16_224_miil): no normalisation, bilinear, crop 0.875.
+    "miil": dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), crop_pct=0.875, crop_mode="center", interpolation="bilinear"),
+}
+
 
 @dataclass(frozen=True)
 class PretrainedCfg:
@@ -65,4 +103,4 @@ class PretrainedCfg:
         return cls(**{k: v for k, v in (data or {}).items() if k in known and v is not None})
 
 
-__all__ = ["PretrainedCfg", "HEAD_STATES"]
+__all__ = ["PretrainedCfg", "HEAD_STATES", "PREPROCESSING", "IMAGENET_MEAN", "IMAGENET_STD", "CLIP_MEAN", "CLIP_STD"]

@@ -6,6 +6,13 @@ experiment of the ViT notes this project started from (seed 000, section 5.1). A
 `vit_{size}_patch{P}_{resolution}`, as in timm. The CNN baselines (`resnet_*`) are here too, so that
 one registry answers "which models are there" for every command.
 
+The family that followed the paper has timm's names, so a timm checkpoint's config.json names its
+vitlab model: DeiT and DeiT-distilled (Touvron et al. 2021), DeiT III (Touvron et al. 2022), DINO
+(Caron et al. 2021), DINOv2 with and without registers (Oquab et al. 2023; Darcet et al. 2023), CLIP
+image towers (Radford et al. 2021), and timm's GAP, register and no-qkv-bias ViTs. Each carries the
+preprocessing its source uses (`PretrainedCfg`, from `PREPROCESSING`), which a checkpoint without its
+own preprocessing then gets.
+
 Nothing here loads weights or builds a module: `vitlab.models.factory.create_model` does, from these
 entries.
 """
@@ -17,7 +24,7 @@ from dataclasses import dataclass
 
 from vitlab.errors import VitlabError
 from vitlab.models.cnn import ResNetConfig
-from vitlab.models.pretrained_cfg import PretrainedCfg
+from vitlab.models.pretrained_cfg import PREPROCESSING, PretrainedCfg
 from vitlab.models.vit import ViTConfig
 
 # (dim, depth, heads, source)
@@ -46,7 +53,7 @@ class Variant:
         c = self.config
         if not self.is_vit:
             return f"width={c.width} blocks/stage={c.blocks} img={c.img_size[0]}  ({self.source})"
-        return f"D={c.dim} L={c.depth} h={c.heads} P={c.patch_size} img={c.img_size[0]}  ({self.source})"
+        return f"{c.describe()}  ({self.source})"
 
 
 def _vit(size: str, patch: int, img: int) -> Variant:
@@ -54,11 +61,57 @@ def _vit(size: str, patch: int, img: int) -> Variant:
     return Variant(ViTConfig(img_size=img, patch_size=patch, dim=dim, depth=depth, heads=heads), source)
 
 
+def _member(size: str, patch: int, img: int, source: str, preprocessing: str, num_classes: int = 1000, **options) -> Variant:
+    """A ViT of the family: a Table 1 (or DeiT) size with the family's options, and its source's preprocessing."""
+    dim, depth, heads, _ = SIZES[size]
+    config = ViTConfig(img_size=img, patch_size=patch, dim=dim, depth=depth, heads=heads, num_classes=num_classes, **options)
+    return Variant(config, source, PretrainedCfg(**PREPROCESSING[preprocessing], input_size=(3, img, img), num_classes=num_classes))
+
+
+DEIT = "DeiT (Touvron et al. 2021), Table 1; timm deit_*"
+DEIT3 = "DeiT III (Touvron et al. 2022); timm deit3_*"
+DINO = "DINO (Caron et al. 2021), self-supervised; timm vit_*.dino"
+DINOV2 = "DINOv2 (Oquab et al. 2023); timm vit_*_dinov2"
+DINOV2_REG = "DINOv2 with registers (Darcet et al. 2023); timm vit_*_reg4_dinov2"
+CLIP = "CLIP image tower (Radford et al. 2021), the head is its image-text projection; timm vit_*_clip_*"
+CLIP_QUICK = CLIP.replace("; timm", " (OpenAI's weights); timm")
+CLIP_OPTIONS = dict(pre_norm=True, patch_bias=False, norm_eps=1e-5)
+TIMM_GAP = dict(class_token=False, pool="mean", img_size=256, dim=512, depth=12, heads=8)  # timm's ViT-Medium
+TIMM_GAP_PREPROCESSING = PretrainedCfg(**{**PREPROCESSING["timm"], "crop_pct": 0.95}, input_size=(3, 256, 256))
+
+FAMILY: dict[str, Variant] = {
+    **{f"deit_{s}_patch16_224": _member(s, 16, 224, DEIT, "deit") for s in ("tiny", "small", "base")},
+    **{f"deit_{s}_distilled_patch16_224": _member(s, 16, 224, DEIT + ", distilled", "deit", dist_token=True)
+       for s in ("tiny", "small", "base")},
+    **{f"deit3_{s}_patch16_224": _member(s, 16, 224, DEIT3, "deit", layer_scale=1e-6, no_embed_class=True)
+       for s in ("small", "base")},
+    **{f"vit_{s}_patch{p}_224_dino": _member(s, p, 224, DINO, "dino", num_classes=0) for s in ("small", "base") for p in (16, 8)},
+    **{f"vit_{s}_patch14_dinov2": _member(s, 14, 518, DINOV2, "dinov2", num_classes=0, layer_scale=1e-5)
+       for s in ("small", "base", "large")},
+    **{f"vit_{s}_patch14_reg4_dinov2": _member(s, 14, 518, DINOV2_REG, "dinov2", num_classes=0, layer_scale=1e-5,
+                                               reg_tokens=4, no_embed_class=True) for s in ("small", "base", "large")},
+    **{f"vit_{s}_patch{p}_clip{q}_224": _member(s, p, 224, CLIP_QUICK if q else CLIP, "clip", num_classes=512 if s == "base" else 768,
+                                                act="quick_gelu" if q else "gelu", **CLIP_OPTIONS)
+       for s, p in (("base", 32), ("base", 16), ("large", 14)) for q in ("", "_quickgelu")},
+    "vit_base_patch16_224_miil": _member("base", 16, 224, "ImageNet-21K pre-training (Ridnik et al. 2021); timm "
+                                         "vit_base_patch16_224_miil", "miil", qkv_bias=False),
+    "vit_medium_patch16_gap_256": Variant(
+        ViTConfig(**TIMM_GAP, fc_norm=False, qkv_bias=False, layer_scale=1e-6),
+        "timm's ViT-Medium, GAP after the final LN; timm vit_medium_patch16_gap_256",
+        TIMM_GAP_PREPROCESSING),
+    "vit_medium_patch16_reg4_gap_256": Variant(
+        ViTConfig(**TIMM_GAP, reg_tokens=4, no_embed_class=True, layer_scale=1e-5),
+        "timm's ViT-Medium with registers (Darcet et al. 2023); timm vit_medium_patch16_reg4_gap_256",
+        TIMM_GAP_PREPROCESSING),
+}
+
+
 VARIANTS: dict[str, Variant] = {
     **{f"vit_{s}_patch{p}_224": _vit(s, p, 224) for s in ("tiny", "small", "base", "large") for p in (16, 32)},
     "vit_base_patch16_384": _vit("base", 16, 384),
     "vit_large_patch16_384": _vit("large", 16, 384),
     "vit_huge_patch14_224": _vit("huge", 14, 224),
+    **FAMILY,
     # Seed 000, section 5.1: 32x32x3 images, patch 4 (64 patches), D=32, 4 heads, 2 blocks, MLP 64, 2 classes.
     "vit_mini_x": Variant(
         ViTConfig(img_size=32, patch_size=4, dim=32, depth=2, heads=4, mlp_dim=64, num_classes=2),

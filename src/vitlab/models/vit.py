@@ -26,6 +26,25 @@ Deliberate departures from the paper, each for a reason:
 - The attention has two paths: `F.scaled_dot_product_attention` (fast, fused) and the explicit
   softmax(QK^T / sqrt(d)) V of Eq. 5-7 in Appendix A, used when attention weights are asked for. The
   caller picks per call (`return_attention=`); nothing global decides. Tests check they agree.
+
+The family that followed the paper changed a few parts; each is a `ViTConfig` field whose default is
+the paper's, so that DeiT, DINO/DINOv2 and CLIP checkpoints load exactly (module names as in timm):
+- `dist_token` (DeiT, Touvron et al. 2021): a distillation token after the class token, read by a
+  second head (`head_dist`); at inference the two heads' logits are averaged, as DeiT does.
+- `reg_tokens` ("Vision Transformers Need Registers", Darcet et al. 2023): learned tokens after the
+  class token that no head reads; they give the model somewhere other than patches to keep global
+  information (`reg_token`).
+- `layer_scale` (CaiT, Touvron et al. 2021; DINOv2, DeiT III): a learned per-channel gain on each
+  residual branch, `z' = z + diag(gamma) MSA(LN(z))` (`blocks.i.ls1.gamma`, `ls2.gamma`).
+- `pre_norm` and `patch_bias=False` (CLIP, Radford et al. 2021): a LayerNorm on z_0 before the first
+  block (`norm_pre`), and a patch embedding without bias. `act="quick_gelu"`: OpenAI CLIP's
+  x * sigmoid(1.702 x) in the MLP.
+- `no_embed_class` (DeiT III, DINOv2 with registers, big_vision): the 1-D position table covers the
+  patches only; prefix tokens get no position.
+- `qkv_bias=False`: no bias on the q, k, v projections. `pool="cls+mean"`: DINOv2's linear probe, the
+  class token concatenated with the mean of the patch tokens (a head of 2D inputs).
+Prefix tokens come first, in the order [class, distillation, registers], then the N patches;
+`cfg.num_prefix_tokens` counts them all.
 """
 
 from __future__ import annotations
@@ -43,7 +62,8 @@ from vitlab.errors import VitlabError
 from vitlab.models.cnn import ConvStem  # the hybrid stem is the CNN baseline's ResNet stages
 
 POS_EMBEDS = ("learned", "learned2d", "sincos2d", "relative", "none")
-POOLS = ("cls", "mean")
+POOLS = ("cls", "mean", "cls+mean")
+ACTS = ("gelu", "quick_gelu")
 PATCH_EMBEDS = ("conv", "linear")
 STEMS = ("patch", "hybrid")
 
@@ -74,7 +94,16 @@ class ViTConfig:
     dropout: float = 0.0  # after the position embedding and inside the MLP/projection
     attn_dropout: float = 0.0  # on the attention weights
     drop_path: float = 0.0  # stochastic depth, rising linearly to this rate in the last block
-    norm_eps: float = 1e-6  # LayerNorm epsilon (JAX, timm and torchvision use 1e-6)
+    norm_eps: float = 1e-6  # LayerNorm epsilon (JAX, timm and torchvision use 1e-6; CLIP 1e-5)
+    # The family (module docstring): each default is the paper's model.
+    dist_token: bool = False  # DeiT: a distillation token after the class token
+    dist_head: bool | None = None  # DeiT: a second head on it, averaged with the first; None = dist_token
+    reg_tokens: int = 0  # register tokens (Darcet et al. 2023), after the class (and distillation) token
+    layer_scale: float | None = None  # LayerScale's initial gain (DINOv2 1e-5, DeiT III 1e-6); None = none
+    pre_norm: bool = False  # CLIP: a LayerNorm on z_0 before the first block
+    patch_bias: bool = True  # False for CLIP's patch embedding
+    no_embed_class: bool = False  # the 1-D position table covers the patches only (DeiT III, DINOv2 + registers)
+    act: str = "gelu"  # the MLP's non-linearity: "gelu" (Section 3.1) or "quick_gelu" (OpenAI CLIP)
 
     def __post_init__(self) -> None:
         self.img_size = _pair(self.img_size, "img_size")
@@ -102,8 +131,21 @@ class ViTConfig:
             raise VitlabError(f"pos_embed 'sincos2d' needs dim divisible by 4, found dim {self.dim}")
         if self.pos_embed == "learned2d" and self.dim % 2:
             raise VitlabError(f"pos_embed 'learned2d' needs an even dim, found dim {self.dim}")
-        if self.pool == "cls" and not self.class_token:
-            raise VitlabError("pool 'cls' needs class_token=True; use pool='mean' without a class token")
+        _check_choice("act", self.act, ACTS)
+        if self.pool in ("cls", "cls+mean") and not self.class_token:
+            raise VitlabError(f"pool {self.pool!r} needs class_token=True; use pool='mean' without a class token")
+        if self.dist_token and (not self.class_token or self.pool != "cls"):
+            raise VitlabError("dist_token needs class_token=True and pool='cls': DeiT's distillation token sits "
+                              f"after the class token; found class_token={self.class_token}, pool={self.pool!r}")
+        if self.dist_head and not self.dist_token:
+            raise VitlabError("dist_head needs dist_token=True: the second head reads the distillation token")
+        if not isinstance(self.reg_tokens, int) or isinstance(self.reg_tokens, bool) or self.reg_tokens < 0:
+            raise VitlabError(f"reg_tokens must be an integer >= 0, found {self.reg_tokens!r}")
+        if self.layer_scale is not None and not self.layer_scale > 0:
+            raise VitlabError(f"layer_scale must be None (no LayerScale) or an initial gain > 0, found {self.layer_scale!r}")
+        if self.no_embed_class and self.pos_embed != "learned":
+            raise VitlabError(f"no_embed_class applies to the 1-D table (pos_embed 'learned'); pos_embed "
+                              f"{self.pos_embed!r} never gives the prefix tokens a position")
         if self.stem == "hybrid" and (P & (P - 1)):
             raise VitlabError(f"stem 'hybrid' downsamples by powers of 2: patch_size must be one, found {P}")
         for name in ("dropout", "attn_dropout", "drop_path"):
@@ -121,7 +163,14 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return 1 if self.class_token else 0
+        """Tokens before the patches: the class token, the distillation token, the registers."""
+        return int(self.class_token) + int(self.dist_token) + self.reg_tokens
+
+    @property
+    def num_pos_prefix_tokens(self) -> int:
+        """Rows of the 1-D position table before the patches' rows: one per prefix token, none with
+        `no_embed_class`."""
+        return 0 if self.no_embed_class else self.num_prefix_tokens
 
     @property
     def hidden_dim(self) -> int:
@@ -130,6 +179,32 @@ class ViTConfig:
     @property
     def use_fc_norm(self) -> bool:
         return self.pool == "mean" if self.fc_norm is None else self.fc_norm
+
+    @property
+    def use_dist_head(self) -> bool:
+        return self.dist_token if self.dist_head is None else self.dist_head
+
+    @property
+    def pooled_dim(self) -> int:
+        """Width of what the head reads: D, or 2D for pool 'cls+mean'."""
+        return 2 * self.dim if self.pool == "cls+mean" else self.dim
+
+    def describe(self) -> str:
+        """One line: the size, and the options of the family that depart from the paper's model."""
+        text = f"D={self.dim} L={self.depth} h={self.heads} P={self.patch_size} img={self.img_size[0]}"
+        extras = [
+            "no class token" if not self.class_token else "",
+            "distillation token" if self.dist_token else "",
+            f"{self.reg_tokens} registers" if self.reg_tokens else "",
+            f"pool {self.pool}" if self.pool != "cls" else "",
+            "LayerScale" if self.layer_scale is not None else "",
+            "pre-norm" if self.pre_norm else "",
+            "no qkv bias" if not self.qkv_bias else "",
+            "QuickGELU" if self.act == "quick_gelu" else "",
+            "no head" if self.num_classes == 0 else "",
+        ]
+        extras = [e for e in extras if e]
+        return text + (f" ({', '.join(extras)})" if extras else "")
 
     def replace(self, **overrides) -> "ViTConfig":
         """A copy with some fields changed; an unknown field is an error that lists the valid ones."""
@@ -194,7 +269,7 @@ def relative_position_index(grid_size: tuple[int, int]) -> torch.Tensor:
 class RelativePositionBias(nn.Module):
     """A learned bias per head for every 2-D offset between two patches, added to the attention logits.
 
-    The class token has no position: its rows and columns get zero bias.
+    The prefix tokens have no position: their rows and columns get zero bias.
     """
 
     def __init__(self, grid_size: tuple[int, int], heads: int, num_prefix_tokens: int):
@@ -208,7 +283,7 @@ class RelativePositionBias(nn.Module):
     def forward(self) -> torch.Tensor:
         bias = self.table[:, self.index]  # (h, N, N)
         p = self.num_prefix_tokens
-        return F.pad(bias, (p, 0, p, 0))  # (h, N+1, N+1): zero rows/columns for the class token
+        return F.pad(bias, (p, 0, p, 0))  # (h, p+N, p+N): zero rows/columns for the prefix tokens
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -223,15 +298,16 @@ class PatchEmbed(nn.Module):
     (C, P, P), the order of the Conv2d kernel, so the two share weights (weight.reshape(D, -1)).
     """
 
-    def __init__(self, *, img_size: tuple[int, int], patch_size: int, in_chans: int, dim: int, mode: str = "conv"):
+    def __init__(self, *, img_size: tuple[int, int], patch_size: int, in_chans: int, dim: int, mode: str = "conv",
+                 bias: bool = True):
         super().__init__()
         self.img_size, self.patch_size, self.mode = img_size, patch_size, mode
         self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
         P = patch_size
         if mode == "conv":
-            self.proj = nn.Conv2d(in_chans, dim, kernel_size=P, stride=P)
+            self.proj = nn.Conv2d(in_chans, dim, kernel_size=P, stride=P, bias=bias)
         else:
-            self.proj = nn.Linear(in_chans * P * P, dim)
+            self.proj = nn.Linear(in_chans * P * P, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
@@ -329,13 +405,20 @@ class Attention(nn.Module):
         return self.proj_drop(self.proj(out)), attn
 
 
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): OpenAI CLIP's fast approximation of GELU, which its weights were trained with."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
 class Mlp(nn.Module):
     """The MLP of Eq. 3: two layers with a GELU non-linearity (Section 3.1)."""
 
-    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0):
+    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0, act: str = "gelu"):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = nn.GELU()
+        self.act = QuickGELU() if act == "quick_gelu" else nn.GELU()
         self.drop1 = nn.Dropout(dropout)
         self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop2 = nn.Dropout(dropout)
@@ -344,23 +427,39 @@ class Mlp(nn.Module):
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
+class LayerScale(nn.Module):
+    """A learned gain per channel on a residual branch, initialised small (CaiT, Touvron et al. 2021), so
+    each block starts close to the identity; DINOv2 and DeiT III use it. The parameter is timm's `gamma`."""
+
+    def __init__(self, dim: int, init: float):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
 class Block(nn.Module):
-    """One encoder layer: pre-LN, residual around each half (Eq. 2 and Eq. 3)."""
+    """One encoder layer: pre-LN, residual around each half (Eq. 2 and Eq. 3); with `layer_scale`, each
+    branch is scaled by its LayerScale (`ls1`, `ls2`) before the residual sum."""
 
     def __init__(self, cfg: ViTConfig, drop_path: float = 0.0):
         super().__init__()
+        scaled = cfg.layer_scale is not None
         self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.attn = Attention(cfg.dim, cfg.heads, qkv_bias=cfg.qkv_bias, attn_dropout=cfg.attn_dropout, dropout=cfg.dropout)
+        self.ls1 = LayerScale(cfg.dim, cfg.layer_scale) if scaled else nn.Identity()
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
-        self.mlp = Mlp(cfg.dim, cfg.hidden_dim, dropout=cfg.dropout)
+        self.mlp = Mlp(cfg.dim, cfg.hidden_dim, dropout=cfg.dropout, act=cfg.act)
+        self.ls2 = LayerScale(cfg.dim, cfg.layer_scale) if scaled else nn.Identity()
         self.drop_path = StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
 
     def forward(
         self, x: torch.Tensor, bias: torch.Tensor | None = None, return_attention: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         y, attn = self.attn(self.norm1(x), bias, return_attention)
-        x = x + self.drop_path(y)  # Eq. 2: z' = MSA(LN(z)) + z
-        x = x + self.drop_path(self.mlp(self.norm2(x)))  # Eq. 3: z = MLP(LN(z')) + z'
+        x = x + self.drop_path(self.ls1(y))  # Eq. 2: z' = MSA(LN(z)) + z
+        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))  # Eq. 3: z = MLP(LN(z')) + z'
         return x, attn
 
 
@@ -372,9 +471,10 @@ class VisionTransformer(nn.Module):
     """ViT: patch embedding, class token and position embedding (Eq. 1), L blocks (Eq. 2-3),
     LayerNorm and a linear head on the class token (Eq. 4).
 
-    `forward(x)` returns logits (B, num_classes). `forward(x, return_attention=True)` also returns the
-    attention weights of every block, a list of (B, h, N+1, N+1); `return_attention=[i, j]` only those
-    of blocks i and j (one N x N matrix per chosen block is kept, the rest take the fast path).
+    `forward(x)` returns logits (B, num_classes), or the pooled features (B, D) when num_classes=0.
+    `forward(x, return_attention=True)` also returns the attention weights of every block, a list of
+    (B, h, T, T) with T = prefix tokens + N patches (N+1 in the paper); `return_attention=[i, j]` only
+    those of blocks i and j (one T x T matrix per chosen block is kept, the rest take the fast path).
     """
 
     def __init__(self, cfg: ViTConfig | None = None, **overrides):
@@ -391,14 +491,17 @@ class VisionTransformer(nn.Module):
             )
         else:
             self.patch_embed = PatchEmbed(
-                img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, dim=D, mode=cfg.patch_embed
+                img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, dim=D, mode=cfg.patch_embed,
+                bias=cfg.patch_bias,
             )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None  # x_class
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.dist_token else None  # DeiT's x_dist
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, D)) if cfg.reg_tokens else None  # registers
         gh, gw = cfg.grid_size
-        n_tokens = cfg.num_patches + cfg.num_prefix_tokens
+        n_tokens = cfg.num_patches + cfg.num_pos_prefix_tokens
         self.pos_embed = self.pos_embed_row = self.pos_embed_col = self.rel_pos = None
-        if cfg.pos_embed == "learned":  # E_pos: one learned row per position, class token included
-            self.pos_embed = nn.Parameter(torch.zeros(1, n_tokens, D))  # (1, N+1, D)
+        if cfg.pos_embed == "learned":  # E_pos: one learned row per position, class token included (not with no_embed_class)
+            self.pos_embed = nn.Parameter(torch.zeros(1, n_tokens, D))  # (1, p+N, D); (1, N, D) with no_embed_class
         elif cfg.pos_embed == "learned2d":  # Appendix D.4: X- and Y-embeddings of D/2 each, concatenated
             self.pos_embed_row = nn.Parameter(torch.zeros(1, gh, D // 2))
             self.pos_embed_col = nn.Parameter(torch.zeros(1, gw, D // 2))
@@ -409,12 +512,16 @@ class VisionTransformer(nn.Module):
                 RelativePositionBias((gh, gw), cfg.heads, cfg.num_prefix_tokens) for _ in range(cfg.depth)
             )
         self.pos_drop = nn.Dropout(cfg.dropout)
+        self.norm_pre = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()  # CLIP: LN(z_0)
 
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # stochastic depth grows with depth
         self.blocks = nn.ModuleList(Block(cfg, rate) for rate in rates)
         self.norm = nn.Identity() if cfg.use_fc_norm else nn.LayerNorm(D, eps=cfg.norm_eps)  # Eq. 4's LN
         self.fc_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.use_fc_norm else nn.Identity()
-        self.head = nn.Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(cfg.pooled_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.head_dist = None  # DeiT's second head, on the distillation token
+        if cfg.use_dist_head:
+            self.head_dist = nn.Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self.init_weights()
 
     # --- initialisation ---------------------------------------------------------------------------
@@ -436,27 +543,37 @@ class VisionTransformer(nn.Module):
                 nn.init.trunc_normal_(p, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)  # as DeiT
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)  # as timm
+        for head in (self.head, self.head_dist):
+            if isinstance(head, nn.Linear):
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
 
     # --- Eq. 1-3 ----------------------------------------------------------------------------------
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos. (B, C, H, W) -> (B, N+1, D)."""
+        """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos. (B, C, H, W) -> (B, p+N, D), p prefix
+        tokens ([class, distillation, registers]; p = 1 in the paper)."""
         x = self.patch_embed(x)  # (B, N, D)
         B, N, D = x.shape
-        patch_pos = self.patch_pos_embed()
-        if patch_pos is not None:  # the 2-D tables cover the patches only
-            x = x + patch_pos
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # (B, N+1, D)
-        if self.pos_embed is not None:  # the paper's 1-D table covers the class token too
+        if self.pos_embed is None or self.cfg.no_embed_class:  # tables of the patches only: the 2-D ones, and
+            patch_pos = self.patch_pos_embed()  # the 1-D one without prefix rows (DeiT III, DINOv2 + registers)
+            if patch_pos is not None:
+                x = x + patch_pos
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if prefix:
+            x = torch.cat([*prefix, x], dim=1)  # (B, p+N, D)
+        if self.pos_embed is not None and not self.cfg.no_embed_class:  # the paper's 1-D table covers the class token too
             x = x + self.pos_embed
-        return self.pos_drop(x)
+        return self.norm_pre(self.pos_drop(x))
 
     def patch_pos_embed(self) -> torch.Tensor | None:
-        """The 2-D position embedding of the patches, (1, N, D), for `learned2d` and `sincos2d`."""
+        """The position embedding of the patches alone, (1, N, D), raster order; None for `relative`/`none`."""
+        if self.pos_embed is not None:
+            return self.pos_embed[:, self.cfg.num_pos_prefix_tokens :]  # (1, N, D): the prefix rows dropped
         if self.pos_embed_row is not None:
             gh, gw = self.cfg.grid_size
             rows = self.pos_embed_row[:, :, None, :].expand(-1, gh, gw, -1)  # (1, gh, gw, D/2): Y-embedding
@@ -467,12 +584,12 @@ class VisionTransformer(nn.Module):
     def forward_features(
         self, x: torch.Tensor, return_attention: bool | Iterable[int] = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Eq. 1-3 and the final LayerNorm: (B, C, H, W) -> (B, N+1, D), plus attention if asked."""
+        """Eq. 1-3 and the final LayerNorm: (B, C, H, W) -> (B, p+N, D), plus attention if asked."""
         wanted = self._attention_layers(return_attention)
         x = self.embed(x)
         attns = []
         for i, block in enumerate(self.blocks):
-            bias = self.rel_pos[i]().to(x.dtype) if self.rel_pos is not None else None  # (h, N+1, N+1)
+            bias = self.rel_pos[i]().to(x.dtype) if self.rel_pos is not None else None  # (h, p+N, p+N)
             if self.grad_checkpointing and self.training and i not in wanted:
                 x, _ = checkpoint(block, x, bias, False, use_reentrant=False)  # recompute in backward
             else:
@@ -483,13 +600,22 @@ class VisionTransformer(nn.Module):
         return (x, attns) if return_attention is not False else x
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Eq. 4: pool the tokens (class token, or the mean of the patch tokens), then the head."""
+        """Eq. 4: pool the tokens (class token, or the mean of the patch tokens), then the head.
+        A DeiT model averages its two heads, on the class and on the distillation token."""
+        p = self.cfg.num_prefix_tokens
         if self.cfg.pool == "cls":
-            x = x[:, 0]  # z_L^0: (B, D)
-        else:
-            x = x[:, self.cfg.num_prefix_tokens :].mean(dim=1)  # (B, D): average over patches
-        x = self.fc_norm(x)
-        return x if pre_logits else self.head(x)
+            pooled = x[:, 0]  # z_L^0: (B, D)
+        elif self.cfg.pool == "mean":
+            pooled = x[:, p:].mean(dim=1)  # (B, D): average over patches, prefix tokens left out
+        else:  # "cls+mean", DINOv2's linear probe
+            pooled = torch.cat([x[:, 0], x[:, p:].mean(dim=1)], dim=-1)  # (B, 2D)
+        pooled = self.fc_norm(pooled)
+        if self.head_dist is None:
+            return pooled if pre_logits else self.head(pooled)
+        x_dist = x[:, 1]  # (B, D): the distillation token
+        if pre_logits:
+            return (pooled + x_dist) / 2
+        return (self.head(pooled) + self.head_dist(x_dist)) / 2  # DeiT Section 5: the mean of both heads' outputs
 
     def forward(
         self, x: torch.Tensor, return_attention: bool | Iterable[int] = False
@@ -513,17 +639,21 @@ class VisionTransformer(nn.Module):
     # --- fine-tuning helpers (timm's API) ---------------------------------------------------------
 
     def reset_classifier(self, num_classes: int) -> None:
-        """A new zero-initialised head for `num_classes` classes (Section 3.2)."""
+        """A new zero-initialised head for `num_classes` classes (Section 3.2); a DeiT model gets two."""
         self.cfg = self.cfg.replace(num_classes=num_classes)
-        self.head = nn.Linear(self.cfg.dim, num_classes) if num_classes > 0 else nn.Identity()
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
-        self.head.to(self.cls_token.device if self.cls_token is not None else next(self.parameters()).device)
+        device = next(self.parameters()).device
+        new = lambda width: nn.Linear(width, num_classes) if num_classes > 0 else nn.Identity()  # noqa: E731
+        self.head = new(self.cfg.pooled_dim)
+        self.head_dist = new(self.cfg.dim) if self.cfg.use_dist_head else None
+        for head in (self.head, self.head_dist):
+            if isinstance(head, nn.Linear):
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
+                head.to(device)
 
     def no_weight_decay(self) -> set[str]:
-        """Parameter names that should not be decayed: the token, the position tables."""
-        names = {"cls_token", "pos_embed", "pos_embed_row", "pos_embed_col"}
+        """Parameter names that should not be decayed: the prefix tokens, the position tables."""
+        names = {"cls_token", "dist_token", "reg_token", "pos_embed", "pos_embed_row", "pos_embed_col"}
         names |= {n for n, _ in self.named_parameters() if n.startswith("rel_pos.")}
         return {n for n in names if n in dict(self.named_parameters())}
 
@@ -543,8 +673,8 @@ class VisionTransformer(nn.Module):
                 n_exp, n_found = expected[1], found[1] if len(found) == 3 else found[0]
                 raise VitlabError(
                     f"pos_embed has {n_found} rows but this model expects {n_exp} "
-                    f"(N+1 = {self.cfg.num_patches} patches + {self.cfg.num_prefix_tokens} class token for "
-                    f"{self.cfg.img_size[0]}x{self.cfg.img_size[1]} images with patch {self.cfg.patch_size}); "
+                    f"({self.cfg.num_patches} patches for {self.cfg.img_size[0]}x{self.cfg.img_size[1]} images with "
+                    f"patch {self.cfg.patch_size}, + {self.cfg.num_pos_prefix_tokens} rows for the prefix tokens); "
                     "resample it with vitlab.weights.resample_pos_embed, or build the model at the checkpoint's img_size"
                 )
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
@@ -560,6 +690,8 @@ __all__ = [
     "HybridEmbed",
     "Attention",
     "Mlp",
+    "QuickGELU",
+    "LayerScale",
     "Block",
     "VisionTransformer",
     "RelativePositionBias",

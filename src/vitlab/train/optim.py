@@ -46,8 +46,9 @@ def build_optimizer(
 def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
     """Each parameter's depth, and L (the number of blocks/stages): ({name: id}, L).
 
-    ViT: patch_embed, cls_token, pos_embed -> 0; blocks.i (and its relative-position bias) -> i + 1;
-    the final norm / fc_norm -> L + 1; the head -> L + 2. ResNetMini: stem -> 0, layer1..3 -> 1..3,
+    ViT: patch_embed, the prefix tokens (class, distillation, registers), pos_embed, norm_pre -> 0;
+    blocks.i (and its relative-position bias) -> i + 1; the final norm / fc_norm -> L + 1; the head
+    (and DeiT's head_dist) -> L + 2. ResNetMini: stem -> 0, layer1..3 -> 1..3,
     head -> L + 2. A parameter trains when its id >= the stage's threshold (`freeze_threshold`), and
     its learning rate is scaled by layer_decay ** (L + 1 - min(id, L + 1)) (BEiT/timm layer decay:
     the head and final norm keep the full rate, the last block decay^1, ... the embedding decay^(L+1)).
@@ -63,7 +64,7 @@ def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
         raise TypeError(f"layer_ids: no layer structure known for {type(model).__name__}")
     ids = {}
     for n in names:
-        if n.startswith("head."):
+        if n.startswith(("head.", "head_dist.")):
             ids[n] = L + 2
         elif n.startswith(("norm.", "fc_norm.")):
             ids[n] = L + 1

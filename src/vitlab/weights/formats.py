@@ -4,16 +4,19 @@ the other libraries' layouts.
     source (file | directory | hub id)
       -> resolve_source()       a local path; a hub id through the Hugging Face cache (HF_HUB_OFFLINE honoured)
       -> read_checkpoint()      safetensors / torch.load(weights_only=True) / np.load(allow_pickle=False)
-      -> detect_format()        "timm" | "hf" | "torchvision" | "jax", from the key names alone
+      -> detect_format()        "timm" | "hf" | "torchvision" | "jax" | "dinov2", from the key names alone
       -> convert_state_dict()   one function per layout, all to vitlab names (which are timm's)
 
 The layouts (names of block i):
 
     vitlab / timm   blocks.i.attn.qkv (3D, D)                    patch_embed.proj (D, C, P, P)
-    HF ViT          vit.encoder.layer.i.attention.attention.{query,key,value}; embeddings.*
+                    DeiT: dist_token, head_dist; registers: reg_token; LayerScale: blocks.i.ls1.gamma
+    HF ViT, DeiT,   {vit,deit,dinov2}.encoder.layer.i.attention.attention.{query,key,value}; embeddings.*;
+    Dinov2          embeddings.distillation_token, register_tokens; layer_scale1.lambda1; cls_classifier
     torchvision     encoder.layers.encoder_layer_i.self_attention.in_proj_weight; conv_proj; class_token
     JAX .npz        Transformer/encoderblock_i/MultiHeadDotProductAttention_1/query/kernel (D, h, d);
                     embedding/kernel (P, P, C, D), permuted (3, 2, 0, 1) to PyTorch's (D, C, P, P)
+    DINOv2 .pth     timm's names, plus mask_token and register_tokens (facebookresearch/dinov2's release)
 
 What the converted tensors say about the architecture, and loading them into a model, is
 `vitlab.weights.pretrained`.
@@ -32,7 +35,8 @@ from safetensors.torch import load_file
 
 from vitlab.errors import VitlabError
 
-FORMATS = ("timm", "hf", "torchvision", "jax")
+FORMATS = ("timm", "hf", "torchvision", "jax", "dinov2")
+HF_PREFIXES = ("vit.", "deit.", "dinov2.", "dinov2_with_registers.")  # the backbone inside *ForImageClassification
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".tar")  # .tar: timm training checkpoints (model_best.pth.tar)
 WEIGHT_SUFFIXES = (".safetensors", ".npz", *TORCH_SUFFIXES)
 
@@ -216,24 +220,68 @@ def detect_format(keys) -> str:
         return "jax"
     if any(k in ("conv_proj.weight", "class_token") or k.startswith("encoder.layers.encoder_layer_") for k in keys):
         return "torchvision"
-    if any(k.startswith(("vit.", "embeddings.patch_embeddings", "embeddings.position_embeddings")) for k in keys):
+    if any(k.startswith((*HF_PREFIXES, "embeddings.patch_embeddings", "embeddings.position_embeddings")) for k in keys):
         return "hf"
     if any(k.startswith(("patch_embed.", "blocks.")) for k in keys):
-        return "timm"
+        # facebookresearch/dinov2 keeps its mask token (for iBOT) and names its registers differently;
+        # an MAE pre-training file has a mask token too, for its decoder
+        mae = any(k.startswith("decoder_") for k in keys)
+        return "dinov2" if "register_tokens" in keys or ("mask_token" in keys and not mae) else "timm"
     shown = ", ".join(sorted(keys)[:6])
     raise VitlabError(
         f"unrecognised checkpoint layout (first keys: {shown}); expected timm (patch_embed.proj, blocks.0...), "
-        "Hugging Face ViT (vit.embeddings...), torchvision (conv_proj, encoder.layers...) or JAX .npz "
-        "(embedding/kernel, Transformer/encoderblock_0/...)"
+        "Hugging Face ViT, DeiT or Dinov2 (vit.embeddings..., embeddings.patch_embeddings...), torchvision (conv_proj, "
+        "encoder.layers...) or JAX .npz (embedding/kernel, Transformer/encoderblock_0/...)"
     )
 
 
 def convert_state_dict(state_dict: dict[str, torch.Tensor], fmt: str | None = None) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Rename a checkpoint's tensors to vitlab's (timm's) names. Returns (state dict, notes on dropped parts)."""
     fmt = fmt or detect_format(state_dict)
-    if fmt in ("timm", "vitlab"):
+    if fmt == "vitlab":
         return dict(state_dict), []
-    return {"hf": _convert_hf, "torchvision": _convert_torchvision, "jax": _convert_jax}[fmt](state_dict)
+    converters = {"timm": _convert_timm, "dinov2": _convert_dinov2, "hf": _convert_hf, "torchvision": _convert_torchvision,
+                  "jax": _convert_jax}
+    return converters[fmt](state_dict)
+
+
+def _convert_timm(sd: dict) -> tuple[dict, list[str]]:
+    """timm's names are vitlab's. Two older layouts that timm also loads: DeiT III's original
+    checkpoints name LayerScale `blocks.i.gamma_1/2` (timm: `ls1/ls2.gamma`), and MAE pre-training
+    checkpoints carry the decoder, which only reconstructs masked patches."""
+    out, notes = {}, []
+    for key, value in sd.items():
+        if key.startswith("decoder_") or key == "mask_token":
+            notes.append("dropped the MAE decoder (decoder_*, mask_token): it only serves masked-patch pre-training")
+            continue
+        out[re.sub(r"^(blocks\.\d+)\.gamma_([12])$", r"\1.ls\2.gamma", key)] = value
+    return out, sorted(set(notes))
+
+
+def _fold_class_position(out: dict) -> None:
+    """DINOv2 with registers (its release and HF's Dinov2WithRegisters): the position table has a row
+    for the class token but none for the registers, which are inserted after the position is added.
+    timm's equivalent (`no_embed_class`): the class token's row is added to the token once, here, and
+    the table keeps the patch rows only. The sums the model computes are the same."""
+    pos = out["pos_embed"]  # (1, 1+N, D)
+    out["cls_token"] = out["cls_token"] + pos[:, :1]  # (1, 1, D)
+    out["pos_embed"] = pos[:, 1:].contiguous()  # (1, N, D)
+
+
+def _convert_dinov2(sd: dict) -> tuple[dict, list[str]]:
+    """facebookresearch/dinov2's checkpoints (the torch.hub .pth files): timm's names, plus the mask
+    token of its iBOT loss and `register_tokens`, as timm converts them (vision_transformer._convert_dinov2)."""
+    out, notes = {}, []
+    for key, value in sd.items():
+        if key == "mask_token":
+            notes.append("dropped mask_token (only used for masked-patch pre-training)")
+        elif key == "register_tokens":
+            out["reg_token"] = value  # (1, R, D)
+        else:
+            out[key] = value
+    if "reg_token" in out:
+        _fold_class_position(out)
+    return out, notes
 
 
 def _fuse_qkv(out: dict, parts: dict) -> None:
@@ -246,8 +294,9 @@ def _fuse_qkv(out: dict, parts: dict) -> None:
 
 
 def _convert_hf(sd: dict) -> tuple[dict, list[str]]:
-    """Hugging Face ViTModel / ViTForImageClassification, both the saved layout
-    (encoder.layer.i.attention.attention.query) and transformers 5's in-memory one (layers.i.attention.q_proj)."""
+    """Hugging Face ViT, DeiT and Dinov2 (with or without registers), bare or *ForImageClassification
+    (DeiT's WithTeacher too), both the saved layout (encoder.layer.i.attention.attention.query) and
+    transformers 5's in-memory one (layers.i.attention.q_proj)."""
     out, qkv, notes = {}, {}, []
     block_rules = [
         (r"attention\.attention\.(query|key|value)\.(weight|bias)", "qkv"),
@@ -259,9 +308,13 @@ def _convert_hf(sd: dict) -> tuple[dict, list[str]]:
         (r"mlp\.(fc1|fc2)\.(weight|bias)", "mlp.{}.{}"),
         (r"layernorm_before\.(weight|bias)", "norm1.{}"),
         (r"layernorm_after\.(weight|bias)", "norm2.{}"),
+        (r"(norm1|norm2)\.(weight|bias)", "{}.{}"),  # Dinov2
+        (r"layer_scale(1|2)\.lambda1", "ls{}.gamma"),  # Dinov2's LayerScale
     ]
     top_rules = {
         "embeddings.cls_token": "cls_token",
+        "embeddings.distillation_token": "dist_token",  # DeiT
+        "embeddings.register_tokens": "reg_token",  # Dinov2WithRegisters
         "embeddings.position_embeddings": "pos_embed",
         "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
         "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
@@ -269,9 +322,13 @@ def _convert_hf(sd: dict) -> tuple[dict, list[str]]:
         "layernorm.bias": "norm.bias",
         "classifier.weight": "head.weight",
         "classifier.bias": "head.bias",
+        "cls_classifier.weight": "head.weight",  # DeiTForImageClassificationWithTeacher
+        "cls_classifier.bias": "head.bias",
+        "distillation_classifier.weight": "head_dist.weight",
+        "distillation_classifier.bias": "head_dist.bias",
     }
     for key, value in sd.items():
-        name = key.removeprefix("vit.")
+        name = next((key[len(p) :] for p in HF_PREFIXES if key.startswith(p)), key)
         if name in top_rules:
             out[top_rules[name]] = value
             continue
@@ -291,12 +348,14 @@ def _convert_hf(sd: dict) -> tuple[dict, list[str]]:
                 out[key] = value  # left for the key check to report
             continue
         if name.startswith("pooler."):
-            notes.append("dropped the Hugging Face pooler (a tanh Dense layer that ViTForImageClassification does not use)")
+            notes.append("dropped the Hugging Face pooler (a tanh Dense layer that the image classifiers do not use)")
         elif name == "embeddings.mask_token":
             notes.append("dropped embeddings.mask_token (only used for masked image modelling)")
         else:
             out[key] = value
     _fuse_qkv(out, qkv)
+    if "reg_token" in out and "pos_embed" in out:
+        _fold_class_position(out)
     return out, sorted(set(notes))
 
 
@@ -398,5 +457,5 @@ def _convert_jax(sd: dict) -> tuple[dict, list[str]]:
     return out, notes
 
 
-__all__ = ["FORMATS", "WEIGHT_SUFFIXES", "read_weights_file", "read_json", "read_checkpoint", "is_hub_id",
+__all__ = ["FORMATS", "HF_PREFIXES", "WEIGHT_SUFFIXES", "read_weights_file", "read_json", "read_checkpoint", "is_hub_id",
            "resolve_source", "download_from_hub", "detect_format", "convert_state_dict"]
