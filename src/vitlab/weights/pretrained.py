@@ -33,6 +33,7 @@ from vitlab.errors import VitlabError
 from vitlab.models.pretrained_cfg import PretrainedCfg
 from vitlab.models.registry import VARIANTS, get_config
 from vitlab.models.vit import ViTConfig, VisionTransformer
+from vitlab.weights.checkpoint import check_meta
 from vitlab.weights.formats import convert_state_dict, detect_format, read_checkpoint, resolve_source
 
 # Eval preprocessing per weight source (../shared/docs/paper.md, "Preprocessing differs per weight source").
@@ -76,6 +77,7 @@ class Checkpoint:
     pretrained_cfg: PretrainedCfg  # preprocessing and labels of the source
     path: str = ""
     architecture: str | None = None  # a vitlab model name, when the config file gives one
+    stated: dict = field(default_factory=dict)  # ViTConfig fields as a vitlab config file states them
     notes: list[str] = field(default_factory=list)  # parts dropped in conversion
 
     @property
@@ -235,6 +237,8 @@ def load_checkpoint(source: str | Path, *, cache_dir: str | Path | None = None) 
     """Read, detect, convert and describe `source` (a file, a directory or a hub id)."""
     path = resolve_source(source, cache_dir=cache_dir)
     raw, config, preproc = read_checkpoint(path)
+    if "kind" in config:  # vitlab's own metadata (a checkpoint's config.json, an export's .json): its rules
+        check_meta(config, _config_path(path))
     if not raw:
         raise VitlabError(f"{path} holds no tensors")
     fmt = detect_format(raw)
@@ -251,8 +255,16 @@ def load_checkpoint(source: str | Path, *, cache_dir: str | Path | None = None) 
         pretrained_cfg=_source_pretrained_cfg(fmt, config, preproc),
         path=str(path),
         architecture=architecture,
+        stated={k: v for k, v in _vitlab_config(config).items() if k not in ("num_classes", "img_size")},
         notes=notes,
     )
+
+
+def _config_path(path: Path) -> Path:
+    """The config file read_checkpoint took for `path` (for messages)."""
+    if path.is_dir():
+        return path / "config.json"
+    return path.with_suffix(".json") if path.with_suffix(".json").is_file() else path.parent / "config.json"
 
 
 def _source_pretrained_cfg(fmt: str, config: dict, preproc: dict) -> PretrainedCfg:
@@ -328,7 +340,13 @@ def plan_load(
             )
         known = {f.name for f in fields(ViTConfig)} - {"num_classes"}
         start = get_config(name) if name is not None else ViTConfig()
-        base = start.replace(**{k: v for k, v in inferred.items() if k in known}).replace(**overrides)
+        try:
+            base = start.replace(**{k: v for k, v in inferred.items() if k in known}).replace(**overrides)
+        except VitlabError as e:  # the tensors describe no model: say which tensors do not fit, not why dim fails
+            stated = _stated_config(start, ckpt)
+            raise VitlabError(f"checkpoint {ckpt.path} ({ckpt.format} layout) does not fit "
+                              f"{name or 'the model its config describes'}: "
+                              f"{_key_report(stated, ckpt) or e}") from e
     _check_architecture(name, base, inferred, ckpt)
 
     ckpt_classes = inferred["num_classes"]
@@ -406,9 +424,12 @@ def _check_architecture(name: str | None, cfg, inferred: dict, ckpt: Checkpoint)
         theirs = inferred[f] if f != "mlp_dim" or inferred[f] is not None else cfg.hidden_dim
         if mine != theirs:
             diffs.append((f, mine, theirs))
-    if diffs and "fc_norm" in inferred and all(f != "fc_norm" for f, _, _ in diffs):
+    try:  # the named model with the checkpoint's values: None when no model has them (dim 7 with 4 heads)
+        fixed = cfg.replace(**{f: t for f, _, t in diffs}) if diffs else cfg
+    except VitlabError:
+        fixed = None
+    if diffs and fixed is not None and "fc_norm" in inferred and all(f != "fc_norm" for f, _, _ in diffs):
         # fc_norm's default follows pool: with the other fixes applied it may be the one left to differ
-        fixed = cfg.replace(**{f: t for f, _, t in diffs})
         if fixed.use_fc_norm != inferred["fc_norm"]:
             diffs.append(("fc_norm", fixed.use_fc_norm, inferred["fc_norm"]))
     if diffs:
@@ -416,11 +437,19 @@ def _check_architecture(name: str | None, cfg, inferred: dict, ckpt: Checkpoint)
         fix = ", ".join(f"{f}={t!r}" for f, _, t in diffs)
         like = _matching_variants(inferred)
         hint = f" (it looks like {', '.join(like)})" if like else ""
+        overrides = f", or pass the overrides {fix}" if fixed is not None else ""
         raise VitlabError(
             f"checkpoint {ckpt.path} ({ckpt.format} layout) does not fit model {name!r}: {listing}. "
-            f"Name the model the checkpoint was trained as{hint}, or pass the overrides {fix}. "
-            + _key_report(cfg, ckpt)
+            f"Name the model the checkpoint was trained as{hint}{overrides}. " + _key_report(cfg, ckpt)
         )
+
+
+def _stated_config(start: ViTConfig, ckpt: Checkpoint) -> ViTConfig:
+    """The configuration a checkpoint's own config file states (vitlab's files state every field)."""
+    try:
+        return start.replace(**ckpt.stated)
+    except (VitlabError, TypeError):
+        return start
 
 
 def _matching_variants(inferred: dict) -> list[str]:
