@@ -24,6 +24,7 @@ import io
 import json
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -60,8 +61,21 @@ def _why(e: BaseException) -> str:
 
 
 def write_error(path: str | Path, e: BaseException) -> VitlabError:
-    """A failed write as one line that names the file and the reason (a full disk, a read-only folder)."""
-    return VitlabError(f"could not write {path}: {_why(e)}")
+    """A failed write as one line that names the file and the reason (a full disk, a read-only folder).
+    A library that gives no errno (torch's zip writer) is read as a full disk when the disk is full."""
+    why = _why(e)
+    if why.startswith(type(e).__name__) and _free_bytes(Path(path)) < 2**16:
+        why = "no space left on the disk"
+    return VitlabError(f"could not write {path}: {why}")
+
+
+def _free_bytes(path: Path) -> int:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 2**62
 
 
 def out_kind(folder: Path) -> str | None:
