@@ -222,7 +222,8 @@ def check_run_folder(out: Path | None, resume: bool, force: bool = False) -> Non
     if out is None:
         return
     if not resume and (out / "last.json").exists():
-        raise VitlabError(f"out {out} already holds a run (last.json); resume it, or choose a new folder", arg="out")
+        raise VitlabError(f"out {out} already holds a run (last.json); resume it (resume=True), or choose a new folder",
+                          arg="out", also=("resume",))
     check_out_folder(out, kind="run", force=force or resume)
 
 
