@@ -49,8 +49,8 @@ def check_vit(model: nn.Module) -> None:
     """Attention maps, rollout, attention distance and Figure 7 need a ViT: a CNN has no attention."""
     if not isinstance(model, VisionTransformer):
         name = getattr(getattr(model, "pretrained_cfg", None), "architecture", None) or type(model).__name__
-        raise VitlabError(f"model {name} is a CNN baseline, which has no attention layers; attention maps and "
-                          "Figure 7 need a ViT (vitlab info lists them)", arg="model")
+        raise VitlabError(f"{name} is a CNN baseline, which has no attention layers; attention maps and Figure 7 "
+                          "need a ViT (`vitlab info` lists the models)")
 
 
 def _layer_list(model: nn.Module, layers: int | str | Iterable[int] | None) -> list[int]:
@@ -285,8 +285,7 @@ def attention_rollout(
     attentions = list(attentions)[start_layer:]
     if not attentions:
         raise VitlabError(f"attention rollout needs at least one layer at or after start_layer {start_layer}")
-    if not 0.0 <= discard_ratio < 1.0:
-        raise VitlabError(f"discard_ratio must be in [0, 1); found {discard_ratio}")
+    check_range("discard_ratio", discard_ratio, low=0, high=1, high_open=True)
     B, _, T, _ = attentions[0].shape
     eye = torch.eye(T, dtype=attentions[0].dtype, device=attentions[0].device)
     result = eye.expand(B, T, T)
