@@ -172,21 +172,24 @@ def created_folders(folder: str | Path) -> Iterator[Path]:
     except BaseException:
         for p in made:  # deepest first
             with contextlib.suppress(OSError):
-                marker = p / MARKER
-                if marker.exists() and [q.name for q in p.iterdir()] == [MARKER]:
-                    marker.unlink()
                 p.rmdir()  # only if empty
         raise
 
 
 @contextlib.contextmanager
 def output_folder(path: str | Path, *, kind: str, force: bool = False, arg: str = "out") -> Iterator[Path]:
-    """An output folder for the block: checked (`check_out_folder`), created with its marker, and
-    removed again if the block fails before writing anything into it."""
+    """An output folder for the block: checked (`check_out_folder`), created with its marker, and left
+    as it was (the marker gone, a new folder removed) if the block fails before writing anything in it."""
     path = check_out_folder(path, kind=kind, force=force, arg=arg)
     with created_folders(path):
+        marked = out_kind(path) != kind
         mark_folder(path, kind)
-        yield path
+        try:
+            yield path
+        except BaseException:
+            if marked and [p.name for p in path.iterdir()] == [MARKER]:
+                (path / MARKER).unlink()
+            raise
 
 
 def mark_folder(folder: str | Path, kind: str) -> None:
