@@ -184,6 +184,7 @@ def tiny_classes(lab, tmp):
 
 def user_folder(lab, tmp):
     shutil.copytree(lab / "mine", tmp / "mine")
+    shutil.copytree(lab / "digits", tmp / "digits")  # trained on with a relative --data
 
 
 def attention_folder(lab, tmp):
@@ -250,8 +251,9 @@ CASES = {
     "train_out_under_proc": Case("train --data {lab}/digits --model vit_mini --out /proc/vitlab/run", 2, "--out /proc/vitlab/run cannot be created: cannot write in /proc"),
     "train_out_under_a_file": Case("train --data {lab}/digits --model vit_mini --out {lab}/notes.txt/run", 2, "notes.txt is a file, not a folder"),
     "train_out_users_folder": Case("train --data {lab}/digits --model vit_mini --out {lab}/mine", 2, "already holds files vitlab did not write (metrics.csv, summary.json); choose a new folder, or pass --force"),
-    "train_out_users_folder_forced": Case("train --data {lab}/digits " + " ".join(SMALL) + " --out {tmp}/mine --force", 0, "wrote", user_folder,
-                                          after=lambda lab, tmp: (tmp / "mine/last.json").is_file()),
+    "train_relative_paths_into_users_folder_forced": Case("train --data digits " + " ".join(SMALL) + " --out mine --force", 0,
+                                                          "wrote mine/", user_folder,
+                                                          after=lambda lab, tmp: (tmp / "mine/last.json").is_file()),
     "train_out_holds_a_run": Case("train --data {lab}/digits --model vit_mini --out {lab}/run", 2, "already holds a run (last.json); resume it (--resume), or choose a new folder"),
     "train_resume_nothing": Case("train --data {lab}/digits --model vit_mini --resume --out {tmp}/new", 2, "--resume: no checkpoint to resume from"),
     "train_resume_pointer_not_json": Case("train --data {lab}/digits " + " ".join(SMALL) + " --resume --out {tmp}/run", 2, "last.json is not readable JSON", pointer("not json")),
