@@ -22,11 +22,10 @@ from typing import Callable
 
 import pytest
 import torch
-
-import vitlab
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
+import vitlab
 from vitlab import create_model
 from vitlab.cli import main
 from vitlab.data.digits import write_digits_folder
@@ -331,7 +330,7 @@ CASES = {
 
 
 def _tree(*roots: Path) -> dict[str, str]:
-    """Every file (its checksum) and folder (None) under `roots`."""
+    """Every file (its checksum), link and folder under `roots`."""
     out = {}
     for root in roots:
         for dirpath, dirnames, filenames in os.walk(root):
@@ -354,6 +353,8 @@ def no_matmul_probe(monkeypatch):
 @pytest.mark.parametrize("name", list(CASES))
 def test_hostile_input(name, lab, tmp_path, monkeypatch, capsys):
     case = CASES[name]
+    if "/proc/" in case.argv and not Path("/proc/self").exists():
+        pytest.skip("the case writes under Linux's /proc, which refuses new files even to root")
     if case.setup:
         case.setup(lab, tmp_path)
     if case.patch:

@@ -85,7 +85,7 @@ def add_out(p, *, help: str, required: bool = True, default: str | None = None, 
     """--out and --force: vitlab.fileio checks the place before any work (a folder vitlab can create
     or write, not someone else's non-empty folder, not an existing file) unless --force is given."""
     p.add_argument("--out", required=required, default=default, metavar="PATH" if file else "DIR", help=help)
-    p.add_argument("--force", action="store_true", help="replace the existing output file" if file else
+    p.add_argument("--force", action="store_true", help="replace an existing output file (and the .json next to a .safetensors)" if file else
                    "write into a folder that is not empty though vitlab did not make it for this command "
                    "(files of the same names are replaced; nothing else is touched)")
 
