@@ -369,9 +369,9 @@ def test_cli_inspect_writes_figure7(checkpoint, tmp_path, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert "(c) mean attention distance" in printed and "2 images" in printed
-    names = sorted(p.name for p in out.iterdir())
-    assert names == sorted([f"fig7{p}.{ext}" for p in ("a_patch_embedding_pcs", "b_position_embedding_similarity",
-                                                       "c_mean_attention_distance") for ext in ("png", "csv")]
+    names = sorted(p.name for p in out.iterdir())  # the figures, and the marker naming the folder's command
+    assert names == sorted([".vitlab"] + [f"fig7{p}.{ext}" for p in ("a_patch_embedding_pcs", "b_position_embedding_similarity",
+                                                                     "c_mean_attention_distance") for ext in ("png", "csv")]
                            + ["token_norms.csv", "token_norms.png"])  # (d), Darcet et al. 2023
     expected = 4 * sum(math.hypot(r - 2, c - 6) for r in range(8) for c in range(8)) / 64
     rows = (out / "fig7c_mean_attention_distance.csv").read_text().splitlines()[1:]

@@ -81,7 +81,8 @@ def test_demo_writes_metrics_figures_weights_and_summary(demo_run):
     # the seed's claim, already after 3 epochs: position embedding solves it, without it ~chance
     assert summary["runs"]["learned"]["final_val_acc"] >= 0.9
     assert summary["runs"]["none"]["final_val_acc"] <= 0.6
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary folders left
+    hidden = [p.name for p in out.iterdir() if p.name.startswith(".")]
+    assert hidden == [".vitlab"] and json.loads((out / ".vitlab").read_text()) == {"kind": "demo"}  # no temp folders
     for name in ("curves.png", "attention_pos_learned.png", "attention_pos_none.png"):
         pixels = _png(out / name)
         assert pixels.shape[0] > 300 and pixels.shape[1] > 600

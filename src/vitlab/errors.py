@@ -3,7 +3,9 @@
 A `VitlabError` message names the file or argument, what was expected and what was found, and, where
 there is one, the fix. Library code speaks of its own arguments (`batch_size must be at least 1`); a
 message about an argument carries that argument's name in `arg`, and the command line, which knows
-the flag it came from, prints it as the flag (`--batch-size must be at least 1`). The CLI prints any
+the flag it came from, prints it as the flag (`--batch-size must be at least 1`); a message that
+offers a switch as the fix (`pass force=True`) names it in `also`, and the command line shows the flag
+(`pass --force`). The CLI prints any
 VitlabError as a single line `error: ...` and exits with code 2; any other exception is a bug and
 keeps its traceback.
 """
@@ -17,19 +19,25 @@ class VitlabError(ValueError):
     """A user mistake: bad option, bad file, impossible sizes. Printed as one line by the CLI.
 
     `arg`: the library argument the message starts with (e.g. "batch_size"), when it is about one.
+    `also`: boolean arguments the message offers as a fix, written `name=True` (e.g. "force").
     """
 
-    def __init__(self, message: str, *, arg: str | None = None):
+    def __init__(self, message: str, *, arg: str | None = None, also: tuple[str, ...] = ()):
         super().__init__(message)
         self.arg = arg
+        self.also = also
 
     def for_cli(self, flags: dict[str, str] | None = None) -> str:
         """The message with its leading argument name written as the command-line flag
         (`batch_size` -> `--batch-size`, or the flag that `flags` maps it to)."""
+        def flag(name: str) -> str:
+            return (flags or {}).get(name, "--" + name.replace("_", "-"))
+
         text = str(self)
+        for name in self.also:
+            text = text.replace(f"{name}=True", flag(name))
         if self.arg and text.startswith(self.arg):
-            flag = (flags or {}).get(self.arg, "--" + self.arg.replace("_", "-"))
-            return flag + text[len(self.arg):]
+            return flag(self.arg) + text[len(self.arg):]
         return text
 
 

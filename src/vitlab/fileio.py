@@ -1,19 +1,37 @@
-"""Writing files so that nothing half-written is ever left behind.
+"""Where vitlab writes, and writing files so that nothing half-written is ever left behind.
+
+Output locations are checked before any work starts (`check_out_folder`, `check_out_file`): a path
+that names a file where a folder is expected, a folder that cannot be created or written (a write
+probe, not a guess from permission bits), a non-empty folder holding something other than this kind
+of vitlab output, an existing file an export would replace. Each is one VitlabError naming the path;
+`force=True` (the commands' `--force`) is the one way to write into a folder of someone else's files
+or over an existing file. A folder vitlab creates gets a small marker file, `.vitlab`, naming the
+kind of output it holds ("run", "demo", ...), so the same command may write there again, and
+`output_folder` removes the folders it created if the work fails before writing anything.
 
 Every file vitlab writes goes to a temporary name in the same folder and is moved into place with
 `os.replace`, which is atomic on POSIX and Windows: a reader (or a resumed run) sees the old file or
-the new one, never a torn one. Files get the permissions an ordinary `open(path, "w")` would give.
+the new one, never a torn one. Files get the permissions an ordinary `open(path, "w")` would give. A
+write that fails (a full disk, a read-only file system) is one VitlabError naming the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import io
 import json
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
+
+from vitlab.errors import VitlabError
+
+MARKER = ".vitlab"  # in a folder vitlab made: {"kind": "run" | "demo" | ...}, the kind of output it holds
 
 
 def _umask() -> int:
@@ -22,18 +40,187 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call `write(tmp)` on a temporary path next to `path`, then move the result into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+# ----------------------------------------------------------------------------------------------------
+# Output locations, checked before any work
+
+
+def _why(e: BaseException) -> str:
+    """The reason a file operation failed, in words (safetensors and torch report errno in their text)."""
+    code = getattr(e, "errno", None)
+    if code is None:
+        found = re.search(r"(?:code: |errno |Errno )(\d+)", str(e))
+        code = int(found.group(1)) if found else None
+    words = {errno.ENOSPC: "no space left on the disk", errno.EDQUOT: "the disk quota is used up",
+             errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+             errno.EPERM: "permission denied", errno.ENOENT: "the folder does not exist or does not accept new files",
+             errno.ENOTDIR: "a part of the path is a file, not a folder"}
+    if code in words:
+        return words[code]
+    text = getattr(e, "strerror", None) or (str(e).splitlines() or [""])[0]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def write_error(path: str | Path, e: BaseException) -> VitlabError:
+    """A failed write as one line that names the file and the reason (a full disk, a read-only folder).
+    A library that gives no errno (torch's zip writer) is read as a full disk when the disk is full."""
+    why = _why(e)
+    if why.startswith(type(e).__name__) and _free_bytes(Path(path)) < 2**16:
+        why = "no space left on the disk"
+    return VitlabError(f"could not write {path}: {why}")
+
+
+def _free_bytes(path: Path) -> int:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 2**62
+
+
+def out_kind(folder: Path) -> str | None:
+    """The kind of vitlab output `folder` holds, from its marker (None: not a folder vitlab made)."""
+    try:
+        data = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("kind") if isinstance(data, dict) else None
+
+
+def _probe(folder: Path) -> None:
+    """Create and remove a file in `folder`: the one reliable test that it can be written."""
+    fd, tmp = tempfile.mkstemp(prefix=".vitlab-probe.", dir=folder)
     os.close(fd)
+    os.unlink(tmp)
+
+
+def _check_writable(folder: Path, path: Path, arg: str) -> None:
+    """`path` will be written in `folder` (which may not exist yet): the nearest existing one of `folder`
+    and its parents must be a folder vitlab can create files in."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise VitlabError(f"{arg} {path} cannot be created: {existing} is a file, not a folder", arg=arg)
+    try:
+        _probe(existing)
+    except OSError as e:
+        raise VitlabError(f"{arg} {path} cannot be {'written' if existing == folder else 'created'}: cannot write in "
+                          f"{existing}: {_why(e)}; choose another place", arg=arg) from e
+
+
+def check_out_folder(path: str | Path, *, kind: str | None, force: bool = False, arg: str = "out") -> Path:
+    """Check an output folder before any work; create nothing. Returns it (`~` expanded).
+
+    kind: the kind of vitlab output it will hold ("run", "demo", "reproduce", ...): a non-empty folder
+        is accepted when vitlab made it for this kind (its marker says so), or with `force`. None: the
+        folder must be new or empty, whatever `force` says (its content would be replaced as a whole).
+    A file in its place, or a folder that cannot be created or written, is refused in any case.
+    """
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise VitlabError(f"{arg} {path} is a file; expected a folder (it is created if missing)", arg=arg)
+    _check_writable(path, path, arg)
+    if not path.exists():
+        return path
+    entries = sorted(p.name for p in path.iterdir() if p.name != MARKER)
+    if not entries:
+        return path
+    if kind is None:
+        raise VitlabError(f"{arg} {path} already exists and is not empty; choose a new folder or delete it", arg=arg)
+    found = out_kind(path)
+    if found == kind or force:
+        return path
+    shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
+    holds = f"the output of another vitlab command ({found})" if found else f"files vitlab did not write ({shown})"
+    raise VitlabError(f"{arg} {path} already holds {holds}; choose a new folder, or pass force=True to write into it "
+                      "(files of the same names are replaced)", arg=arg, also=("force",))
+
+
+def check_out_file(path: str | Path, *, force: bool = False, companions: Sequence[Path] = (), arg: str = "out") -> Path:
+    """Check an output file (and the files written next to it) before any work; create nothing.
+
+    An existing file is replaced only with `force`; a folder in its place, or a folder that cannot be
+    created or written, is refused in any case. Returns the path (`~` expanded)."""
+    path = Path(path).expanduser()
+    for p in (path, *companions):
+        if p.is_dir():
+            raise VitlabError(f"{arg} {p} is a folder; expected a file name such as {p / ('model' + path.suffix)}", arg=arg)
+    existing = [str(p) for p in (path, *companions) if p.exists()]
+    if existing and not force:
+        raise VitlabError(f"{arg} {' and '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; choose "
+                          "another name, or pass force=True to replace", arg=arg, also=("force",))
+    _check_writable(path.parent, path, arg)
+    return path
+
+
+@contextlib.contextmanager
+def created_folders(folder: str | Path) -> Iterator[Path]:
+    """Make `folder` and its missing parents; if the block fails, remove those of them left empty."""
+    folder = Path(folder).expanduser()
+    made = []
+    p = folder
+    while not p.exists() and p != p.parent:
+        made.append(p)
+        p = p.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise VitlabError(f"could not create {folder}: {_why(e)}") from e
+    try:
+        yield folder
+    except BaseException:
+        for p in made:  # deepest first
+            with contextlib.suppress(OSError):
+                p.rmdir()  # only if empty
+        raise
+
+
+@contextlib.contextmanager
+def output_folder(path: str | Path, *, kind: str, force: bool = False, arg: str = "out") -> Iterator[Path]:
+    """An output folder for the block: checked (`check_out_folder`), created with its marker, and left
+    as it was (the marker gone, a new folder removed) if the block fails before writing anything in it."""
+    path = check_out_folder(path, kind=kind, force=force, arg=arg)
+    with created_folders(path):
+        marked = out_kind(path) != kind
+        mark_folder(path, kind)
+        try:
+            yield path
+        except BaseException:
+            if marked and [p.name for p in path.iterdir()] == [MARKER]:
+                (path / MARKER).unlink()
+            raise
+
+
+def mark_folder(folder: str | Path, kind: str) -> None:
+    """Mark `folder` (created if missing) as holding vitlab output of this kind."""
+    folder = Path(folder)
+    if out_kind(folder) != kind:
+        write_json(folder / MARKER, {"kind": kind})
+
+
+# ----------------------------------------------------------------------------------------------------
+# Atomic writes
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` on a temporary path next to `path`, then move the result into place. A write
+    that fails for want of space or permission is a VitlabError naming `path`."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as e:
+        raise write_error(path, e) from e
     try:
         write(Path(tmp))
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file ordinary permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise write_error(path, e) from e
         raise
     return path
 

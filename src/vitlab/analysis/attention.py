@@ -50,12 +50,12 @@ DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB of attention weights held per forward pass
 # Helpers: which model, which layers, which images
 
 
-def _check_vit(model: nn.Module) -> None:
+def check_vit(model: nn.Module) -> None:
+    """Attention maps, rollout, attention distance and Figure 7 need a ViT: a CNN has no attention."""
     if not isinstance(model, VisionTransformer):
-        raise VitlabError(
-            f"attention analysis needs a vitlab VisionTransformer; found {type(model).__name__}, "
-            "which has no attention layers (CNN baselines have no attention maps)"
-        )
+        name = getattr(getattr(model, "pretrained_cfg", None), "architecture", None) or type(model).__name__
+        raise VitlabError(f"{name} is a CNN baseline, which has no attention layers; attention maps and Figure 7 "
+                          "need a ViT (`vitlab info` lists the models)")
 
 
 def _layer_list(model: nn.Module, layers: int | str | Iterable[int] | None) -> list[int]:
@@ -149,7 +149,7 @@ def iter_attention(
     `forward_features(x, return_attention=group)` for one group of layers at a time (the other layers
     take the fast path). `batch_size=None` picks the chunk size from `max_bytes`.
     """
-    _check_vit(model)
+    check_vit(model)
     layers = _layer_list(model, layers)
     batch_size, groups = _plan(model, layers, batch_size, max_bytes)
     device = next(model.parameters()).device
@@ -228,7 +228,7 @@ def cls_attention(
     """Per chosen layer, the attention of the token the head reads (the CLS row, or for a GAP model the
     mean over patch queries) to every patch: {layer: (B, h, gh, gw)}. Reduced chunk by chunk, so only
     (B, h, N) per layer is kept."""
-    _check_vit(model)
+    check_vit(model)
     cfg = model.cfg
     out: dict[int, list[torch.Tensor]] = {}
     for chunk in iter_attention(model, images, layers, batch_size=batch_size, max_bytes=max_bytes):
@@ -291,8 +291,7 @@ def attention_rollout(
     attentions = list(attentions)[start_layer:]
     if not attentions:
         raise VitlabError(f"attention rollout needs at least one layer at or after start_layer {start_layer}")
-    if not 0.0 <= discard_ratio < 1.0:
-        raise VitlabError(f"discard_ratio must be in [0, 1); found {discard_ratio}")
+    check_range("discard_ratio", discard_ratio, low=0, high=1, high_open=True)
     B, _, T, _ = attentions[0].shape
     eye = torch.eye(T, dtype=attentions[0].dtype, device=attentions[0].device)
     result = eye.expand(B, T, T)
@@ -321,7 +320,7 @@ def rollout(
     """The rollout map the classifier reads, (B, gh, gw): the CLS row of the rollout matrix over the
     patches, or for a GAP model the average over the patch tokens' rows. Layers `start_layer` ..
     `end_layer` (inclusive; negative counts from the end)."""
-    _check_vit(model)
+    check_vit(model)
     cfg = model.cfg
     start, end = _layer_list(model, start_layer)[0], _layer_list(model, end_layer)[0]
     if start > end:
@@ -351,7 +350,7 @@ def explain(
     them all ("all": one column per head). method "rollout": one map, rollout over layers
     `start_layer` .. the last of `layers`, heads fused by `head` (mean, max or min).
     """
-    _check_vit(model)
+    check_vit(model)
     chosen = _layer_list(model, layers)
     if method == "rollout":
         if head not in HEAD_FUSIONS:
@@ -416,7 +415,7 @@ def mean_attention_distance(
 ) -> tuple[list[int], torch.Tensor]:
     """Figure 7 (right): per layer and head, the attention-weighted distance in pixels between query
     and key patches, averaged over the images. Returns (layers, distances (len(layers), h))."""
-    _check_vit(model)
+    check_vit(model)
     cfg = model.cfg
     total: dict[int, torch.Tensor] = {}
     n = 0
@@ -439,7 +438,7 @@ def mean_attention_distance(
 
 def patch_position_embedding(model: nn.Module) -> torch.Tensor:
     """The position embedding of the N patches, (N, D), raster order; the prefix tokens' rows dropped."""
-    _check_vit(model)
+    check_vit(model)
     cfg = model.cfg
     if cfg.pos_embed in ("learned", "learned2d", "sincos2d"):
         return model.patch_pos_embed()[0].detach()  # (N, D)
@@ -465,7 +464,7 @@ def patch_embedding_pcs(model: nn.Module, k: int = 28) -> tuple[torch.Tensor, to
     vectors. Returns (components (k, C, P, P), explained variance ratio (k,)). A component's sign is
     arbitrary (PCA fixes only the direction).
     """
-    _check_vit(model)
+    check_vit(model)
     cfg = model.cfg
     if cfg.stem == "hybrid":
         raise VitlabError("the hybrid stem's projection is a 1x1 conv over CNN features, not RGB patch filters; "
@@ -536,7 +535,7 @@ def boundary_attention_share(
     images: a tensor (B, C, H, W), or an iterable of tensors or (image, label) batches.
     Returns a `BoundaryShare` (share, uniform, columns, layer, n_images; `.ratio`, `.to_dict()`).
     """
-    _check_vit(model)
+    check_vit(model)
     cfg = model.cfg
     gh, gw = cfg.grid_size
     columns = tuple(int(c) for c in (columns if columns is not None else boundary_columns(cfg.img_size[1], cfg.patch_size)))
@@ -614,7 +613,7 @@ def token_norms(
     Hooks on the blocks read their outputs during one ordinary forward pass (the fast attention path;
     the hooks are removed afterwards), in eval mode without gradients.
     """
-    _check_vit(model)
+    check_vit(model)
     cfg = model.cfg
     chosen = _layer_list(model, layers)
     gh, gw = cfg.grid_size
@@ -647,6 +646,7 @@ def token_norms(
 
 
 __all__ = [
+    "check_vit",
     "HEAD_FUSIONS",
     "iter_attention",
     "attention_maps",

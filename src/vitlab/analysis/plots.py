@@ -262,26 +262,29 @@ def write_figure7(model, images, out_dir: str | Path, *, batch_size: int | None 
         fig7c_mean_attention_distance.png/.csv       per layer and head, pixels, mean over `images`
     """
     out_dir = Path(out_dir).expanduser()
+    A.check_vit(model)
     cfg = model.cfg
     summary: dict = {"files": [], "notes": []}
-    try:
+    try:  # only the computation: a failed write is not a skipped panel
         comps, ratio = A.patch_embedding_pcs(model, k=k)
+    except VitlabError as e:
+        summary["notes"].append(f"(a) skipped: {e}")
+    else:
         summary["files"].append(figure7a(comps, ratio, out_dir / "fig7a_patch_embedding_pcs.png"))
         summary["files"].append(write_csv(out_dir / "fig7a_patch_embedding_pcs.csv", ["component", "explained_variance_ratio"],
                                           [(i, f"{r:.6f}") for i, r in enumerate(ratio.tolist())]))
         summary["pcs_explained"] = float(ratio.sum())
-    except VitlabError as e:
-        summary["notes"].append(f"(a) skipped: {e}")
     try:
         sim = A.position_embedding_similarity(model)  # (N, N)
+    except VitlabError as e:
+        summary["notes"].append(f"(b) skipped: {e}")
+    else:
         gh, gw = cfg.grid_size
         summary["files"].append(figure7b(sim, (gh, gw), out_dir / "fig7b_position_embedding_similarity.png"))
         header = ["position", "row", "col"] + [f"p{j}" for j in range(gh * gw)]
         rows = [[i, i // gw, i % gw] + [f"{v:.5f}" for v in sim[i].tolist()] for i in range(gh * gw)]
         summary["files"].append(write_csv(out_dir / "fig7b_position_embedding_similarity.csv", header, rows))
         summary["pe_neighbour_vs_far"] = _neighbour_vs_far(sim, (gh, gw))
-    except VitlabError as e:
-        summary["notes"].append(f"(b) skipped: {e}")
     layers, dist = A.mean_attention_distance(model, images, batch_size=batch_size)  # (L, h)
     uniform = float(A.patch_distances(cfg.grid_size, cfg.patch_size).mean())
     summary["files"].append(figure7c(layers, dist, out_dir / "fig7c_mean_attention_distance.png", uniform=uniform))

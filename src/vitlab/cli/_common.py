@@ -3,7 +3,7 @@ where the model comes from, the device, the precision, CPU threads, the output.
 
     add_model_source(p, weights="required" | "optional" | "none")   --model, --pretrained | --checkpoint, --img-size
     model_from_args(args, num_classes=...)                          vitlab.create_model, load warnings printed
-    add_device(p), add_precision(p), add_threads(p), add_out(p)
+    add_device(p), add_precision(p), add_threads(p), add_out(p)   --out and --force (vitlab.fileio checks them)
 """
 
 from __future__ import annotations
@@ -81,8 +81,13 @@ def add_threads(p: argparse.ArgumentParser, default: int | None = None, help: st
         "torch intra-op CPU threads (default: torch's; 1 is often fastest for small models on a busy CPU)"))
 
 
-def add_out(p: argparse.ArgumentParser, *, help: str, required: bool = True, default: str | None = None) -> None:
-    p.add_argument("--out", required=required, default=default, metavar="PATH" if "file" in help else "DIR", help=help)
+def add_out(p, *, help: str, required: bool = True, default: str | None = None, file: bool = False) -> None:
+    """--out and --force: vitlab.fileio checks the place before any work (a folder vitlab can create
+    or write, not someone else's non-empty folder, not an existing file) unless --force is given."""
+    p.add_argument("--out", required=required, default=default, metavar="PATH" if file else "DIR", help=help)
+    p.add_argument("--force", action="store_true", help="replace an existing output file (and the .json next to a .safetensors)" if file else
+                   "write into a folder that is not empty though vitlab did not make it for this command "
+                   "(files of the same names are replaced; nothing else is touched)")
 
 
 __all__ = ["DefaultsFormatter", "add_model_source", "model_from_args", "add_device", "add_precision", "add_threads",

@@ -15,6 +15,7 @@ from vitlab.cli._common import add_device, add_model_source, add_out, model_from
 from vitlab.data.folder import image_paths
 from vitlab.data.preprocess import images_tensor
 from vitlab.errors import check_range
+from vitlab.fileio import check_out_folder, output_folder
 from vitlab.runtime import resolve_device
 
 
@@ -51,16 +52,33 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def check_analysis_options(args, kind: str) -> Path:
+    """The flags `vitlab attention` and `vitlab inspect` share, and the output folder, before any work."""
+    check_range("batch_size", args.batch_size, low=1, integer=True, optional=True)
+    check_range("img_size", args.img_size, low=1, integer=True, optional=True)
+    resolve_device(args.device)
+    return check_out_folder(args.out, kind=kind, force=args.force)
+
+
 def run(args) -> int:
     check_range("alpha", args.alpha, low=0, high=1)
+    check_range("discard_ratio", args.discard_ratio, low=0, high=1, high_open=True)
+    check_range("start_layer", args.start_layer, low=0, integer=True)
+    check_analysis_options(args, "attention")
     paths = image_paths(args.images)
     model = model_from_args(args).to(resolve_device(args.device)).eval()
+    A.check_vit(model)
     x = images_tensor(paths, model.pretrained_cfg, model.cfg.img_size)  # (B, C, H, W)
     layers = {"last": -1, "all": "all"}.get(args.layer, args.layer)
     maps, rows, cols = A.explain(model, x, method=args.method, layers=layers, head=args.head,
                                  discard_ratio=args.discard_ratio, start_layer=args.start_layer,
                                  batch_size=args.batch_size)  # (B, R, C, gh, gw)
-    out = Path(args.out).expanduser()
+    with output_folder(args.out, kind="attention", force=args.force) as out:
+        _write(args, out, model, paths, x, maps, rows, cols)
+    return 0
+
+
+def _write(args, out: Path, model, paths, x, maps, rows, cols) -> None:
     pcfg = model.pretrained_cfg
     gh, gw = model.cfg.grid_size
     stems = [p.stem for p in paths]
@@ -84,4 +102,3 @@ def run(args) -> int:
     table = plots.write_csv(out / "attention.csv", ["image", "method", "layer", "head", "peak_row", "peak_col",
                                                      "peak_weight", "patch_weight_sum"], csv_rows)
     print(f"wrote {table}")
-    return 0

@@ -12,7 +12,7 @@ import sys
 
 from vitlab.cli._common import add_device, add_threads
 from vitlab.errors import check_range
-from vitlab.runtime import PRECISIONS, num_threads
+from vitlab.runtime import PRECISIONS, num_threads, resolve_device
 from vitlab.speed import bench
 
 QUICK_MODEL = "vit_mini_x"
@@ -62,11 +62,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     models = args.model or [QUICK_MODEL if args.quick else "vit_small_patch16_224"]
-    for arg in ("repeats", "matmul_size"):
-        check_range(arg, getattr(args, arg), low=1, integer=True, optional=True)
-    check_range("warmup", args.warmup, low=0, integer=True)
-    for b in args.batch_size or []:
-        check_range("batch_size", b, low=1, integer=True)
+    bench.check_options(models, batch_sizes=args.batch_size or [], precisions=args.precision, warmup=args.warmup,
+                        repeats=1 if args.repeats is None else args.repeats,
+                        matmul_size=1 if args.matmul_size is None else args.matmul_size, clock=args.clock)
+    check_range("threads", args.threads, low=1, integer=True, optional=True)
+    resolve_device(args.device)
     say = (lambda s: print(f"... {s}", file=sys.stderr, flush=True)) if not args.json else None
     with num_threads(args.threads):
         if args.memory:

@@ -53,7 +53,7 @@ def run_digits(args) -> int:
 
 
 def run_scan(args) -> int:
-    scan = scan_folder(args.data, val_split=args.val_split, seed=args.seed, cache_mb=0, progress=True)
+    scan = scan_folder(args.data, val_split=args.val_split, seed=args.seed, cache_mb=0, progress=sys.stderr.isatty())
     if scan.warning():
         print(scan.warning(), file=sys.stderr)
     print(scan.report())

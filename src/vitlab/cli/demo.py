@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from vitlab.cli._common import add_device, add_threads
+from vitlab.cli._common import add_device, add_out, add_threads
+from vitlab.errors import check_range
 from vitlab.experiments.demo import run_demo
 from vitlab.train.recipe import RECIPES
 
@@ -19,7 +20,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("--epochs", type=int, default=RECIPES["mini"].epochs, help="epochs per run (the mini experiment uses 60)")
     p.add_argument("--seed", type=int, default=0, help="seed for the data, the initial weights and the batch order")
-    p.add_argument("--out", default="runs/demo", metavar="DIR", help="output folder (created if missing)")
+    add_out(p, required=False, default="runs/demo", help="output folder (created if missing; a folder of other "
+            "files is refused unless --force)")
     add_device(p)
     add_threads(p, default=1, help="CPU threads for torch (default 1: the mini model is too small to split between "
                 "cores, and extra threads stall on a busy machine); 0 = torch's default")
@@ -31,7 +33,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    check_range("threads", args.threads, low=0, integer=True, hint=" (0: torch's default)")
     run_demo(epochs=args.epochs, seed=args.seed, out=args.out, device=args.device,
              threads=args.threads or None, workers=args.workers,
-             progress=not args.no_progress)
+             progress=not args.no_progress, force=args.force)
     return 0

@@ -8,7 +8,7 @@ Runtime against PyTorch (max abs difference <= 1e-4) before the file is put in p
 from __future__ import annotations
 
 from vitlab.cli._common import add_model_source, add_out, model_from_args
-from vitlab.inference.export import export_model
+from vitlab.inference.export import check_export, export_model
 
 
 def register(subparsers) -> None:
@@ -20,15 +20,16 @@ def register(subparsers) -> None:
         "checked with ONNX Runtime against PyTorch).",
     )
     add_model_source(p, weights="required")
-    add_out(p, help="output file: *.safetensors or *.onnx")
+    add_out(p, help="output file: *.safetensors (with a .json next to it) or *.onnx", file=True)
     p.add_argument("--no-check", action="store_true", help="ONNX: skip the ONNX Runtime comparison")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset version (default: the exporter's)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    check_export(args.out, opset=args.opset, force=args.force)  # before the weights are read
     model = model_from_args(args)
-    report = export_model(model, args.out, check=not args.no_check, opset=args.opset)
+    report = export_model(model, args.out, check=not args.no_check, opset=args.opset, force=args.force)
     print(f"wrote {', '.join(report['files'])}")
     if "max_abs_diff" in report:
         print(f"ONNX Runtime vs PyTorch: max abs difference {report['max_abs_diff']:.2e} (tolerance {report['tolerance']:.0e})")

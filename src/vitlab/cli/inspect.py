@@ -11,12 +11,14 @@ where high-norm artefact patches show (Darcet et al. 2023). PNG + CSV each.
 from __future__ import annotations
 
 from vitlab.analysis import plots
+from vitlab.analysis.attention import check_vit
 from vitlab.cli._common import add_out, model_from_args
-from vitlab.cli.attention import add_analysis_arguments
+from vitlab.cli.attention import add_analysis_arguments, check_analysis_options
 from vitlab.data.folder import image_paths
 from vitlab.data.photos import sample_photos
 from vitlab.data.preprocess import images_tensor
 from vitlab.errors import check_range
+from vitlab.fileio import output_folder
 from vitlab.runtime import resolve_device
 
 
@@ -42,17 +44,20 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     check_range("max_images", args.max_images, low=1, integer=True)
+    check_analysis_options(args, "inspect")
     check_range("norm_ratio", args.norm_ratio, low=1)
     if args.images:
         images, source = image_paths([args.images])[: args.max_images], args.images
     else:
         images, source = [im for _, im in sample_photos(args.max_images)], "scikit-image's bundled photos"
     model = model_from_args(args).to(resolve_device(args.device)).eval()
+    check_vit(model)
     x = images_tensor(images, model.pretrained_cfg, model.cfg.img_size)
-    summary = plots.write_figure7(model, x, args.out, batch_size=args.batch_size)
-    pcfg = model.pretrained_cfg
-    display = plots.enlarge(plots.to_display(x[0], pcfg.mean, pcfg.std))
-    norms = plots.write_token_norms(model, x, display, args.out, ratio=args.norm_ratio, batch_size=args.batch_size)
+    with output_folder(args.out, kind="inspect", force=args.force) as out:
+        summary = plots.write_figure7(model, x, out, batch_size=args.batch_size)
+        pcfg = model.pretrained_cfg
+        display = plots.enlarge(plots.to_display(x[0], pcfg.mean, pcfg.std))
+        norms = plots.write_token_norms(model, x, display, out, ratio=args.norm_ratio, batch_size=args.batch_size)
     print(f"Figure 7 for {args.model or args.pretrained or args.checkpoint} ({len(x)} images from {source}):")
     for line in plots.figure7_lines(summary) + plots.token_norm_lines(norms):
         print(f"  {line}")

@@ -13,7 +13,7 @@ import sys
 
 from vitlab.cli._common import add_device, add_model_source, add_precision, model_from_args
 from vitlab.data.preprocess import describe
-from vitlab.inference.predict import format_results, predict_files
+from vitlab.inference.predict import check_options, format_results, predict_files
 from vitlab.models.vit import VisionTransformer
 
 
@@ -37,6 +37,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    check_options(topk=args.topk, batch_size=args.batch_size, device=args.device, precision=args.precision)
     model = model_from_args(args)
     results = predict_files(model, args.images, topk=args.topk, device=args.device, precision=args.precision,
                             batch_size=args.batch_size, pack=True)

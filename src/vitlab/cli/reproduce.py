@@ -7,7 +7,7 @@ estimate printed first. Runs are cached under DIR/cache: rerunning resumes and r
 
 from __future__ import annotations
 
-from vitlab.cli._common import add_device
+from vitlab.cli._common import add_device, add_out
 from vitlab.experiments.reproduce import EXPERIMENTS, reproduce
 
 
@@ -19,7 +19,7 @@ def register(subparsers) -> None:
         description=__doc__.split("\n\n")[0] + " Writes DIR/report.md, DIR/report.html (figures embedded), "
         "DIR/results/*.csv and DIR/figures/*.png.",
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder (report, CSVs, figures, and the run cache)")
+    add_out(p, help="output folder (report, CSVs, figures, and the run cache; rerunning into it resumes)")
     p.add_argument("--quick", action="store_true", help="smoke-test scale: 2 seeds, tiny datasets, few epochs (~3 min on 2 cores)")
     p.add_argument("--only", metavar="NAME,...", default=None, help=f"run only these experiments, by name or number: {names}")
     p.add_argument("--seeds", type=int, default=None, metavar="K", help="seeds per configuration (default 3; 2 with --quick)")
@@ -32,5 +32,5 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     reproduce(args.out, quick=args.quick, only=args.only, seeds=args.seeds, device=args.device, workers=args.workers,
-              progress=not args.no_progress)
+              progress=not args.no_progress, force=args.force)
     return 0

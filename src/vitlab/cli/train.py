@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.cli._common import DefaultsFormatter, add_device, add_model_source, add_precision, add_threads
+from vitlab.cli._common import DefaultsFormatter, add_device, add_model_source, add_out, add_precision, add_threads
 from vitlab.data.datasets import DATASETS
 from vitlab.runtime import num_threads
 from vitlab.train.recipe import RECIPES, Recipe
@@ -77,8 +77,8 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
     x.add_argument("--grad-accum", type=int, default=preset.grad_accum, metavar="G", help="accumulate gradients over G batches")
     x.add_argument("--seed", type=int, default=preset.seed, help="seed of the split, the shuffles and the augmentation")
     add_device(x)
-    x.add_argument("--out", required=True, metavar="DIR",
-                   help="run folder: metrics.csv, tensorboard/, checkpoints, PNGs, summary.json")
+    add_out(x, help="run folder: metrics.csv, tensorboard/, checkpoints, PNGs, summary.json (a folder of "
+            "other files is refused unless --force)")
     x.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_threads(x)
     p.set_defaults(func=run, preset=preset)

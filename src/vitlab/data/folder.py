@@ -11,6 +11,11 @@ uses), so an unreadable file is found here, skipped, and listed in a warning, in
 epoch 7. Folders that cannot train a classifier -- empty, one class, a class with no readable image --
 are a VitlabError naming the folder and the fix. Small folders are kept decoded in memory, so an
 epoch costs transforms, not JPEG decoding.
+
+Symbolic links are followed, but never round a loop (a folder linking back to one that encloses it),
+and each real file counts once: the same file (by device and inode, so links of either kind) twice in
+one class is counted once, and in two classes or in both train/ and val/ is refused -- its label would
+be ambiguous, or validation would score images the model trained on.
 """
 
 from __future__ import annotations
@@ -122,6 +127,7 @@ def scan_folder(
         train_files = _class_files(root, classes, skipped)
         val_files = {}
         layout = "single"
+    _count_each_file_once(root, train_files, val_files, skipped)
 
     if len(classes) < 2:
         found = f"only {classes[0]!r}" if classes else "none"
@@ -171,12 +177,7 @@ def scan_folder(
 
     frac = DEFAULT_VAL_SPLIT if val_split is None else val_split
     labels = torch.tensor([label for _, label in train])
-    small = [classes[i] for i, n in enumerate(torch.bincount(labels, minlength=len(classes)).tolist()) if n < 2]
-    if small:
-        raise VitlabError(
-            f"val_split needs at least 2 images per class (one to train, one to validate); "
-            f"class(es) {', '.join(small)} in {root} have 1", arg="val_split")
-    tr_idx, va_idx = stratified_split(labels, frac, seed=seed)
+    tr_idx, va_idx = stratified_split(labels, frac, seed=seed, names=classes)  # refuses a class left with no training image
     return FolderScan(root, layout, classes, [train[i] for i in tr_idx.tolist()], [train[i] for i in va_idx.tolist()],
                       frac, skipped, images)
 
@@ -217,12 +218,24 @@ def _class_dirs(folder: Path, skipped: list) -> list[str]:
 
 
 def _class_files(folder: Path, classes, skipped: list) -> dict[str, list[str]]:
-    """Image files under each class folder (recursively, sorted); other files are listed as skipped."""
+    """Image files under each class folder (recursively, sorted); other files are listed as skipped.
+    Folder links are followed unless they lead back to a folder this walk has been through (a loop)."""
     out: dict[str, list[str]] = {}
     for c in classes:
         files = []
+        walked: set[str] = set()  # real paths of the folders walked in this class
         for dirpath, dirnames, filenames in os.walk(folder / c, followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
+            here = os.path.realpath(dirpath)
+            walked.add(here)
+            keep = []
+            for d in sorted(d for d in dirnames if not _is_hidden(d)):
+                real = os.path.realpath(os.path.join(dirpath, d))
+                if real in walked or here == real or here.startswith(real.rstrip(os.sep) + os.sep):
+                    skipped.append((os.path.join(os.path.abspath(dirpath), d),
+                                    f"a link back to {real}, which encloses it or was already scanned (not followed)"))
+                else:
+                    keep.append(d)
+            dirnames[:] = keep
             for name in sorted(filenames):
                 if _is_hidden(name):
                     continue
@@ -234,6 +247,45 @@ def _class_files(folder: Path, classes, skipped: list) -> dict[str, list[str]]:
                                           f"expected one of {', '.join(IMAGE_EXTENSIONS)})"))
         out[c] = files
     return out
+
+
+def _count_each_file_once(root: Path, train: dict[str, list[str]], val: dict[str, list[str]], skipped: list) -> None:
+    """Drop the second sighting of a file in the same class and split (in place, listed as skipped);
+    refuse a file in two classes, or in both train/ and val/."""
+    seen: dict[tuple[int, int], tuple[str, str, str]] = {}  # (device, inode) -> (split, class, path)
+    two_classes, both_splits = [], []
+    for part, files in (("train", train), ("val", val)):
+        for c, paths in files.items():
+            kept = []
+            for path in paths:
+                try:
+                    st = os.stat(path)
+                except OSError:  # a dangling link: open_image names the problem when the scan opens it
+                    kept.append(path)
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if key not in seen:
+                    seen[key] = (part, c, path)
+                    kept.append(path)
+                elif seen[key][:2] == (part, c):
+                    skipped.append((path, f"the same file as {seen[key][2]} (counted once)"))
+                elif seen[key][0] == part:
+                    two_classes.append(f"{os.path.realpath(path)} (in {seen[key][1]} and {c})")
+                else:
+                    both_splits.append(f"{os.path.realpath(path)} (train/{seen[key][1]} and val/{c})")
+            files[c] = kept
+
+    def listing(items: list[str]) -> str:
+        return "; ".join(items[:3]) + (f"; and {len(items) - 3} more" if len(items) > 3 else "")
+
+    if two_classes:
+        raise VitlabError(f"data {root}: {len(two_classes)} file(s) are in two class folders (one file reached "
+                          f"through a link): {listing(two_classes)}; a file needs one label, so keep it "
+                          "in one class", arg="data")
+    if both_splits:
+        raise VitlabError(f"data {root}: {len(both_splits)} file(s) are in both train/ and val/ (one file reached through a link): "
+                          f"{listing(both_splits)}; validation would score images the model trained on, so keep each "
+                          "in one of them", arg="data")
 
 
 def image_paths(items: list[str | Path]) -> list[Path]:

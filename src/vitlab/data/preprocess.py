@@ -19,7 +19,9 @@ VitlabError naming it.
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import struct
 import warnings
 from pathlib import Path
@@ -111,11 +113,13 @@ def open_image(path: str | Path) -> Image.Image:
     images over PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS), are refused.
     """
     path = Path(path).expanduser()
-    if not path.exists():
-        raise VitlabError(f"{path}: no such file")
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise VitlabError(f"{path}: {_missing(path, e)}") from e
     if not path.is_file():
         raise VitlabError(f"{path}: not a file (expected an image file such as a .jpg or .png)")
-    if path.stat().st_size == 0:
+    if size == 0:
         raise VitlabError(f"{path}: the file is empty (0 bytes)")
     try:
         with warnings.catch_warnings():
@@ -132,8 +136,21 @@ def open_image(path: str | Path) -> Image.Image:
         ) from e
     except UnidentifiedImageError as e:
         raise VitlabError(f"{path}: not an image file PIL can read (expected JPEG, PNG, WebP, BMP or TIFF)") from e
+    except PermissionError as e:
+        raise VitlabError(f"{path}: cannot be read (permission denied); check the file's permissions") from e
     except (OSError, SyntaxError, ValueError, EOFError, struct.error) as e:
         raise VitlabError(f"{path}: corrupt or truncated image ({type(e).__name__}: {e})") from e
+
+
+def _missing(path: Path, e: OSError) -> str:
+    """Why a path cannot be found, in words: a loop of symbolic links, a link to nothing, or nothing."""
+    if e.errno == errno.ELOOP:
+        return "a loop of symbolic links (the link leads back to itself); point it at an image file"
+    if path.is_symlink():
+        return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    if isinstance(e, PermissionError):
+        return "cannot be read (permission denied on a folder above it)"
+    return "no such file"
 
 
 def to_rgb(im: Image.Image) -> Image.Image:

@@ -41,7 +41,7 @@ from vitlab.analysis.attention import boundary_attention_share
 from vitlab.analysis.plots import enlarge, overlay, save_figure, to_display
 from vitlab.data.synthetic import CLASS_NAMES, dataset_x_splits
 from vitlab.errors import VitlabError, check_range
-from vitlab.fileio import write_json
+from vitlab.fileio import check_out_folder, output_folder, write_json
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config
 from vitlab.runtime import num_threads, process_pool, resolve_device, seed_everything
@@ -57,16 +57,15 @@ WHY = ("Without a position embedding both classes are the same set of patches (a
        "left-bright from right-bright; the position embedding is what tells it.")
 
 
-def check_options(*, epochs: int, seed: int, out: str | Path, n_train: int = N_TRAIN, n_val: int = N_VAL) -> Path:
-    """Every option is checked before anything is written (no partial output after a mistake)."""
+def check_options(*, epochs: int, seed: int, out: str | Path, n_train: int = N_TRAIN, n_val: int = N_VAL,
+                  force: bool = False) -> Path:
+    """Every option is checked before anything is written (no partial output after a mistake); `out` must
+    be new, empty, an earlier demo's folder, or (with `force`) any folder (vitlab.fileio.check_out_folder)."""
     check_range("epochs", epochs, low=1, high=MAX_EPOCHS, integer=True, hint=" (the mini experiment uses 60)")
     check_range("seed", seed, low=0, integer=True)
-    if n_train < 2 or n_val < 1:
-        raise VitlabError(f"dataset X needs at least 2 training and 1 validation image; found {n_train} and {n_val}")
-    out = Path(out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise VitlabError(f"out {out} is a file; expected a folder (it is created if missing)", arg="out")
-    return out
+    check_range("n_train", n_train, low=2, integer=True)
+    check_range("n_val", n_val, low=1, integer=True)
+    return check_out_folder(out, kind="demo", force=force)
 
 
 def last_layer_cls_attention(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,6 +108,7 @@ def run_demo(
     workers: int | None = None,
     progress: bool = True,
     echo: Callable[[str], None] = print,
+    force: bool = False,
 ) -> dict:
     """Run both trainings, write the files listed in the module docstring, print the table, and
     return the summary (the content of summary.json).
@@ -119,25 +119,18 @@ def run_demo(
     2-core VM: 2.6 s per epoch with 1 thread, 25-37 s with 2). `None` keeps torch's setting.
     `workers`: 2 trains the two runs side by side in two processes, 1 one after the other; None picks 2
     on a CPU with at least two cores (and 1 on a GPU). The results are the same either way.
+    `force`: write into a non-empty folder that is not an earlier demo's (files of the same names are replaced).
     """
-    out = check_options(epochs=epochs, seed=seed, out=out, n_train=n_train, n_val=n_val)
+    out = check_options(epochs=epochs, seed=seed, out=out, n_train=n_train, n_val=n_val, force=force)
     check_range("threads", threads, low=1, integer=True, optional=True)
-    if workers is not None and workers not in (1, 2):
-        raise VitlabError(f"workers must be 1 (one run after the other) or 2 (side by side); found {workers!r}",
-                          arg="workers")
+    check_range("workers", workers, low=1, high=2, integer=True, optional=True,
+                hint=" (1: one run after the other; 2: side by side)")
     dev = resolve_device(device)  # an unavailable device is an error before anything is written
     if workers is None:
         workers = 2 if dev.type == "cpu" and (os.cpu_count() or 1) >= 2 else 1
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        with num_threads(threads):
-            return _run(epochs=epochs, seed=seed, out=out, device=dev, n_train=n_train, n_val=n_val, workers=workers,
-                        progress=progress, echo=echo)
-    except BaseException:
-        if created and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # leave nothing behind for a run that wrote nothing
-        raise
+    with output_folder(out, kind="demo", force=force), num_threads(threads):  # removed again if nothing was written
+        return _run(epochs=epochs, seed=seed, out=out, device=dev, n_train=n_train, n_val=n_val, workers=workers,
+                    progress=progress, echo=echo)
 
 
 def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, workers, progress, echo) -> dict:

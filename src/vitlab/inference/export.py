@@ -11,6 +11,7 @@ moved into place only when complete (and, for ONNX, only when the check passed).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -18,31 +19,42 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import nn
 
-from vitlab.errors import VitlabError
-from vitlab.fileio import write_json
+from vitlab.errors import VitlabError, check_range
+from vitlab.fileio import check_out_file, created_folders, write_error, write_json
 from vitlab.weights.checkpoint import model_meta
 
 ONNX_TOLERANCE = 1e-4  # max abs difference of the logits, ONNX Runtime vs PyTorch (fp32)
 SUFFIXES = (".safetensors", ".onnx")
+MIN_OPSET = 17  # the first opset with LayerNormalization; torch's exporter writes 18 and converts to others
 
 
-def export_model(model: nn.Module, out: str | Path, *, check: bool = True, opset: int | None = None) -> dict:
-    """Write `model` to `out` (format from the suffix). Returns a report: the files written and, for
-    ONNX, the max abs difference to PyTorch measured by ONNX Runtime."""
+def check_export(out: str | Path, *, opset: int | None = None, force: bool = False) -> Path:
+    """The export's options, checked before any work: the format from the suffix, the opset, and the
+    place (vitlab.fileio.check_out_file: an existing file, or its .json, is replaced only with `force`)."""
     out = Path(out).expanduser()
     if out.suffix.lower() not in SUFFIXES:
         raise VitlabError(f"out {out}: unknown export format {out.suffix!r}; expected a path ending in "
                           f"{' or '.join(SUFFIXES)}", arg="out")
-    if out.is_dir():
-        raise VitlabError(f"out {out} is a folder; give a file name such as {out / ('model' + out.suffix)}", arg="out")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    check_range("opset", opset, low=MIN_OPSET, integer=True, optional=True)
+    companions = [out.with_suffix(".json")] if out.suffix.lower() == ".safetensors" else []
+    return check_out_file(out, force=force, companions=companions)
+
+
+def export_model(model: nn.Module, out: str | Path, *, check: bool = True, opset: int | None = None,
+                 force: bool = False) -> dict:
+    """Write `model` to `out` (format from the suffix). Returns a report: the files written and, for
+    ONNX, the max abs difference to PyTorch measured by ONNX Runtime. An existing file is replaced only
+    with `force`."""
+    out = check_export(out, opset=opset, force=force)
     model = model.eval().float().cpu()
-    if out.suffix.lower() == ".safetensors":
-        return export_safetensors(model, out)
-    return export_onnx(model, out, check=check, opset=opset)
+    with created_folders(out.parent):
+        if out.suffix.lower() == ".safetensors":
+            return export_safetensors(model, out)
+        return export_onnx(model, out, check=check, opset=opset)
 
 
 @contextmanager
@@ -50,12 +62,27 @@ def _staging(out: Path):
     """A temporary folder next to `out`; its files are moved into place only if the block succeeds."""
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
-        yield tmp
+        try:
+            yield tmp
+        except (OSError, SafetensorError) as e:  # a full disk: one line, nothing left behind
+            raise write_error(out, e) from e
         for f in sorted(tmp.iterdir()):
             f.chmod(0o644)  # temp files are created private (0600); the exported files are ordinary ones
             os.replace(f, out.parent / f.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def _quiet(logger: str):
+    """Drop a library logger's warnings for the block (its level restored after)."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def export_config(model: nn.Module) -> dict:
@@ -89,20 +116,26 @@ def export_onnx(model: nn.Module, out: Path, *, check: bool = True, opset: int |
     report = {"files": [str(out)]}
     with _staging(out) as tmp:
         try:
-            program = torch.onnx.export(
-                model,
-                (example,),
-                dynamo=True,
-                input_names=["image"],
-                output_names=["logits"],
-                dynamic_shapes=({0: batch},),
-                opset_version=opset,
-                report=False,
-                verbose=False,
-            )
-            program.save(str(tmp / out.name), external_data=big)
+            with _quiet("onnxscript.version_converter"):  # its opset warnings are reported below, in one line
+                program = torch.onnx.export(
+                    model,
+                    (example,),
+                    dynamo=True,
+                    input_names=["image"],
+                    output_names=["logits"],
+                    dynamic_shapes=({0: batch},),
+                    opset_version=opset,
+                    report=False,
+                    verbose=False,
+                )
         except Exception as e:  # the exporter's errors are many and unrelated
             raise VitlabError(f"ONNX export to {out} failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+        written = next((o.version for o in program.model_proto.opset_import if o.domain == ""), None)
+        if opset is not None and written != opset:  # the exporter falls back to its own opset with a warning
+            raise VitlabError(f"opset {opset}: torch's ONNX exporter cannot convert this model to that opset (it fell "
+                              f"back to opset {written}); choose a lower one ({MIN_OPSET} or more), or leave opset out",
+                              arg="opset")
+        program.save(str(tmp / out.name), external_data=big)
         if big:
             report["files"] += [str(out.parent / f.name) for f in tmp.iterdir() if f.name != out.name]
         if check:
@@ -133,4 +166,4 @@ def check_onnx(model: nn.Module, path: str | Path, *, batch_size: int = 3, seed:
     return float(abs(got - expected).max())
 
 
-__all__ = ["export_model", "export_safetensors", "export_onnx", "check_onnx", "export_config", "ONNX_TOLERANCE"]
+__all__ = ["check_export", "export_model", "export_safetensors", "export_onnx", "check_onnx", "export_config", "ONNX_TOLERANCE"]

@@ -14,7 +14,7 @@ from torch import nn
 
 from vitlab.data.preprocess import eval_transform, load_images
 from vitlab.errors import VitlabError, check_range
-from vitlab.runtime import autocast, resolve_device
+from vitlab.runtime import autocast, check_precision, resolve_device
 from vitlab.speed import cpu_inference
 
 
@@ -37,6 +37,15 @@ def predict_tensors(
     return top.values.cpu(), top.indices.cpu()
 
 
+def check_options(*, topk: int = 5, batch_size: int = 16, device: str | torch.device | None = "auto",
+                  precision: str = "fp32") -> torch.device:
+    """predict_files' options, checkable before the model is loaded. Returns the device."""
+    check_range("topk", topk, low=1, integer=True)
+    check_range("batch_size", batch_size, low=1, integer=True)
+    check_precision(precision)
+    return resolve_device(device)
+
+
 def predict_files(
     model: nn.Module,
     paths,
@@ -55,8 +64,7 @@ def predict_files(
     `pack`: on a CPU with oneDNN, pack the model's Linear weights once (`vitlab.speed.cpu_inference`: the
     same logits, faster); this changes `model` in place (the CLI does it).
     """
-    check_range("topk", topk, low=1, integer=True)
-    check_range("batch_size", batch_size, low=1, integer=True)
+    dev = check_options(topk=topk, batch_size=batch_size, device=device, precision=precision)
     pcfg = model.pretrained_cfg
     head = model.head
     if isinstance(head, nn.Identity):  # num_classes=0: DINO/DINOv2 and other self-supervised backbones
@@ -71,7 +79,6 @@ def predict_files(
             "ImageNet-21k pre-training checkpoint, a backbone, or a new head), so predictions would be "
             "meaningless; use weights fine-tuned for classification (e.g. an ..._in1k checkpoint) or fine-tune first"
         )
-    dev = resolve_device(device)
     model = model.to(dev).eval()
     if pack and cpu_inference.supported(precision, dev):
         model = cpu_inference.pack_for_cpu_inference(model, precision)
@@ -111,4 +118,4 @@ def format_results(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["predict_files", "predict_tensors", "format_results", "class_names"]
+__all__ = ["check_options", "predict_files", "predict_tensors", "format_results", "class_names"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from torch import nn
 
-from vitlab.errors import VitlabError
+from vitlab.errors import VitlabError, check_range
 from vitlab.models.cnn import ResNetMini
 from vitlab.models.registry import get_config, get_variant
 from vitlab.models.vit import ViTConfig, VisionTransformer
@@ -45,6 +45,9 @@ def create_model(
         checkpoint folder, or an exported .safetensors with its .json.
     """
     check_source(name, pretrained, checkpoint)
+    for side in (img_size,) if img_size is None or isinstance(img_size, int) else img_size:
+        check_range("img_size", side, low=1, integer=True, optional=True)  # before any weights are read
+    check_range("num_classes", num_classes, low=0, integer=True, optional=True)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if checkpoint is not None:
         return _from_checkpoint(name, Path(checkpoint).expanduser(), num_classes, img_size, overrides)

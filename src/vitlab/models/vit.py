@@ -58,7 +58,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torchvision.ops import StochasticDepth
 
-from vitlab.errors import VitlabError
+from vitlab.errors import VitlabError, check_range
 from vitlab.models.cnn import ConvStem  # the hybrid stem is the CNN baseline's ResNet stages
 
 POS_EMBEDS = ("learned", "learned2d", "sincos2d", "relative", "none")
@@ -222,8 +222,10 @@ class ViTConfig:
 
 def _pair(value, name: str) -> tuple[int, int]:
     if isinstance(value, int):
-        return value, value
+        value = (value, value)
     if isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        for v in value:
+            check_range(name, v, low=1, integer=True)
         return int(value[0]), int(value[1])
     raise VitlabError(f"{name} must be an int or (height, width), found {value!r}")
 

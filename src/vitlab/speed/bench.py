@@ -36,7 +36,7 @@ from torch import nn
 from vitlab.analysis.flops import _bytes, activation_elements, count_macs
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.factory import create_model
-from vitlab.models.registry import get_config
+from vitlab.models.registry import get_config, get_variant
 from vitlab.models.vit import ViTConfig, VisionTransformer
 from vitlab.runtime import autocast, check_precision, process_pool, resolve_device
 from vitlab.speed import cpu_inference, cpu_training
@@ -291,6 +291,23 @@ def machine_info(device: torch.device) -> dict:
     return info
 
 
+def check_options(models: list[str], *, batch_sizes: list[int], precisions: list[str] = ("fp32",), warmup: int = 1,
+                  repeats: int = 5, matmul_size: int = 2048, clock: str = "wall") -> None:
+    """Every option of a bench run, checked before the first measurement (the matmul probes take seconds)."""
+    for name in models:
+        if not get_variant(name).is_vit:
+            raise VitlabError(f"model {name!r} is a CNN baseline; vitlab bench measures ViTs", arg="model")
+    for b in batch_sizes:
+        check_range("batch_size", b, low=1, integer=True)
+    for p in precisions:
+        check_precision(p)
+    check_range("warmup", warmup, low=0, integer=True)
+    check_range("repeats", repeats, low=1, integer=True)
+    check_range("matmul_size", matmul_size, low=1, integer=True)
+    if clock not in CLOCKS:
+        raise VitlabError(f"clock must be one of {', '.join(CLOCKS)}; found {clock!r}", arg="clock")
+
+
 def run_bench(
     models: list[str],
     *,
@@ -309,6 +326,8 @@ def run_bench(
 ) -> dict:
     """The whole `vitlab bench` run: machine rates, then one group of rows per (model, precision, batch).
     Returns a JSON-ready dict: {"machine": ..., "matmul_flops": {precision: FLOP/s}, "rows": [...]}."""
+    check_options(models, batch_sizes=batch_sizes, precisions=precisions, warmup=warmup, repeats=repeats,
+                  matmul_size=matmul_size, clock=clock)
     dev = resolve_device(device)
     say = progress or (lambda s: None)
     rates = {}
@@ -469,6 +488,7 @@ def memory_report(name: str, batch_size: int, *, precision: str = "fp32", thread
                   **overrides) -> dict:
     """Training peak memory with and without gradient checkpointing, inference at batch 1, each next
     to `estimate_memory`. Returns a JSON-ready dict."""
+    check_options([name], batch_sizes=[batch_size], precisions=[precision])
     cfg = get_config(name, **overrides)
     out = {"model": name, "batch_size": batch_size, "precision": precision, "runs": []}
     for train, ckpt, b in ((True, False, batch_size), (True, True, batch_size), (False, False, 1)):

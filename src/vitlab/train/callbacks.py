@@ -33,19 +33,23 @@ class TensorBoardLogger(Callback):
     KEYS = ("train_loss", "val_loss", "train_acc", "val_acc", "val_acc_ema", "lr")
 
     def __init__(self, out: str | Path, *, start_epoch: int = 0):
-        from torch.utils.tensorboard import SummaryWriter  # slow to import: only when a run writes events
-
-        # purge_step drops events a killed run wrote after its last checkpoint
-        self.writer = SummaryWriter(str(Path(out) / "tensorboard"), purge_step=start_epoch + 1 if start_epoch else None)
+        self.out, self.start_epoch, self.writer = Path(out), start_epoch, None
 
     def on_epoch_end(self, row: dict) -> None:
+        if self.writer is None:  # opened at the first epoch's end: a run refused before it writes no events
+            from torch.utils.tensorboard import SummaryWriter  # slow to import: only when a run writes events
+
+            # purge_step drops events a killed run wrote after its last checkpoint
+            self.writer = SummaryWriter(str(self.out / "tensorboard"),
+                                        purge_step=self.start_epoch + 1 if self.start_epoch else None)
         for key in self.KEYS:
             if key in row:
                 self.writer.add_scalar(key.replace("_", "/", 1) if key != "lr" else "lr", row[key], row["epoch"])
         self.writer.flush()
 
     def on_fit_end(self, history: History) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 __all__ = ["EpochPrinter", "TensorBoardLogger"]

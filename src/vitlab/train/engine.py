@@ -40,7 +40,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from vitlab.data.transforms import mix_transform
 from vitlab.errors import VitlabError, check_range
-from vitlab.fileio import write_csv
+from vitlab.fileio import check_out_folder, mark_folder, write_csv
 from vitlab.runtime import autocast, seed_everything
 from vitlab.speed import cpu_training
 from vitlab.train import diagnostics, distributed
@@ -212,13 +212,29 @@ class _AfterStep:
             self.ema.update_parameters(self.model)
 
 
-def check_run_folder(out: Path | None, resume: bool) -> None:
-    """A new run needs a folder without a run in it; resuming needs one with a run (its last.json)."""
+def check_run_folder(out: Path | None, resume: bool, force: bool = False) -> None:
+    """A new run needs a folder without a run in it, and not someone else's files unless `force`;
+    resuming needs one with a run (its last.json). Either way the folder must be writable
+    (vitlab.fileio.check_out_folder)."""
     if resume and (out is None or not (out / "last.json").exists()):
         raise VitlabError(f"resume: no checkpoint to resume from in {out} (expected {out}/last.json); "
                           "start a new run instead", arg="resume")
-    if not resume and out is not None and (out / "last.json").exists():
-        raise VitlabError(f"out {out} already holds a run (last.json); resume it, or choose a new folder", arg="out")
+    if out is None:
+        return
+    if not resume and (out / "last.json").exists():
+        raise VitlabError(f"out {out} already holds a run (last.json); resume it (resume=True), or choose a new folder",
+                          arg="out", also=("resume",))
+    check_out_folder(out, kind="run", force=force or resume)
+
+
+def _kept(out: Path) -> str:
+    """What a run stopped by a failed write leaves to resume from, in one clause."""
+    try:
+        pointer = ckpt.read_pointer(out / "last.json")
+    except VitlabError:
+        return "no complete checkpoint was written"
+    return (f"{out / 'last.json'} still points at {pointer['checkpoint']}, the last complete checkpoint: resume from it "
+            "once there is room")
 
 
 def set_stage(model: nn.Module, ids: dict[str, int], threshold: int) -> int:
@@ -246,6 +262,7 @@ def fit(
     progress: bool = False,
     desc: str = "train",
     save_every: int = 1,
+    force: bool = False,
 ) -> History:
     """Train `model` as `recipe` says; evaluate every epoch; with `out`, write metrics.csv and a
     checkpoint every `save_every` epochs (and the last), with last.json and best.json pointers.
@@ -256,6 +273,9 @@ def fit(
     resume: continue the run in `out` from its last.json; the recipe and `identity` (what else must
         match: the data's fingerprint, the model's source) must be those of the run being resumed.
     log: where messages go (a stage change, a resume, a non-finite loss); None is silent.
+    force: write a new run into a non-empty `out` that holds no vitlab run (files of the same names are replaced).
+    A write that fails (a full disk) stops the run with a VitlabError that says which checkpoint last.json
+    still points at: checkpoints are complete or absent, never torn.
     On CPU the model's big fp32 nn.Linear layers become `vitlab.speed.cpu_training.TrainingLinear`
     (the same parameters, gradients equal to float rounding).
     """
@@ -265,7 +285,7 @@ def fit(
     callbacks = list(callbacks) if dist.is_main else []
     say = log if (log is not None and dist.is_main) else (lambda message: None)
     if out is not None or resume:
-        check_run_folder(out, resume)
+        check_run_folder(out, resume, force)
 
     seed_everything(recipe.seed + dist.rank)  # each process its own augmentation and dropout stream
     model.to(dev)
@@ -326,14 +346,18 @@ def fit(
             save = (epoch + 1) % save_every == 0 or epoch + 1 == recipe.epochs
             rng = _gather_rng(dist) if save else None  # every process takes part in the gather
             if dist.is_main:
-                write_csv(out / "metrics.csv", history.rows)
-                if save:
-                    name = f"epoch_{epoch + 1:04d}"
-                    ckpt.save_checkpoint(out, name, model, _state(epoch, optimizer, scheduler, ema, history.rows,
-                                                                  recipe, identity, rng, dist))
-                    if row["val_acc"] > best:
-                        best = row["val_acc"]
-                        ckpt.mark_best(out, name, {"epoch": epoch + 1, "val_acc": best})
+                try:
+                    mark_folder(out, "run")
+                    write_csv(out / "metrics.csv", history.rows)
+                    if save:
+                        name = f"epoch_{epoch + 1:04d}"
+                        ckpt.save_checkpoint(out, name, model, _state(epoch, optimizer, scheduler, ema, history.rows,
+                                                                      recipe, identity, rng, dist))
+                        if row["val_acc"] > best:
+                            best = row["val_acc"]
+                            ckpt.mark_best(out, name, {"epoch": epoch + 1, "val_acc": best})
+                except VitlabError as e:  # a full disk: say what is left to resume from
+                    raise VitlabError(f"training stopped at epoch {epoch + 1}: {e}; {_kept(out)}") from e
         for cb in callbacks:
             cb.on_epoch_end(row)
         distributed.barrier(dist)
@@ -370,6 +394,7 @@ def _set_epoch(epoch: int, *loaders) -> None:
 # The training state in a checkpoint (state.pt), and resume
 
 STATE_VERSION = 2
+STATE_KEYS = ("epoch", "optimizer", "scheduler", "rng_cpu", "history", "recipe")  # what resuming reads
 
 
 def _gather_rng(dist: DistInfo) -> list[torch.Tensor]:
@@ -404,18 +429,31 @@ def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identi
         raise VitlabError(f"resume: {folder / 'state.pt'} was written by an earlier vitlab (state version "
                           f"{state.get('version', 1)}, this one reads {STATE_VERSION}); its weights still load as a "
                           "checkpoint (fine-tune from it), but the run cannot be resumed", arg="resume")
-    saved = state.get("recipe", {})
+    missing = [k for k in STATE_KEYS + (("ema",) if ema is not None else ()) if k not in state]
+    if missing or not isinstance(state["recipe"], dict) or not isinstance(state.get("identity", {}), dict):
+        raise VitlabError(f"resume: {folder / 'state.pt'} is not a complete training state (it lacks "
+                          f"{', '.join(missing) or 'a readable recipe'}); resume from an earlier checkpoint or start "
+                          "a new run", arg="resume")
+    saved = state["recipe"]
     diff = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in recipe.to_dict().items() if saved.get(k) != v]
     diff += [f"{k} {state.get('identity', {}).get(k)!r} -> {v!r}" for k, v in identity.items()
              if state.get("identity", {}).get(k) != v]
     if diff:
         raise VitlabError(f"resume {out}: the run being resumed was made with other settings ({'; '.join(diff)}); "
                           "resume with the same ones, or start a new run in another folder", arg="resume")
-    model.load_state_dict(ckpt.read_weights(folder, dist.device))
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    if ema is not None:
-        ema.load_state_dict(state["ema"])
+    try:  # state.pt is checked like any file from disk: a damaged one is a message, not a traceback
+        model.load_state_dict(ckpt.read_weights(folder, dist.device))
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if ema is not None:
+            ema.load_state_dict(state["ema"])
+        rows = [dict(r) for r in state["history"]]
+        epoch = int(state["epoch"])
+    except (KeyError, ValueError, TypeError, RuntimeError) as e:
+        if isinstance(e, VitlabError):
+            raise
+        raise VitlabError(f"resume: {folder} does not fit this run ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                          "resume from an earlier checkpoint or start a new run", arg="resume") from e
     rng = state["rng_cpu"]
     if len(rng) == dist.world_size:
         torch.set_rng_state(rng[dist.rank])
@@ -426,7 +464,7 @@ def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identi
                   "random augmentation continues with a new stream (not bitwise the original)")
     if "rng_cuda" in state and dist.device.type == "cuda":
         torch.cuda.set_rng_state(state["rng_cuda"], dist.device)
-    return int(state["epoch"]), [dict(r) for r in state["history"]]
+    return epoch, rows
 
 
 def _repair_best(out: Path, rows: list[dict]) -> None:

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from vitlab.data.datasets import DATASETS, dataset_classes, load_scan, make_loaders
 from vitlab.data.folder import FolderScan
 from vitlab.errors import VitlabError, check_range
+from vitlab.fileio import mark_folder
 from vitlab.models.factory import check_source, create_model
 from vitlab.runtime import seed_everything
 from vitlab.train import diagnostics, distributed, report
@@ -56,6 +57,7 @@ class TrainJob:
     # where and how it runs (nothing here changes the numbers)
     out: str = "runs/train"
     resume: bool = False
+    force: bool = False  # write a new run into a non-empty folder that holds no vitlab run
     device: str = "auto"
     workers: int | None = None  # data-loading processes (default: 0 on CPU, up to 8 on GPU)
 
@@ -88,7 +90,7 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     say = _printer(dist)
     show = (sys.stderr.isatty() if progress is None else progress) and dist.is_main
     out = Path(job.out).expanduser()
-    check_run_folder(out, job.resume)
+    check_run_folder(out, job.resume, job.force)
     recipe = job.recipe
 
     seed_everything(recipe.seed)
@@ -119,7 +121,7 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     start = int(ckpt.read_pointer(out / "last.json").get("epoch") or 0) if job.resume else 0
     callbacks = [EpochPrinter(say, recipe.epochs, staged=K > 0, unfreeze=recipe.unfreeze)]
     if dist.is_main:
-        out.mkdir(parents=True, exist_ok=True)
+        mark_folder(out, "run")
         callbacks.append(TensorBoardLogger(out, start_epoch=start))
     history = fit(model, train_loader, val_loader, recipe, dist=dist, out=out, resume=job.resume,
                   identity=job.identity(fingerprint(scan)), callbacks=callbacks, log=say, progress=show, desc="epochs")

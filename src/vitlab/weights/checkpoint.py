@@ -26,6 +26,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -35,10 +36,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vitlab.errors import VitlabError
-from vitlab.fileio import write_json
+from vitlab.fileio import write_error, write_json
 from vitlab.models.cnn import ResNetConfig, ResNetMini
 from vitlab.models.pretrained_cfg import PretrainedCfg
 from vitlab.models.vit import ViTConfig, VisionTransformer
+from vitlab.weights.formats import refused_global
 
 VERSION = 2
 # kind -> (configuration class, model class); the kind names are the ones earlier versions wrote
@@ -80,20 +82,28 @@ def save_checkpoint(out_dir: str | Path, name: str, model: nn.Module, state: dic
 
 
 def _write_folder(final: Path, model: nn.Module, state: dict | None) -> Path:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    """Write the folder under a temporary name, then rename it into place. A write that fails (a full
+    disk) is a VitlabError naming the folder, and leaves no partial folder behind."""
+    tmp = None
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
         weights = {k: v.detach().contiguous().cpu() for k, v in unwrap(model).state_dict().items()}
         save_file(weights, tmp / "model.safetensors")
         write_json(tmp / "config.json", model_meta(model))
         if state is not None:
-            torch.save(state, tmp / "state.pt")
+            try:
+                torch.save(state, tmp / "state.pt")
+            except RuntimeError as e:  # torch's zip writer reports a failed write as a RuntimeError
+                raise write_error(final / "state.pt", e) from e
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    except (OSError, SafetensorError) as e:
+        raise write_error(final, e) from e
+    finally:
+        if tmp is not None and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
@@ -110,9 +120,12 @@ def read_pointer(path: str | Path) -> dict:
         raise VitlabError(f"checkpoint pointer {path} is not readable JSON ({type(e).__name__}); expected "
                           '{"checkpoint": "checkpoints/epoch_NNNN", ...} as vitlab writes it') from e
     target = data.get("checkpoint") if isinstance(data, dict) else None
-    if not isinstance(target, str) or Path(target).is_absolute() or ".." in Path(target).parts:
+    if not isinstance(target, str) or not target or Path(target).is_absolute() or ".." in Path(target).parts:
         raise VitlabError(f"checkpoint pointer {path} should be a JSON object whose \"checkpoint\" names a folder "
                           f"inside the run (e.g. checkpoints/epoch_0003); found {json.dumps(data)[:120]}")
+    epoch = data.get("epoch")
+    if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0):
+        raise VitlabError(f"checkpoint pointer {path} should give \"epoch\" as a whole number >= 0; found {epoch!r}")
     return data
 
 
@@ -145,12 +158,19 @@ def read_meta(folder: str | Path) -> dict:
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise VitlabError(f"checkpoint config {path} is not readable JSON ({type(e).__name__}); "
                           'expected {"kind": "vit", "config": {...}} as vitlab writes it') from e
+    meta = check_meta(meta, path)
+    pcfg = meta.get("pretrained_cfg")
+    meta["pretrained_cfg"] = PretrainedCfg.from_dict(pcfg if isinstance(pcfg, dict) else {})
+    return meta
+
+
+def check_meta(meta, path: str | Path) -> dict:
+    """The one rule for vitlab's model metadata, wherever it is read (a checkpoint's config.json, an
+    export's .json): an object with a known "kind" and a "config" object."""
     if not isinstance(meta, dict) or meta.get("kind") not in KINDS or not isinstance(meta.get("config"), dict):
         found = meta.get("kind") if isinstance(meta, dict) else type(meta).__name__
         raise VitlabError(f"checkpoint config {path} has model kind {found!r}; expected one of "
                           f"{', '.join(KINDS)} with a \"config\" object (is it a vitlab checkpoint?)")
-    pcfg = meta.get("pretrained_cfg")
-    meta["pretrained_cfg"] = PretrainedCfg.from_dict(pcfg if isinstance(pcfg, dict) else {})
     return meta
 
 
@@ -179,10 +199,15 @@ def read_state(folder: str | Path) -> dict:
     if not path.is_file():
         raise VitlabError(f"{path} does not exist: the checkpoint holds weights only, not a training state to resume")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about the pickle protocol of files it then reads
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        if not refused_global(e):
+            raise VitlabError(f"{path} is truncated or not a training state (not a torch file); "
+                              "resume from an earlier checkpoint or start a new run") from e
         raise VitlabError(f"refused {path}: it holds objects other than tensors and plain containers, which could "
-                          f"run code (torch.load(weights_only=True) said: {str(e).splitlines()[0]})") from e
+                          f"run code (torch.load(weights_only=True) said: {refused_global(e)})") from e
     except (OSError, RuntimeError, EOFError, zipfile.BadZipFile) as e:
         raise VitlabError(f"{path} is truncated or not a training state ({type(e).__name__}); "
                           "resume from an earlier checkpoint or start a new run") from e
@@ -228,4 +253,4 @@ def _prune(out_dir: Path, keep: int) -> None:
 
 
 __all__ = ["VERSION", "KINDS", "unwrap", "model_meta", "save_weights", "save_checkpoint", "mark_best", "read_pointer",
-           "resolve_checkpoint", "read_meta", "build_from_meta", "read_weights", "read_state", "find_runs"]
+           "resolve_checkpoint", "read_meta", "check_meta", "build_from_meta", "read_weights", "read_state", "find_runs"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,9 @@ def read_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
         if suffix == ".safetensors":
             return load_file(str(path))
         if suffix in TORCH_SUFFIXES:
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch warns about the pickle protocol of files it then reads
+                warnings.simplefilter("ignore")
+                obj = torch.load(str(path), map_location="cpu", weights_only=True)
             return _unwrap_torch_checkpoint(obj, path)
         if suffix == ".npz":
             with np.load(str(path), allow_pickle=False) as npz:
@@ -68,14 +71,26 @@ def read_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
     except VitlabError:
         raise
     except pickle.UnpicklingError as e:
+        if not refused_global(e):
+            raise VitlabError(f"could not read weights file {path}: it is not a torch file (truncated, or another "
+                              "format with a .pth/.bin name)") from e
         raise VitlabError(
             f"refused to load {path}: it holds pickled objects other than tensors, which could run code "
-            f"(torch.load(weights_only=True) said: {str(e).splitlines()[0]}); "
+            f"(torch.load(weights_only=True) said: {refused_global(e)}); "
             "get the weights as .safetensors, or re-save a trusted file's state_dict with torch.save"
         ) from e
     except Exception as e:  # safetensors, zip and numpy errors have no common base class
         raise VitlabError(f"could not read weights file {path}: {type(e).__name__}: {e}") from e
     raise VitlabError(f"weights file {path} has suffix {suffix!r}; expected one of {', '.join(WEIGHT_SUFFIXES)}")
+
+
+def refused_global(e: pickle.UnpicklingError) -> str | None:
+    """What torch.load(weights_only=True) refused to unpickle ("Unsupported global: GLOBAL posix.system ..."),
+    or None when the file is simply not a pickle it can read."""
+    for line in str(e).splitlines():
+        if "global" in line.lower() or "Unsupported class" in line:
+            return line.strip().removeprefix("WeightsUnpickler error: ").rstrip(".")
+    return None
 
 
 def _unwrap_torch_checkpoint(obj, path: Path) -> dict[str, torch.Tensor]:
@@ -188,8 +203,15 @@ def resolve_source(source: str | Path, *, cache_dir: str | Path | None = None) -
 def download_from_hub(repo_id: str, *, cache_dir: str | Path | None = None) -> Path:
     """The local snapshot folder of hub repo `repo_id`: the cache first, then the network."""
     from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
 
+    try:  # before any file or network access: "../../etc/passwd" is no repository
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise VitlabError(f"pretrained hub id {repo_id!r} is not a Hugging Face repository name: expected org/name "
+                          "of letters, digits, '-', '_' and '.', such as hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k",
+                          arg="pretrained") from e
     cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
     try:
         return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))

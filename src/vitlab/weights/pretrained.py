@@ -46,6 +46,7 @@ from vitlab.errors import VitlabError
 from vitlab.models.pretrained_cfg import PREPROCESSING, PretrainedCfg
 from vitlab.models.registry import VARIANTS, get_config
 from vitlab.models.vit import ACTS, ViTConfig, VisionTransformer
+from vitlab.weights.checkpoint import check_meta
 from vitlab.weights.formats import convert_state_dict, detect_format, read_checkpoint, resolve_source
 
 # The ViTConfig fields a checkpoint fixes; a named model that disagrees on any of them cannot load it.
@@ -86,6 +87,7 @@ class Checkpoint:
     pretrained_cfg: PretrainedCfg  # preprocessing and labels of the source
     path: str = ""
     architecture: str | None = None  # a vitlab model name, when the config file gives one
+    stated: dict = field(default_factory=dict)  # ViTConfig fields as a vitlab config file states them
     notes: list[str] = field(default_factory=list)  # parts dropped in conversion
     # Where the preprocessing came from: "file" (the checkpoint's own config), "layout" (the convention
     # of its library: HF, JAX, torchvision, the DINOv2 release), or "default" (a bare timm-layout file).
@@ -399,6 +401,8 @@ def load_checkpoint(source: str | Path, *, cache_dir: str | Path | None = None) 
     """Read, detect, convert and describe `source` (a file, a directory or a hub id)."""
     path = resolve_source(source, cache_dir=cache_dir)
     raw, config, preproc = read_checkpoint(path)
+    if "kind" in config:  # vitlab's own metadata (a checkpoint's config.json, an export's .json): its rules
+        check_meta(config, _config_path(path))
     if not raw:
         raise VitlabError(f"{path} holds no tensors")
     fmt = detect_format(raw)
@@ -422,9 +426,17 @@ def load_checkpoint(source: str | Path, *, cache_dir: str | Path | None = None) 
         pretrained_cfg=pretrained_cfg,
         path=str(path),
         architecture=architecture,
+        stated={k: v for k, v in _vitlab_config(config).items() if k not in ("num_classes", "img_size")},
         notes=notes,
         preprocessing=origin,
     )
+
+
+def _config_path(path: Path) -> Path:
+    """The config file read_checkpoint took for `path` (for messages)."""
+    if path.is_dir():
+        return path / "config.json"
+    return path.with_suffix(".json") if path.with_suffix(".json").is_file() else path.parent / "config.json"
 
 
 def _source_pretrained_cfg(fmt: str, config: dict, preproc: dict) -> tuple[PretrainedCfg, str]:
@@ -512,7 +524,13 @@ def plan_load(
         known = {f.name for f in fields(ViTConfig)} - {"num_classes"}
         start = get_config(name) if name is not None else ViTConfig()
         ruled = _family_config(family, inferred, ckpt, notes) if name is None else {}
-        base = start.replace(**{k: v for k, v in {**ruled, **inferred}.items() if k in known}).replace(**overrides)
+        try:
+            base = start.replace(**{k: v for k, v in {**ruled, **inferred}.items() if k in known}).replace(**overrides)
+        except VitlabError as e:  # the tensors describe no model: say which tensors do not fit, not why dim fails
+            stated = _stated_config(start, ckpt)
+            raise VitlabError(f"checkpoint {ckpt.path} ({ckpt.format} layout) does not fit "
+                              f"{name or 'the model its config describes'}: "
+                              f"{_key_report(stated, ckpt) or e}") from e
     _check_architecture(name, base, inferred, ckpt, named=named)
 
     ckpt_classes = inferred["num_classes"]
@@ -660,11 +678,24 @@ def _check_architecture(name: str | None, cfg: ViTConfig, inferred: dict, ckpt: 
     like = _matching_variants(inferred)
     hint = f" (it looks like {', '.join(like)})" if like else ""
     what = f"model {name!r}" if named else "the model asked for"
+    try:  # the overrides are offered only when some model has them (not dim 7 with 4 heads)
+        cfg.replace(**{f: t for f, _, t in diffs})
+        also = f"; from Python, the overrides {fix} also fit it"
+    except VitlabError:
+        also = ""
     raise VitlabError(
         f"checkpoint {ckpt.path} ({ckpt.format} layout) does not fit {what}: {listing}. Leave the model name out "
-        f"and the architecture is read from the checkpoint, or name the model it was trained as{hint}; from Python, "
-        f"the overrides {fix} also fit it. " + _key_report(cfg, ckpt)
+        f"and the architecture is read from the checkpoint, or name the model it was trained as{hint}{also}. "
+        + _key_report(cfg, ckpt)
     )
+
+
+def _stated_config(start: ViTConfig, ckpt: Checkpoint) -> ViTConfig:
+    """The configuration a checkpoint's own config file states (vitlab's files state every field)."""
+    try:
+        return start.replace(**ckpt.stated)
+    except (VitlabError, TypeError):
+        return start
 
 
 def _matching_variants(inferred: dict) -> list[str]:

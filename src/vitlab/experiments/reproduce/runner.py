@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from vitlab.errors import VitlabError, check_range
+from vitlab.errors import check_range
 from vitlab.experiments.reproduce.claims import select
 from vitlab.experiments.reproduce.claims.base import Results, Scale
 from vitlab.experiments.reproduce.report import _duration, render_html, render_markdown
 from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, RunCache, RunSpec, build_model, execute_run
-from vitlab.fileio import write_csv, write_text
+from vitlab.fileio import check_out_folder, output_folder, write_csv, write_text
 from vitlab.runtime import num_threads, process_pool, resolve_device
 from vitlab.train.optim import build_optimizer
 
@@ -87,6 +87,7 @@ def reproduce(
     workers: int | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    force: bool = False,
 ) -> dict:
     """Run (or read from the cache) the selected experiments and write report.md, report.html,
     results/*.csv and figures/*.png under `out_dir`. Returns {name: verdict status}.
@@ -94,16 +95,22 @@ def reproduce(
     On CPU every run uses one thread, and `workers` runs (default: one per core, at most 4) train side by
     side in separate processes: these models are so small that a second intra-op thread costs more in
     synchronisation than it gains (and on a busy machine it can make a step 30x slower). The numbers do
-    not depend on the number of workers: each run is seeded on its own.
+    not depend on the number of workers: each run is seeded on its own. Every option and `out_dir` (new,
+    empty, an earlier report's folder, or with `force` any folder) are checked before anything runs.
     """
     n_seeds = seeds if seeds is not None else (2 if quick else 3)
-    if n_seeds < 1:
-        raise VitlabError(f"seeds must be at least 1 (3 or more for error bars); found {n_seeds}", arg="seeds")
+    check_range("seeds", n_seeds, low=1, integer=True, hint=" (3 or more for error bars)")
+    check_range("workers", workers, low=1, integer=True, optional=True)
     dev = resolve_device(device)
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    scale = Scale(quick=quick, seeds=tuple(range(n_seeds)))
     experiments = select(only)
+    out = check_out_folder(out_dir, kind="reproduce", force=force)
+    with output_folder(out, kind="reproduce", force=force):
+        return _reproduce(out, experiments, Scale(quick=quick, seeds=tuple(range(n_seeds))), dev, workers=workers,
+                          progress=progress, log=log)
+
+
+def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, workers, progress, log) -> dict:
+    quick, n_seeds = scale.quick, len(scale.seeds)
     cache = RunCache(out / "cache")
     runs = _all_runs([s for e in experiments for s in e.plan(scale)])
     todo = [s for s in runs if not cache.has(s)]
