@@ -6,8 +6,8 @@ Where the four idx files come from, in this order (the first place that has them
     1. root=                  (--root) a folder holding them, .gz or not: directly, in DIR/fashion-mnist/,
                               or in torchvision's layout DIR/FashionMNIST/raw/
     2. $VITLAB_DATA           the same, in your data folder
-    3. vitlab's cache folder  $XDG_CACHE_HOME/vitlab/datasets (~/.cache/vitlab/datasets): downloads and
-                              the uncompressed copies of .gz files go there
+    3. vitlab's cache folder  $VITLAB_CACHE/datasets, else $XDG_CACHE_HOME/vitlab/datasets, else
+                              ~/.cache/vitlab/datasets: downloads and uncompressed copies of .gz files go there
     4. DEBIAN_DIR             /usr/share/datasets/fashion-mnist: `apt-get install dataset-fashion-mnist`
     5. a download through torchvision into the cache folder, when there is a network
 
@@ -56,9 +56,11 @@ DEBIAN_PACKAGE = "dataset-fashion-mnist"
 
 
 def cache_dir() -> Path:
-    """vitlab's cache folder for datasets: $XDG_CACHE_HOME/vitlab/datasets, else ~/.cache/vitlab/datasets."""
-    base = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(base).expanduser() / "vitlab" / "datasets"
+    """vitlab's cache folder for datasets: $VITLAB_CACHE/datasets, else $XDG_CACHE_HOME/vitlab/datasets,
+    else ~/.cache/vitlab/datasets."""
+    if os.environ.get("VITLAB_CACHE"):
+        return Path(os.environ["VITLAB_CACHE"]).expanduser() / "datasets"
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "vitlab" / "datasets"
 
 
 def _cache_folder() -> Path:
@@ -142,22 +144,22 @@ def _decompress(path: Path, name: str) -> bytes:
 
 def _usable(files: dict[str, Path]) -> Path:
     """A folder of checked, uncompressed idx files for `files`: their own folder if they are all
-    uncompressed there, else vitlab's cache folder, where the .gz ones are decompressed (once)."""
-    raw = {n: p for n, p in files.items() if p.suffix != ".gz"}
-    folders = {p.parent for p in files.values()}
-    if len(raw) == len(files) and len(folders) == 1:
-        for n, p in files.items():
+    uncompressed there, else vitlab's cache folder, where the .gz ones are decompressed (once). Every file
+    is checked before anything is written, so a broken one leaves the cache as it was."""
+    contents = {n: _decompress(p, n) for n, p in files.items() if p.suffix == ".gz"}
+    for n, p in files.items():
+        if n not in contents:
             _check_raw(p, n)
+    folders = {p.parent for p in files.values()}
+    if not contents and len(folders) == 1:
         return folders.pop()
     target = _cache_folder()
     for n, p in files.items():
         dest = target / n
-        if p.suffix != ".gz":
-            _check_raw(p, n)
-            data = p.read_bytes()
-        else:
-            data = _decompress(p, n)
-        if not (dest.is_file() and dest.stat().st_size == len(data)):
+        if dest.exists() and dest.resolve() == p.resolve():
+            continue
+        data = contents[n] if n in contents else p.read_bytes()
+        if not (dest.is_file() and dest.stat().st_size == len(data) and dest.read_bytes() == data):
             write_bytes(dest, data)
     return target
 
@@ -193,15 +195,14 @@ def locate(root: str | Path | None = None, *, download: bool = True) -> Path:
     ways = (f"install Debian's package (apt-get install {DEBIAN_PACKAGE}), or run once with network access (it is "
             f"downloaded through torchvision into {_cache_folder()}), or pass root (--root DIR) with the four idx files")
     if not download:
-        raise VitlabError(f"Fashion-MNIST not found (looked in {where}); {ways}", arg="root")
+        raise VitlabError(f"Fashion-MNIST not found (looked in {where}); {ways}")
     target = _cache_folder()
     print(f"Fashion-MNIST not found in {where}; downloading it (30 MB) through torchvision into {target}", flush=True)
     try:
         _download(target)
     except (RuntimeError, URLError, OSError) as e:
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise VitlabError(f"Fashion-MNIST not found (looked in {where}) and the download failed ({reason}); {ways}",
-                          arg="root") from e
+        raise VitlabError(f"Fashion-MNIST not found (looked in {where}) and the download failed ({reason}); {ways}") from e
     return _usable(_idx_files(target) or {})
 
 

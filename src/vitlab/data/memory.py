@@ -136,6 +136,8 @@ class BatchTransform:
         self.source_size = tuple(source_size or self.size)
         self.mean, self.std = list(mean)[:channels], list(std)[:channels]
         self.channels, self.augment = channels, augment
+        # a crop of the whole image at the same size is no crop: skip it (crop_scale 1 keeps flips etc. alone)
+        self.crops = augment and not (crop_scale >= 1.0 and self.source_size == self.size)
         self.scale, self.ratio, self.hflip, self.re_prob = (crop_scale, 1.0), ratio, hflip and augment, re_prob if augment else 0.0
         # torchvision's geometric ops on tensors (RandAugment's rotate, shear, translate) take nearest or bilinear
         interp = INTERPOLATIONS[interpolation if interpolation in ("nearest", "bilinear") else "bilinear"]
@@ -154,7 +156,8 @@ class BatchTransform:
     def describe(self) -> str:
         if not self.augment:
             return "no augmentation"
-        parts = [f"random resized crop (scale {self.scale[0]:g}-1)"] + (["flip"] if self.hflip else [])
+        parts = [f"random resized crop (scale {self.scale[0]:g}-1)"] if self.crops else []
+        parts += ["flip"] if self.hflip else []
         parts += [type(t).__name__ for t in (self.jitter, self.auto) if t is not None]
         return ", ".join(parts + ([f"random erasing p={self.re_prob:g}"] if self.re_prob else []))
 
@@ -162,9 +165,9 @@ class BatchTransform:
         """The random numbers of one epoch for `n` images (rows follow the images' indices)."""
         if not self.augment:
             return {}
-        H, W = self.source_size
-        boxes, _ = random_boxes(generator, n, H, W, scale=self.scale, ratio=self.ratio)
-        out = {"crop": boxes}
+        out = {}
+        if self.crops:
+            out["crop"], _ = random_boxes(generator, n, *self.source_size, scale=self.scale, ratio=self.ratio)
         if self.hflip:
             out["flip"] = torch.rand(n, generator=generator) < 0.5
         if self.jitter is not None:
@@ -184,12 +187,16 @@ class BatchTransform:
             if tuple(x.shape[-2:]) != self.size:
                 raise VitlabError(f"images of {tuple(x.shape[-2:])} need augment or preprocessing to {self.size}")
             return TF.normalize(TF.to_dtype(x, torch.float32, scale=True), self.mean, self.std)
-        B = len(x)
-        top, left, h, w = params["crop"].to(x.device).unbind(1)
-        boxes = torch.stack([torch.arange(B, device=x.device), left, top, left + w, top + h], dim=1).float()
-        # (B, C, H, W) -> (B, C, *size): each box resampled to the output size, bilinear at the centres of the
-        # output pixels (aligned=True) and averaged over ceil(box / size) samples per pixel where it shrinks
-        x = roi_align(x.float(), boxes, output_size=self.size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+        if self.crops:
+            top, left, h, w = params["crop"].to(x.device).unbind(1)
+            boxes = torch.stack([torch.arange(len(x), device=x.device), left, top, left + w, top + h], dim=1).float()
+            # (B, C, H, W) -> (B, C, *size): each box resampled to the output size, bilinear at the centres of the
+            # output pixels (aligned=True), averaged over ceil(box / size) samples per pixel where it shrinks
+            x = roi_align(x.float(), boxes, output_size=self.size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+        elif tuple(x.shape[-2:]) != self.size:
+            raise VitlabError(f"images of {tuple(x.shape[-2:])} need a crop_scale below 1 or preprocessing to {self.size}")
+        else:
+            x = x.float()
         if self.hflip:
             x = torch.where(params["flip"].to(x.device)[:, None, None, None], x.flip(-1), x)
         if self.jitter is not None or self.auto is not None:  # torchvision's colour ops work on uint8
