@@ -159,12 +159,12 @@ def test_data_fashion_mnist_writes_an_image_folder(fashion, tmp_path, capsys):
 
 
 def test_train_on_fashion_mnist_reaches_an_accuracy(fashion, tmp_path, capsys):
-    """The CNN baseline from scratch on 2,000 images for 3 epochs (96 steps), in memory: chance is 10%."""
+    """The CNN baseline from scratch on 2,000 images for 2 epochs (126 steps), in memory: chance is 10%."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         assert main(["train", "--dataset", "fashion-mnist", "--model", "resnet_mini", "--train-size", "2000",
-                     "--epochs", "3", "--batch-size", "64", "--lr", "3e-3", "--warmup-epochs", "0.2", "--crop-scale", "1",
+                     "--epochs", "2", "--batch-size", "32", "--lr", "3e-3", "--warmup-epochs", "0.2", "--crop-scale", "1",
                      "--device", "cpu",
                      "--out", str(tmp_path / "run")]) == 0
     finally:
@@ -174,4 +174,4 @@ def test_train_on_fashion_mnist_reaches_an_accuracy(fashion, tmp_path, capsys):
     assert "data in memory as uint8 tensors; augmentation per batch on cpu: flip\n" in out  # whole images: no crop
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["images"] == {"train": 2000, "val": 10_000, "skipped": 0}
-    assert summary["best"]["val_acc"] > 0.5, summary["best"]  # 0.56 on the development machine
+    assert summary["best"]["val_acc"] > 0.65, summary["best"]  # 0.745 on the development machine

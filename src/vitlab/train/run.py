@@ -114,7 +114,8 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     model = create_model(job.model, pretrained=job.pretrained, checkpoint=job.checkpoint, num_classes=len(names),
                          img_size=shape.get("img_size", job.img_size), in_chans=shape.get("in_chans"),
                          drop_path=job.drop_path if job.drop_path > 0 else None)
-    model.reset_classifier(len(names))  # a new zero-initialised head for these classes (paper Section 3.2)
+    if not from_scratch:  # pre-trained weights: a new zero-initialised head for these classes (paper Section 3.2)
+        model.reset_classifier(len(names))
     model.pretrained_cfg = model.pretrained_cfg.replace(num_classes=len(names), label_names=tuple(names), head="new")
     if shape:  # the bundled images are rendered at the model's size: training and validation see all of them
         model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=1.0)

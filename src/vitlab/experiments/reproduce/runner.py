@@ -51,8 +51,8 @@ def _arch_key(spec: RunSpec) -> tuple:
 
 def calibrate(specs: Sequence[RunSpec], device: torch.device) -> dict[tuple, tuple[float, float]]:
     """Seconds per training image for each architecture and augmentation in `specs`, as (wall clock, CPU
-    time of this process): the batch augmentation, the batch mixing and a training step, the fastest of
-    three timed after a warm-up. On a machine busy with other work the wall clock is longer than the CPU time; on an
+    time of this process): the batch augmentation, the batch mixing and a training step, the faster of
+    two timed after a warm-up. On a machine busy with other work the wall clock is longer than the CPU time; on an
     idle one they agree (one thread)."""
     out = {}
     for spec in specs:
@@ -73,7 +73,7 @@ def calibrate(specs: Sequence[RunSpec], device: torch.device) -> dict[tuple, tup
         y = torch.randint(0, 10, (B,), generator=g).to(device)
         params = train_tf.draw(B, g)
         walls, cpus = [], []
-        for _ in range(4):
+        for _ in range(3):
             t, c = time.perf_counter(), time.process_time()
             x, target = train_tf(images, params), y
             if mix is not None:

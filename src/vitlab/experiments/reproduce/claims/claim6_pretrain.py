@@ -19,11 +19,11 @@ def _lrs(scale: Scale) -> tuple[float, ...]:
 
 def _digits_data(scale: Scale) -> dict:
     # 28x28 and one grey channel: the pre-trained model's input
-    return {"name": "digits", "n_train": 200 if scale.quick else 500, "n_val": 1297, "img_size": 28, "channels": 1}
+    return {"name": "digits", "n_train": 100 if scale.quick else 500, "n_val": 1297, "img_size": 28, "channels": 1}
 
 
 def _plan(scale: Scale) -> list[RunSpec]:
-    epochs = 3 if scale.quick else 20
+    epochs = 2 if scale.quick else 20
     out = []
     for s in scale.seeds:
         pre = fashion_run(VIT, n_full(scale), s, scale)  # the data-scale experiment's ViT on the full training set

@@ -32,7 +32,7 @@ CHANCE = 0.1  # ten balanced classes
 def points(scale: Scale) -> list[tuple[int, int]]:
     """(N training images, epochs) of the data-scale grid."""
     return scale.pick(
-        quick=[(200, 2), (400, 2), (800, 1)],
+        quick=[(100, 2), (200, 2), (400, 1)],
         default=[(1000, 20), (4000, 8), (15_000, 4), (60_000, 2)],
         large=[(1000, 100), (4000, 50), (15_000, 20), (60_000, 10)],
     )
@@ -54,7 +54,7 @@ def n_full(scale: Scale) -> int:
 
 
 def fashion_data(n: int, scale: Scale) -> dict:
-    return {"name": "fashion-mnist", "n_train": n, "n_val": 500 if scale.quick else 10_000, "img_size": 28,
+    return {"name": "fashion-mnist", "n_train": n, "n_val": 250 if scale.quick else 10_000, "img_size": 28,
             "channels": 1}
 
 
