@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from vitlab.cli._common import DefaultsFormatter, add_device, add_model_source, add_precision, add_threads
-from vitlab.data.datasets import DATASETS
+from vitlab.data.datasets import BUNDLED
 from vitlab.runtime import num_threads
 from vitlab.train.recipe import RECIPES, Recipe
 from vitlab.train.run import TrainJob, run as run_job
@@ -28,7 +28,7 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
     """The flags of `vitlab train` and `vitlab finetune`: a TrainJob's fields, the recipe's defaults from `preset`."""
     d = p.add_argument_group("data")
     d.add_argument("--data", metavar="DIR", help="image folder: DIR/train/<class>/*, DIR/val/<class>/*, or DIR/<class>/*")
-    d.add_argument("--dataset", choices=tuple(DATASETS), help="a bundled dataset instead of --data: fashion-mnist "
+    d.add_argument("--dataset", choices=tuple(BUNDLED), help="a bundled dataset instead of --data: fashion-mnist "
                    "(70,000 grey 28x28 photos, 10 classes; Debian's dataset-fashion-mnist package, --root, $VITLAB_DATA, or "
                    "a download), digits (scikit-learn's, 10 classes) or x (dataset X of the mini experiment, 2 classes)")
     d.add_argument("--root", metavar="DIR", help="the folder with Fashion-MNIST's idx files (.gz or not; default: "

@@ -55,7 +55,6 @@ BUNDLED: dict[str, Bundled] = {
     "x": Bundled(synthetic.CLASS_NAMES, 3, 32, 2000, True, False,
                  "dataset X of the mini experiment: 2,000 / 500 synthetic 32x32 images, 2 classes"),
 }
-DATASETS = BUNDLED  # the names `--dataset` takes
 
 
 def bundled(dataset: str) -> Bundled:
@@ -132,11 +131,6 @@ def load_data(*, data: str | None = None, dataset: str | None = None, root: str 
                       [(f"{dataset}:train/{i}", label) for i, label in zip(keep.tolist(), train.labels.tolist())],
                       [(f"{dataset}:val/{i}", label) for i, label in enumerate(val.labels.tolist())])
     return RunData(scan, train, val, dataset)
-
-
-def load_scan(*, data: str, val_split: float | None = None, seed: int = 0, progress: bool = False) -> FolderScan:
-    """The scan of an image folder (vitlab.data.folder.scan_folder)."""
-    return scan_folder(data, val_split=val_split, seed=seed, progress=progress)
 
 
 def make_loaders(data: RunData, model, recipe, *, dist, workers: int | None = None,
@@ -239,5 +233,4 @@ def _disk_loaders(scan: FolderScan, model, recipe, *, dist, hflip: bool, workers
     return train_loader, val_loader
 
 
-__all__ = ["BUNDLED", "DATASETS", "Bundled", "RunData", "bundled", "dataset_classes", "load_data", "load_scan",
-           "make_loaders"]
+__all__ = ["BUNDLED", "Bundled", "RunData", "bundled", "dataset_classes", "load_data", "make_loaders"]

@@ -1,5 +1,6 @@
 """Training augmentation and batch mixing with torchvision.transforms.v2; eval preprocessing from the
-model's pretrained_cfg.
+model's pretrained_cfg. These are the per-image transforms of data read from disk every epoch; data kept
+in memory gets the same augmentation on whole batches (vitlab.data.memory.BatchTransform).
 
 Seed 004 section 6.3: "random crop, flip and colour jitter are standard; MixUp and CutMix matter
 especially for ViT" (they have no convolutional prior, so they need the data to teach invariances).

@@ -51,8 +51,8 @@ def _arch_key(spec: RunSpec) -> tuple:
 
 def calibrate(specs: Sequence[RunSpec], device: torch.device) -> dict[tuple, tuple[float, float]]:
     """Seconds per training image for each architecture and augmentation in `specs`, as (wall clock, CPU
-    time of this process): the batch augmentation, the batch mixing and a training step, the faster of
-    two timed after a warm-up. On a machine busy with other work the wall clock is longer than the CPU time; on an
+    time of this process): the batch augmentation, the batch mixing and a training step, the fastest of
+    those timed after a warm-up (at least two, until a quarter of a second). On a machine busy with other work the wall clock is longer than the CPU time; on an
     idle one they agree (one thread)."""
     out = {}
     for spec in specs:
@@ -73,7 +73,7 @@ def calibrate(specs: Sequence[RunSpec], device: torch.device) -> dict[tuple, tup
         y = torch.randint(0, 10, (B,), generator=g).to(device)
         params = train_tf.draw(B, g)
         walls, cpus = [], []
-        for _ in range(3):
+        while len(walls) < 3 or (len(walls) < 8 and sum(cpus[1:]) < 0.25):  # a warm-up, then at least 2 timed
             t, c = time.perf_counter(), time.process_time()
             x, target = train_tf(images, params), y
             if mix is not None:
@@ -148,7 +148,8 @@ def reproduce(
         bar = tqdm(total=max(sum(costs.values()), 1e-9), disable=not progress or not todo, unit="s", desc="reproduce",
                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} est. s [{elapsed}<{remaining}]")
         # Fine-tuning runs start from another run's weights: train every run without a pending parent first.
-        first = [s for s in todo if s.init is None or cache.has(s.init)]
+        # Longest first, so that no worker is left with one long run at the end (no number depends on the order).
+        first = sorted((s for s in todo if s.init is None or cache.has(s.init)), key=lambda s: -costs[s.key])
         then = [s for s in todo if s not in first]
         for batch in (first, then):
             if n_workers == 1:

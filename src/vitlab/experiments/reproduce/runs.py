@@ -159,7 +159,7 @@ class RunCache:
         write_json(folder / "result.json", result, indent=1)  # written last: marks the run done
 
 
-VAL_PER_EPOCH = 250  # the per-epoch curve uses the first 250 validation images; the final number uses all
+VAL_PER_EPOCH = 100  # the per-epoch curve uses the first 100 validation images; the final number uses all
 
 
 class _OnEpoch(Callback):

@@ -33,7 +33,7 @@ def points(scale: Scale) -> list[tuple[int, int]]:
     """(N training images, epochs) of the data-scale grid."""
     return scale.pick(
         quick=[(100, 2), (200, 2), (400, 1)],
-        default=[(1000, 20), (4000, 8), (15_000, 4), (60_000, 2)],
+        default=[(1000, 16), (4000, 6), (15_000, 3), (60_000, 2)],
         large=[(1000, 100), (4000, 50), (15_000, 20), (60_000, 10)],
     )
 
