@@ -35,8 +35,8 @@ def fashion(private_cache) -> Path:
     """The folder of Fashion-MNIST's checked, uncompressed idx files."""
     try:
         return fashion_mnist.locate(download=False)
-    except VitlabError as e:
-        message = f"needs Fashion-MNIST's files: {HOW} ({e})"
+    except VitlabError:
+        message = f"needs Fashion-MNIST's files, which are not on this machine: {HOW}"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)

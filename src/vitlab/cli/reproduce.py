@@ -2,7 +2,7 @@
 claims, each tested at laptop scale with seeds and error bars, in one report (vitlab.experiments.reproduce).
 
 Cost: --quick about 3 minutes on 2 CPU cores (smoke scale); the default scale within an hour on 2 CPU cores;
---scale large (each claim's decisive version) hours on 2 CPU cores, minutes on a GPU (--device cuda). The
+--scale large (each claim's decisive version) hours on 2 CPU cores. The
 estimate is printed first. Runs are cached under DIR/cache: rerunning resumes and retrains nothing finished.
 """
 
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
                       "the verdicts mean nothing")
     size.add_argument("--scale", choices=SCALES, default="default",
                       help="default: the report (within an hour on 2 CPU cores); large: each claim's decisive version "
-                      "(hours on 2 CPU cores, minutes on a GPU) (default: default)")
+                      "(hours on 2 CPU cores) (default: default)")
     p.add_argument("--only", metavar="NAME,...", default=None, help=f"run only these experiments, by name or number: {names}")
     p.add_argument("--seeds", type=int, default=None, metavar="K", help="seeds per configuration (default 3; 2 with --quick)")
     add_device(p)
