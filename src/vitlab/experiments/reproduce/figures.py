@@ -1,5 +1,5 @@
-"""The figures of `vitlab reproduce`: bar charts with every seed as a dot (and, beside ours, the paper's
-numbers where it has them), and error-bar plots over a learning rate, a patch size or a dataset size.
+"""The figures of `vitlab reproduce`: per-arm accuracies (mean +- std, every seed as a dot; beside them the
+paper's numbers where it has them), and error-bar plots over a learning rate, a patch size or a dataset size.
 matplotlib without pyplot; each PNG is written through `vitlab.analysis.plots.save_figure` (atomic)."""
 
 from __future__ import annotations
@@ -26,43 +26,54 @@ def _save(fig, path: Path) -> Path:
     return save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
-def _bars(ax, labels: Sequence[str], values: Sequence[Sequence[float]], *, colors=None, ylim=None,
+def _zoom(values: Sequence[Sequence[float]]) -> tuple[float, float]:
+    """y limits (%) around the bars, their error bars and their dots: accuracies on one dataset differ by
+    points, not tens of points, so the axis starts below the lowest rather than at 0."""
+    means, stds = _errorbar_pct(values)
+    lo = min([100 * min(v) for v in values if v] + [m - s for m, s in zip(means, stds)])
+    hi = max([100 * max(v) for v in values if v] + [m + s for m, s in zip(means, stds)])
+    return max(0.0, lo - 0.25 * (100 - lo) - 2), min(105.0, hi + 2)
+
+
+def _bars(ax, labels: Sequence[str], values: Sequence[Sequence[float]], *, full_axis: bool = False,
           hlines: dict[str, float] | None = None) -> None:
-    """Mean +- std bars with every seed as a black dot."""
+    """Mean +- std per arm with every seed as a black dot: bars on a 0-105% axis (`full_axis`), else marks on an
+    axis zoomed to the data (bars cut off at the bottom would exaggerate the differences)."""
     means, stds = _errorbar_pct(values)
     xs = list(range(len(labels)))
-    ax.bar(xs, means, yerr=stds, capsize=4, color=colors or BLUE, alpha=0.85)
+    if full_axis:
+        ax.bar(xs, means, yerr=stds, capsize=4, color=BLUE, alpha=0.85)
+    else:
+        ax.errorbar(xs, means, yerr=stds, fmt="s", color=BLUE, markersize=8, capsize=5, linewidth=1.5)
     for i, v in enumerate(values):
-        ax.scatter([i] * len(v), [100 * a for a in v], color="black", s=10, zorder=3)
+        ax.scatter([i + (0.12 if not full_axis else 0)] * len(v), [100 * a for a in v], color="black", s=10, zorder=3)
     for name, y in (hlines or {}).items():
         ax.axhline(100 * y, color="grey", linestyle="--", linewidth=1)
         ax.text(len(labels) - 0.5, 100 * y, f" {name}", va="center", fontsize=8, color="grey")
     ax.set_xticks(xs, labels, fontsize=8)
+    ax.set_xlim(-0.6, len(labels) - 0.4)
     ax.set_ylabel("validation accuracy (%)")
-    if ylim is None:  # zoom on the bars: accuracies of one dataset differ by points, not tens of points
-        lo = min((100 * min(v) for v in values if v), default=0.0)
-        ylim = (max(0.0, lo - 0.25 * (100 - lo) - 2), min(100.0, max(100 * max(v) for v in values if v) + 2))
-    ax.set_ylim(*ylim)
+    ax.set_ylim(*((0, 105) if full_axis else _zoom(values)))
 
 
 def bar_figure(path: Path, labels: Sequence[str], values: Sequence[Sequence[float]], title: str, *,
                hlines: dict[str, float] | None = None, full_axis: bool = False,
                paper: tuple[Sequence[str], Sequence[float], str] | None = None) -> Path:
-    """Our accuracies per arm (bars, seeds as dots); with `paper` = (labels, accuracies in %, title), the
-    paper's numbers in a second panel beside them."""
+    """Our accuracies per arm (mean +- std, seeds as dots); with `paper` = (labels, accuracies in %, title),
+    the paper's numbers in a second panel beside them, on an axis zoomed the same way."""
     fig = Figure(figsize=(9.6 if paper else 5.2, 3.6))
     ax = fig.add_subplot(1, 2 if paper else 1, 1)
-    _bars(ax, labels, values, hlines=hlines, ylim=(0, 105) if full_axis else None)
+    _bars(ax, labels, values, hlines=hlines, full_axis=full_axis)
     ax.set_title(title, fontsize=10)
     if paper:
         p_labels, p_values, p_title = paper
         ax2 = fig.add_subplot(1, 2, 2)
-        ax2.bar(range(len(p_labels)), p_values, color="#8c8c8c")
+        ax2.plot(range(len(p_labels)), p_values, "s", color="#8c8c8c", markersize=8)
         for i, v in enumerate(p_values):
-            ax2.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+            ax2.text(i, v + 0.3, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
         ax2.set_xticks(range(len(p_labels)), p_labels, fontsize=8)
-        lo = min(p_values)
-        ax2.set_ylim(max(0.0, lo - 0.25 * (100 - lo) - 2), max(p_values) + 2)
+        ax2.set_xlim(-0.6, len(p_labels) - 0.4)
+        ax2.set_ylim(*_zoom([[v / 100] for v in p_values]))
         ax2.set_ylabel("accuracy (%)")
         ax2.set_title(p_title, fontsize=10)
     fig.tight_layout()
@@ -71,21 +82,23 @@ def bar_figure(path: Path, labels: Sequence[str], values: Sequence[Sequence[floa
 
 def grouped_bar_figure(path: Path, groups: Sequence[str], arms: Sequence[str], values: dict, title: str, *,
                        colors: Sequence[str] = (BLUE, ORANGE, GREEN, RED)) -> Path:
-    """Bars of each arm within each group (e.g. models at each N); `values[(group, arm)]` = per-seed accuracies."""
+    """Mean +- std of each arm within each group (e.g. the models at each N), every seed as a dot, on an axis
+    zoomed to the data; `values[(group, arm)]` = per-seed accuracies."""
     fig = Figure(figsize=(2.4 + 1.6 * len(groups) * len(arms) / 2, 3.6))
     ax = fig.add_subplot(1, 1, 1)
     width = 0.8 / len(arms)
-    every = [a for g in groups for arm in arms for a in values[(g, arm)]]
     for j, arm in enumerate(arms):
         xs = [i + (j - (len(arms) - 1) / 2) * width for i in range(len(groups))]
         means, stds = _errorbar_pct([values[(g, arm)] for g in groups])
-        ax.bar(xs, means, width=width, yerr=stds, capsize=3, color=colors[j % len(colors)], alpha=0.85, label=arm)
+        ax.errorbar(xs, means, yerr=stds, fmt="s", markersize=7, capsize=4, color=colors[j % len(colors)], label=arm)
         for x, g in zip(xs, groups):
             v = values[(g, arm)]
-            ax.scatter([x] * len(v), [100 * a for a in v], color="black", s=8, zorder=3)
-    lo = 100 * min(every)
-    ax.set_ylim(max(0.0, lo - 0.25 * (100 - lo) - 2), min(100.0, 100 * max(every) + 2))
+            ax.scatter([x + 0.04] * len(v), [100 * a for a in v], color="black", s=8, zorder=3)
+    ax.set_ylim(*_zoom([values[(g, arm)] for g in groups for arm in arms]))
     ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+    for i in range(1, len(groups)):
+        ax.axvline(i - 0.5, color="#dddddd", linewidth=1)
     ax.set_ylabel("validation accuracy (%)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
