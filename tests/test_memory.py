@@ -120,3 +120,13 @@ def test_in_memory_data_feeds_a_grey_model_and_an_rgb_model():
         x = torch.cat([b for b, _ in val])
         assert x.shape == (6, chans, 28, 28)
         assert torch.equal(x[:, -1], (grey.images[:, 0].float().mul(1 / 255) - 0.5) / 0.5)  # every channel the grey one
+
+
+def test_a_grey_model_trains_on_an_rgb_folder_in_memory_and_from_disk(folder):
+    data = load_data(data=str(folder))
+    model = create_model("vit_mini", num_classes=10, img_size=16, in_chans=1, dim=32, depth=1, heads=2, mlp_dim=32)
+    recipe = Recipe(batch_size=8, hflip=False)
+    for in_memory in (True, False):
+        train, val = make_loaders(data, model, recipe, dist=DistInfo(), in_memory=in_memory)
+        (xt, _), (xv, _) = next(iter(train)), next(iter(val))
+        assert xt.shape == (8, 1, 16, 16) and xv.shape[1:] == (1, 16, 16), in_memory
