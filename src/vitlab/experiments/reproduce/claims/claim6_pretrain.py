@@ -23,7 +23,7 @@ def _digits_data(scale: Scale) -> dict:
 
 
 def _plan(scale: Scale) -> list[RunSpec]:
-    epochs = 2 if scale.quick else 20
+    epochs = 2 if scale.quick else 12
     out = []
     for s in scale.seeds:
         pre = fashion_run(VIT, n_full(scale), s, scale)  # the data-scale experiment's ViT on the full training set
