@@ -21,10 +21,10 @@ from vitlab import create_model
 from vitlab.cli import main
 from vitlab.data.digits import load_digits, write_digits_folder
 from vitlab.data.split import stratified_split
-from torchvision.transforms import v2
 
-from vitlab.data.datasets import make_loaders
-from vitlab.data.folder import in_memory_scan
+from vitlab.data.datasets import RunData, make_loaders
+from vitlab.data.folder import FolderScan
+from vitlab.data.memory import ImageTensors
 from vitlab.train import RECIPES, diagnostics
 from vitlab.train.distributed import DistInfo
 from vitlab.train.engine import TensorLoader, fit
@@ -239,17 +239,20 @@ def test_train_command_trains_the_cnn_baseline_on_bundled_digits(tmp_path):
     assert summary["best"]["val_acc"] > 0.3, summary["best"]  # chance is 0.1
 
 
-def test_flips_default_on_for_folders_and_off_for_the_bundled_datasets():
+def test_flips_default_on_for_folders_and_fashion_and_off_for_digits_and_x():
     y = torch.tensor([0, 1, 0, 1])
-    scan = in_memory_scan("t", ["a", "b"], (torch.rand(4, 3, 16, 16), y), (torch.rand(4, 3, 16, 16), y))
+    images = ImageTensors.from_float(torch.rand(4, 3, 16, 16), y)
+    scan = FolderScan(Path("t"), "in-memory", ["a", "b"], [(f"t:{i}", int(c)) for i, c in enumerate(y)],
+                      [(f"v:{i}", int(c)) for i, c in enumerate(y)])
     model = create_model("vit_mini", num_classes=2, **TINY)
 
-    def flips(bundled: bool, **kw) -> bool:
-        loader = make_loaders(scan, model, RECIPES["finetune"].replace(**kw), dist=DistInfo(), bundled=bundled)[0]
-        return any(isinstance(t, v2.RandomHorizontalFlip) for t in loader.dataset.transform.transforms)
+    def flips(dataset: str | None, **kw) -> bool:
+        data = RunData(scan, images, images, dataset)
+        return make_loaders(data, model, RECIPES["finetune"].replace(**kw), dist=DistInfo())[0].transform.hflip
 
-    assert flips(False) and not flips(False, hflip=False)
-    assert not flips(True) and flips(True, hflip=True)
+    assert flips(None) and not flips(None, hflip=False)
+    assert flips("fashion-mnist")
+    assert not flips("digits") and flips("digits", hflip=True) and not flips("x")
 
 
 def _old_checkpoint(run: Path, model, kind: str, config: dict, pretrained_cfg: dict) -> Path:

@@ -1,5 +1,6 @@
-"""`vitlab reproduce`: the shapes datasets, the verdict rules on hand-made numbers, and the --quick
-report end to end (its structure, claim 1 reproduced, and a second run served from the cache)."""
+"""`vitlab reproduce`: the verdict rules on hand-made numbers, the plans (claims share the data-scale runs;
+the scales differ only in size), and the --quick report end to end (its structure, claim 1 reproduced,
+and a second run served from the cache)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 import torch
 
 from vitlab.cli import main
-from vitlab.data.shapes import ARRANGEMENT_NAMES, POSITION_NAMES, SHAPE_NAMES, make_shapes
 from vitlab.experiments.reproduce import (
     EXPERIMENTS,
     INCONCLUSIVE,
+    Scale,
     NOT_REPRODUCED,
     REPRODUCED,
     at_least,
@@ -23,60 +24,6 @@ from vitlab.experiments.reproduce import (
     near,
     pe_structure,
 )
-
-# ----------------------------------------------------------------------------------------------------
-# Shapes
-
-
-def test_shapes_are_deterministic_nested_and_split():
-    a, ya = make_shapes(40, seed=3, img_size=16)
-    b, yb = make_shapes(40, seed=3, img_size=16)
-    assert torch.equal(a, b) and torch.equal(ya, yb)
-    big, ybig = make_shapes(1100, seed=3, img_size=16)  # two generation chunks
-    assert torch.equal(big[:40], a) and torch.equal(ybig[:40], ya)  # image i depends on (seed, i) only
-    other, _ = make_shapes(40, seed=4, img_size=16)
-    val, _ = make_shapes(40, seed=3, img_size=16, split="val")
-    assert not torch.allclose(a, other) and not torch.allclose(a, val)
-    assert a.shape == (40, 3, 16, 16) and a.dtype == torch.float32
-    assert a.min() >= -1 and a.max() <= 1
-
-
-@pytest.mark.parametrize("task,k", [("shape", len(SHAPE_NAMES)), ("arrangement", len(ARRANGEMENT_NAMES)),
-                                    ("position", len(POSITION_NAMES))])
-def test_shapes_classes_are_balanced(task, k):
-    _, y = make_shapes(2048, seed=0, task=task, img_size=16)  # two full chunks
-    counts = torch.bincount(y, minlength=k)
-    assert counts.max() - counts.min() <= 2, counts
-
-
-def test_arrangement_label_matches_where_red_and_blue_are():
-    x, y = make_shapes(300, seed=1, task="arrangement", img_size=32, normalize=False, noise=0.0)
-    r, g, b = x[:, 0], x[:, 1], x[:, 2]
-    red = (r > 0.55) & (g < 0.3) & (b < 0.3)  # (n, H, W)
-    blue = (b > 0.55) & (r < 0.3) & (g < 0.3)
-    ys, xs = torch.meshgrid(torch.arange(32.0), torch.arange(32.0), indexing="ij")
-
-    def centre(mask):
-        w = mask.float()
-        n = w.sum(dim=(1, 2)).clamp_min(1)
-        return (w * xs).sum(dim=(1, 2)) / n, (w * ys).sum(dim=(1, 2)) / n
-
-    (rx, ry), (bx, by) = centre(red), centre(blue)
-    dx, dy = rx - bx, ry - by
-    pred = torch.where(dx.abs() > dy.abs(), torch.where(dx < 0, 0, 1), torch.where(dy < 0, 2, 3))
-    assert (pred == y).float().mean() > 0.97
-
-
-def test_position_label_is_the_cell_of_the_shape():
-    x, y = make_shapes(200, seed=2, task="position", img_size=30, normalize=False, noise=0.0)
-    background = x[:, :, :1, :1]  # the corner pixel: the shape never reaches it
-    fg = (x - background).abs().sum(dim=1) > 0.3  # (n, H, W)
-    ys, xs = torch.meshgrid(torch.arange(30.0), torch.arange(30.0), indexing="ij")
-    n = fg.float().sum(dim=(1, 2)).clamp_min(1)
-    cx, cy = (fg * xs).sum(dim=(1, 2)) / n, (fg * ys).sum(dim=(1, 2)) / n
-    cell = (cy // 10) * 3 + (cx // 10)  # 3 x 3 cells of 10 px, raster order
-    assert (cell == y).float().mean() > 0.97
-
 
 # ----------------------------------------------------------------------------------------------------
 # Verdict rules on hand-made numbers
@@ -125,11 +72,45 @@ def test_pe_structure_separates_2d_from_1d_embeddings():
 
 
 # ----------------------------------------------------------------------------------------------------
+# The plans
+
+
+def _fashion_runs(plan):
+    return [s for s in plan if dict(s.data)["name"] == "fashion-mnist"]
+
+
+def test_claims_reuse_the_data_scale_runs_and_each_comparison_has_one_budget():
+    scale = Scale("default", (0, 1, 2))
+    plans = {e.name: e.plan(scale) for e in EXPERIMENTS}
+    grid = {s.key for s in plans["data_scale"]}
+    assert sorted({s.n_train for s in plans["data_scale"]}) == [1000, 4000, 15_000, 60_000]
+    assert {s.seed for s in plans["data_scale"]} == {0, 1, 2}
+    for name in ("pos_embed", "cls_vs_gap", "patch_size", "hybrid", "attention", "recipe"):
+        assert grid & {s.key for s in plans[name]}, f"{name}'s baseline arm is not a data-scale run"
+        budgets = {}
+        for s in _fashion_runs(plans[name]):
+            budgets.setdefault(s.n_train, set()).add((s.epochs, s.batch_size, s.weight_decay))
+        assert all(len(b) == 1 for b in budgets.values()), (name, budgets)  # every arm at one N: one budget
+    assert {s.key for s in plans["attention"]} <= grid  # Figure 7 is read off claim 5's ViTs on all 60,000
+    assert {s.init.key for s in plans["pretrain"] if s.init is not None} <= grid
+    assert max(s.n_train for s in plans["attention"]) == 60_000
+
+
+def test_the_large_scale_trains_the_same_arms_longer():
+    default, large = Scale("default", (0, 1, 2)), Scale("large", (0, 1, 2))
+    for e in EXPERIMENTS:
+        a, b = _fashion_runs(e.plan(default)), _fashion_runs(e.plan(large))
+        same = lambda s: (s.model, s.overrides, s.aug, s.n_train, s.lr, s.seed)  # noqa: E731
+        assert [same(s) for s in a] == [same(s) for s in b], e.name
+        assert all(y.epochs > x.epochs for x, y in zip(a, b)), e.name
+
+
+# ----------------------------------------------------------------------------------------------------
 # The --quick report, end to end (about 3 minutes on 2 CPU cores)
 
 
 @pytest.fixture(scope="module")
-def quick_report(tmp_path_factory):
+def quick_report(tmp_path_factory, fashion):
     out = tmp_path_factory.mktemp("reproduce") / "tmp"
     assert main(["reproduce", "--quick", "--no-progress", "--out", str(out)]) == 0
     return out
@@ -168,7 +149,10 @@ def test_second_run_reads_the_cache(quick_report, capsys):
     assert "## 1." in md and "## 8." in md and "## 2." not in md  # --only selects the report's claims
 
 
-def test_unknown_experiment_is_a_one_line_error(tmp_path, capsys):
+def test_unknown_experiment_or_two_scales_is_a_one_line_error(tmp_path, capsys):
     assert main(["reproduce", "--quick", "--only", "nope", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "x_pos_embed" in err and "nope" in err
+    assert main(["reproduce", "--quick", "--scale", "large", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--scale: not allowed with argument --quick" in err

@@ -200,7 +200,8 @@ def figure7a(components: torch.Tensor, explained: torch.Tensor, path: str | Path
     ax.imshow(mosaic, interpolation="nearest")
     ax.set_axis_off()
     total = float(explained.sum())
-    fig.suptitle(f"RGB embedding filters (first {k} principal components, {total:.0%} of the variance)", fontsize=10)
+    kind = "RGB" if C == 3 else "Grey" if C == 1 else f"{C}-channel"
+    fig.suptitle(f"{kind} embedding filters (first {k} principal components, {total:.0%} of the variance)", fontsize=10)
     return save_figure(fig, path)
 
 

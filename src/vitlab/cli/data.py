@@ -1,7 +1,8 @@
-"""`vitlab data digits --out DIR`: scikit-learn's bundled digits written as an image folder;
-`vitlab data scan DIR`: what `vitlab finetune --data DIR` would see (images per class, skipped files).
+"""`vitlab data digits --out DIR` and `vitlab data fashion-mnist --out DIR`: a bundled dataset written as an
+image folder; `vitlab data scan DIR`: what `vitlab finetune --data DIR` would see (images per class, skipped files).
 
     vitlab data digits --out runs/digits --size 32    # ~1 s; 1438 train / 359 val PNGs, 10 classes
+    vitlab data fashion-mnist --out runs/fashion      # 60,000 train / 10,000 val 28x28 PNGs, 10 classes
     vitlab finetune --data runs/digits --model vit_mini --no-hflip ...
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from vitlab.data.digits import write_digits_folder
+from vitlab.data.fashion_mnist import FOLDER_NAMES, write_fashion_mnist_folder
 from vitlab.data.folder import scan_folder
 from vitlab.data.split import DEFAULT_VAL_SPLIT
 
@@ -17,10 +19,11 @@ from vitlab.data.split import DEFAULT_VAL_SPLIT
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "data",
-        help="write the bundled digits as an image folder; scan an image folder",
+        help="write a bundled dataset (digits, fashion-mnist) as an image folder; scan an image folder",
         description="Datasets as image folders: `digits` writes scikit-learn's bundled 8x8 digits (1,797 real "
-        "images, 10 classes, no download) as DIR/train/<digit>/*.png and DIR/val/<digit>/*.png; `scan` checks "
-        "a folder the way `vitlab finetune --data` will.",
+        "images, 10 classes, no download) as DIR/train/<digit>/*.png and DIR/val/<digit>/*.png; `fashion-mnist` "
+        "writes Fashion-MNIST (60,000 + 10,000 grey 28x28 photos) as DIR/train/<class>/*.png and DIR/val/<class>/*.png; "
+        "`scan` checks a folder the way `vitlab finetune --data` will.",
     )
     sub = p.add_subparsers(dest="data_command", metavar="WHAT", parser_class=type(p))
     d = sub.add_parser("digits", help="write the bundled digits as an image folder",
@@ -33,6 +36,17 @@ def register(subparsers) -> None:
                    help="keep at most N images per class (for quick tests; default all, ~180)")
     d.add_argument("--seed", type=int, default=0, help="seed of the train/val split (default 0)")
     d.set_defaults(func=run_digits)
+    f = sub.add_parser("fashion-mnist", help="write Fashion-MNIST as an image folder",
+                       description="Write Fashion-MNIST as a train/val image folder: its 60,000 training images (or a "
+                       "seeded, nested subset of --train-size) in train/, its 10,000 test images in val/; class folders "
+                       f"{FOLDER_NAMES[0]} .. {FOLDER_NAMES[-1]} (the label first, so their sorted order is the label order).")
+    f.add_argument("--out", required=True, metavar="DIR", help="new folder to write (must not exist or be empty)")
+    f.add_argument("--root", metavar="DIR", help="the folder with Fashion-MNIST's idx files (.gz or not; default: "
+                   "$VITLAB_DATA, vitlab's cache folder, /usr/share/datasets/fashion-mnist, else a download)")
+    f.add_argument("--train-size", type=int, default=None, metavar="N",
+                   help="write N training images: the first N of one permutation seeded by --seed (default: all 60,000)")
+    f.add_argument("--seed", type=int, default=0, help="seed of the --train-size subset (default 0)")
+    f.set_defaults(func=run_fashion)
     s = sub.add_parser("scan", help="report images per class and unreadable or stray files of an image folder",
                        description="Scan an image folder (DIR/train/<class>, DIR/val/<class>, or DIR/<class>) "
                        "and print images per class and any skipped files.")
@@ -49,6 +63,13 @@ def run_digits(args) -> int:
                                  per_class=args.per_class)
     print(f"wrote {counts['train']} train and {counts['val']} val images ({args.size}x{args.size} PNG, 10 classes) "
           f"to {args.out}/train/<digit>/ and {args.out}/val/<digit>/")
+    return 0
+
+
+def run_fashion(args) -> int:
+    counts = write_fashion_mnist_folder(args.out, root=args.root, train_size=args.train_size, seed=args.seed)
+    print(f"wrote {counts['train']:,} train and {counts['val']:,} val images (28x28 grey PNG, 10 classes) "
+          f"to {args.out}/train/<class>/ and {args.out}/val/<class>/")
     return 0
 
 

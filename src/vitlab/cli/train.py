@@ -1,8 +1,9 @@
 """`vitlab train`: a ViT or the CNN baseline from random weights, on an image folder or a bundled
 dataset; `vitlab finetune` is the same run from pretrained weights with the fine-tuning recipe.
 
-    vitlab train --dataset digits --model vit_mini --epochs 30 --out runs/vit     # ~2 min on a laptop CPU
-    vitlab train --dataset digits --model resnet_mini --epochs 30 --out runs/cnn
+    vitlab train --dataset fashion-mnist --model vit_mini --out runs/vit           # 60,000 real photos, 28x28 grey
+    vitlab train --dataset fashion-mnist --model resnet_mini --train-size 4000 --out runs/cnn
+    vitlab train --dataset digits --model vit_mini --epochs 30 --out runs/digits
 
 Every flag of the recipe group is a field of `vitlab.train.Recipe`; its default is the command's
 preset (`RECIPES["scratch"]` here, `RECIPES["finetune"]` for `vitlab finetune`), never a number of
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from vitlab.cli._common import DefaultsFormatter, add_device, add_model_source, add_out, add_precision, add_threads
-from vitlab.data.datasets import DATASETS
+from vitlab.data.datasets import BUNDLED
 from vitlab.runtime import num_threads
 from vitlab.train.recipe import RECIPES, Recipe
 from vitlab.train.run import TrainJob, run as run_job
@@ -27,12 +28,19 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
     """The flags of `vitlab train` and `vitlab finetune`: a TrainJob's fields, the recipe's defaults from `preset`."""
     d = p.add_argument_group("data")
     d.add_argument("--data", metavar="DIR", help="image folder: DIR/train/<class>/*, DIR/val/<class>/*, or DIR/<class>/*")
-    d.add_argument("--dataset", choices=tuple(DATASETS), help="a bundled dataset instead of --data: digits "
-                   "(scikit-learn's, 10 classes) or x (dataset X of the mini experiment, 2 classes)")
+    d.add_argument("--dataset", choices=tuple(BUNDLED), help="a bundled dataset instead of --data: fashion-mnist "
+                   "(70,000 grey 28x28 photos, 10 classes; Debian's dataset-fashion-mnist package, --root, $VITLAB_DATA, or "
+                   "a download), digits (scikit-learn's, 10 classes) or x (dataset X of the mini experiment, 2 classes)")
+    d.add_argument("--root", metavar="DIR", help="the folder with Fashion-MNIST's idx files (.gz or not; default: "
+                   "$VITLAB_DATA, vitlab's cache folder, /usr/share/datasets/fashion-mnist, else a download)")
+    d.add_argument("--train-size", type=int, default=None, metavar="N",
+                   help="train on N images of the training split: the first N of one permutation seeded by --seed, so "
+                   "smaller training sets are inside larger ones (default: all)")
     d.add_argument("--val-split", type=float, default=None, metavar="F",
                    help="validation fraction for a one-folder layout (seeded, stratified; default 0.2)")
     d.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="data-loading processes (default: 0 on CPU, up to 8 on GPU)")
+                   help="data-loading processes for a folder too large to keep in memory, read from disk every epoch "
+                   "(default: 0 on CPU, up to 8 on GPU); data in memory needs none")
     add_model_source(p, weights="optional" if finetune else "none")
     p.add_argument("--drop-path", type=float, default=0.0, metavar="R", help="stochastic depth rate of the last block (ViTs)")
     r = p.add_argument_group("recipe")
@@ -57,7 +65,7 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
                    help="no random augmentation: train images are preprocessed like val images")
     a.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=preset.hflip,
                    help="random horizontal flips; --no-hflip for digits, text, anything with a handedness "
-                   "(default: on for image folders, off for the bundled digits and dataset X)")
+                   "(default: on for image folders and fashion-mnist, off for the bundled digits and dataset X)")
     a.add_argument("--crop-scale", type=float, default=preset.crop_scale, metavar="S",
                    help="RandomResizedCrop keeps between S and all of the image area")
     a.add_argument("--color-jitter", type=float, default=preset.color_jitter, metavar="F",
@@ -97,7 +105,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
         help="train a ViT or the CNN baseline from scratch on an image folder or a bundled dataset",
-        description="Train from random weights (a vitlab ViT or resnet_mini) on --data DIR or --dataset digits|x, "
+        description="Train from random weights (a vitlab ViT or resnet_mini) on --data DIR or --dataset "
+        "fashion-mnist|digits|x, "
         "with the one training engine: AdamW, warmup+cosine, clipping, augmentation, MixUp/CutMix, EMA, "
         "checkpoints every epoch (--resume), metrics, figures and summary.json. Runs under torchrun too.",
         formatter_class=DefaultsFormatter,

@@ -52,6 +52,29 @@ def eval_transform(pretrained_cfg: PretrainedCfg, img_size: int | tuple[int, int
     torchvision's antialiased kernels, as Hugging Face's ViTImageProcessor does). A one-channel model
     gets the image in grey. img_size overrides the input size (for a model built at another resolution).
     """
+    C = pretrained_cfg.in_chans
+    return v2.Compose([
+        eval_geometry(pretrained_cfg, img_size),
+        v2.ToDtype(torch.float32, scale=True),  # [0, 255] -> [0, 1]
+        v2.Normalize(mean=list(pretrained_cfg.mean)[:C], std=list(pretrained_cfg.std)[:C]),
+    ])
+
+
+def eval_geometry(pretrained_cfg: PretrainedCfg, img_size: int | tuple[int, int] | None = None) -> v2.Compose:
+    """The part of `eval_transform` before the normalisation: PIL image -> uint8 image (C, H, W), resized,
+    cropped and (for a one-channel model) turned grey. Data kept in memory is preprocessed with it once."""
+    resize_crop = eval_resize_crop(pretrained_cfg, img_size)
+    backend = pretrained_cfg.resize_backend
+    if backend not in ("pil", "tensor"):
+        raise VitlabError(f"pretrained_cfg resize_backend {backend!r} is unknown; expected pil or tensor")
+    colour = [v2.Grayscale(num_output_channels=1)] if pretrained_cfg.in_chans == 1 else []  # PIL's convert("L")
+    to_image = v2.ToImage()  # PIL (H, W, 3) uint8 -> tv_tensors.Image (3, H, W) uint8
+    steps = colour + [resize_crop, to_image] if backend == "pil" else colour + [to_image, resize_crop]
+    return v2.Compose(steps)
+
+
+def eval_resize_crop(pretrained_cfg: PretrainedCfg, img_size: int | tuple[int, int] | None = None) -> v2.Compose:
+    """The resize and the centre crop of `eval_transform` (timm's arithmetic: scale = floor(size / crop_pct))."""
     H, W = _size(pretrained_cfg, img_size)
     crop_pct = pretrained_cfg.crop_pct or 0.875
     name = pretrained_cfg.interpolation
@@ -66,21 +89,7 @@ def eval_transform(pretrained_cfg: PretrainedCfg, img_size: int | tuple[int, int
         resize = v2.Resize(max(scale), interpolation=interpolation)
     else:
         raise VitlabError(f"pretrained_cfg crop_mode {pretrained_cfg.crop_mode!r} is unknown; expected center or squash")
-    backend = pretrained_cfg.resize_backend
-    if backend not in ("pil", "tensor"):
-        raise VitlabError(f"pretrained_cfg resize_backend {backend!r} is unknown; expected pil or tensor")
-    C = pretrained_cfg.in_chans
-    colour = [v2.Grayscale(num_output_channels=1)] if C == 1 else []  # PIL's convert("L") for grey models
-    to_image = v2.ToImage()  # PIL (H, W, 3) uint8 -> tv_tensors.Image (3, H, W) uint8
-    geometry = [resize, v2.CenterCrop((H, W))]
-    steps = colour + geometry + [to_image] if backend == "pil" else colour + [to_image] + geometry
-    return v2.Compose(
-        steps
-        + [
-            v2.ToDtype(torch.float32, scale=True),  # [0, 255] -> [0, 1]
-            v2.Normalize(mean=list(pretrained_cfg.mean)[:C], std=list(pretrained_cfg.std)[:C]),
-        ]
-    )
+    return v2.Compose([resize, v2.CenterCrop((H, W))])
 
 
 def _size(pretrained_cfg: PretrainedCfg, img_size) -> tuple[int, int]:
@@ -189,4 +198,4 @@ def load_images(paths, transform) -> tuple[list[tuple[str, torch.Tensor]], list[
     return good, bad
 
 
-__all__ = ["eval_transform", "describe", "open_image", "to_rgb", "images_tensor", "load_images", "INTERPOLATIONS"]
+__all__ = ["eval_transform", "eval_geometry", "eval_resize_crop", "describe", "open_image", "to_rgb", "images_tensor", "load_images", "INTERPOLATIONS"]

@@ -1,5 +1,6 @@
 """Training augmentation and batch mixing with torchvision.transforms.v2; eval preprocessing from the
-model's pretrained_cfg.
+model's pretrained_cfg. These are the per-image transforms of data read from disk every epoch; data kept
+in memory gets the same augmentation on whole batches (vitlab.data.memory.BatchTransform).
 
 Seed 004 section 6.3: "random crop, flip and colour jitter are standard; MixUp and CutMix matter
 especially for ViT" (they have no convolutional prior, so they need the data to teach invariances).
@@ -36,8 +37,10 @@ def train_transform(
     auto_augment: str = "none",
     re_prob: float = 0.0,
     interpolation: str = "bicubic",
+    channels: int = 3,
 ) -> v2.Compose:
-    """PIL image -> augmented, normalised float tensor (3, H, W).
+    """PIL image -> augmented, normalised float tensor (channels, H, W); channels=1 turns the image grey
+    first, as the eval preprocessing of a one-channel model does.
 
     hflip: a horizontal flip with p=0.5 -- right for photos, wrong for digits and text (a flipped 3
     is not a 3), so it can be switched off. color_jitter: brightness/contrast/saturation strength
@@ -50,7 +53,8 @@ def train_transform(
     check_range("color_jitter", color_jitter, low=0)
     check_range("reprob", re_prob, low=0, high=1)
     interp = INTERPOLATIONS[interpolation]
-    ops: list = [v2.RandomResizedCrop(size, scale=scale, ratio=ratio, interpolation=interp, antialias=True)]
+    ops: list = [v2.Grayscale(num_output_channels=1)] if channels == 1 else []  # PIL's convert("L")
+    ops.append(v2.RandomResizedCrop(size, scale=scale, ratio=ratio, interpolation=interp, antialias=True))
     if hflip:
         ops.append(v2.RandomHorizontalFlip())
     if color_jitter > 0:
@@ -62,7 +66,7 @@ def train_transform(
     ops += [
         v2.ToImage(),  # PIL (H, W, 3) uint8 -> tv_tensors.Image (3, H, W) uint8
         v2.ToDtype(torch.float32, scale=True),  # [0, 255] -> [0, 1]
-        v2.Normalize(mean=list(mean), std=list(std)),
+        v2.Normalize(mean=list(mean)[:channels], std=list(std)[:channels]),
     ]
     if re_prob > 0:
         ops.append(v2.RandomErasing(p=re_prob, value=0))  # 0 after normalising = the mean colour
@@ -77,7 +81,8 @@ def model_transforms(model, *, augment: bool = True, **options) -> tuple[v2.Comp
     evaluate = eval_transform(pcfg, size)
     if not augment:
         return evaluate, evaluate
-    train = train_transform(size=size, mean=pcfg.mean, std=pcfg.std, interpolation=pcfg.interpolation, **options)
+    train = train_transform(size=size, mean=pcfg.mean, std=pcfg.std, interpolation=pcfg.interpolation,
+                            channels=pcfg.in_chans, **options)
     return train, evaluate
 
 

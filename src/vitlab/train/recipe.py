@@ -42,7 +42,7 @@ class Recipe:
     layer_decay: float = 1.0  # block i of L gets lr x layer_decay^(L+1-i); 1 = off
     # augmentation and regularisation (seed 004 section 6.3)
     augment: bool = True  # random crops etc.; False: training images are preprocessed like validation ones
-    hflip: bool | None = None  # None: on for image folders, off for bundled datasets (a flip changes their classes)
+    hflip: bool | None = None  # None: on for folders and Fashion-MNIST, off for digits and X (a flip changes their class)
     crop_scale: float = 0.35  # RandomResizedCrop keeps between this and all of the image area
     color_jitter: float = 0.0
     auto_augment: str = "none"  # "rand" (RandAugment), "trivial" (TrivialAugmentWide) or "none"

@@ -2,13 +2,15 @@
 bundled dataset, a model from any source, a Recipe, a run folder; under torchrun on several processes.
 
     from vitlab.train import RECIPES, TrainJob, run
-    run(TrainJob(dataset="digits", model="vit_mini", recipe=RECIPES["scratch"].replace(epochs=40), out="runs/vit"))
+    run(TrainJob(dataset="fashion-mnist", model="vit_mini", train_size=10_000, recipe=RECIPES["scratch"], out="runs/vit"))
     run(TrainJob(data="my_photos", model="vit_tiny_patch16_224", pretrained="weights.safetensors", img_size=64,
                  recipe=RECIPES["finetune"], out="runs/ft"))
 
 Fine-tuning (seed 004 section 7.3): the model gets a new zero-initialised head for the folder's
 classes (paper Section 3.2), then `fit` trains it with the recipe's stages. Training from scratch is
-the same run with a model of random weights and a one-stage recipe.
+the same run with a model of random weights and a one-stage recipe; on a bundled dataset such a model
+is built for the images as they are (Fashion-MNIST: 28x28, one grey channel), unless `img_size` says
+otherwise.
 
 The run folder gets what `fit` writes every epoch (metrics.csv, checkpoints, last.json/best.json),
 TensorBoard scalars, and at the end (vitlab.train.report): the best checkpoint's confusion matrix and
@@ -26,8 +28,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from vitlab.data.datasets import DATASETS, dataset_classes, load_scan, make_loaders
-from vitlab.data.folder import FolderScan
+from vitlab.data.datasets import BUNDLED, RunData, bundled, load_data, make_loaders
+from vitlab.data.memory import MemoryLoader
 from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import mark_folder
 from vitlab.models.factory import check_source, create_model
@@ -46,6 +48,8 @@ class TrainJob:
     # data: an image folder, or a bundled dataset
     data: str | None = None
     dataset: str | None = None
+    root: str | None = None  # where Fashion-MNIST's files are (default: searched, see vitlab.data.fashion_mnist)
+    train_size: int | None = None  # train on a seeded, nested subset of this many training images
     val_split: float | None = None  # validation fraction of a one-folder layout (seeded, stratified; default 0.2)
     # model: a registered name, pretrained weights of any library, or a vitlab checkpoint
     model: str | None = None
@@ -63,9 +67,16 @@ class TrainJob:
 
     def check(self) -> None:
         if (self.data is None) == (self.dataset is None):
-            raise VitlabError(f"give exactly one of data (an image folder) or dataset ({' | '.join(DATASETS)})", arg="data")
-        if self.dataset is not None:
-            dataset_classes(self.dataset)
+            raise VitlabError(f"give exactly one of data (an image folder) or dataset ({' | '.join(BUNDLED)})", arg="data")
+        info = bundled(self.dataset) if self.dataset is not None else None
+        n_train = info.n_train if info is not None else None
+        check_range("train_size", self.train_size, low=1, high=n_train, integer=True, optional=True,
+                    hint=f" (there are {n_train:,} training images in {self.dataset})" if n_train else "")
+        if self.root is not None and self.dataset != "fashion-mnist":
+            raise VitlabError(f"root {self.root}: only the fashion-mnist dataset is read from files; drop root", arg="root")
+        if self.val_split is not None and info is not None and info.own_val:
+            raise VitlabError(f"val_split {self.val_split:g}: the {self.dataset} dataset has its own validation split; "
+                              "drop val_split", arg="val_split")
         check_source(self.model, self.pretrained, self.checkpoint)
         exported = self.checkpoint is not None and str(self.checkpoint).endswith(".safetensors")
         if self.checkpoint is not None and not exported:
@@ -77,7 +88,8 @@ class TrainJob:
 
     def identity(self, data_fingerprint: str) -> dict:
         """What a resumed run must share with the run it resumes, besides the recipe."""
-        return {"data": data_fingerprint, "dataset": self.dataset, "val_split": self.val_split, "model": self.model,
+        return {"data": data_fingerprint, "dataset": self.dataset, "train_size": self.train_size,
+                "val_split": self.val_split, "model": self.model,
                 "pretrained": self.pretrained, "checkpoint": self.checkpoint, "img_size": self.img_size,
                 "drop_path": self.drop_path}
 
@@ -94,23 +106,34 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     recipe = job.recipe
 
     seed_everything(recipe.seed)
-    bundled = job.dataset is not None
-    scan = None if bundled else _scan(job, dist, say, show)
-    names = dataset_classes(job.dataset) if bundled else scan.classes
-    model = create_model(job.model, pretrained=job.pretrained, checkpoint=job.checkpoint, num_classes=len(names),
-                         img_size=job.img_size, drop_path=job.drop_path if job.drop_path > 0 else None)
-    model.reset_classifier(len(names))  # a new zero-initialised head for these classes (paper Section 3.2)
-    model.pretrained_cfg = model.pretrained_cfg.replace(num_classes=len(names), label_names=tuple(names), head="new")
-    if bundled:
-        scan = load_scan(dataset=job.dataset, val_split=job.val_split, seed=recipe.seed, img_size=model.cfg.img_size)
-        say(scan.report())
-    name = job.model or model.pretrained_cfg.architecture or type(model).__name__
     from_scratch = not (job.pretrained or job.checkpoint)
+    info = BUNDLED[job.dataset] if job.dataset is not None else None
+    data = None if info is not None else _folder(job, dist, say, show)
+    names = list(info.classes) if info is not None else data.scan.classes
+    shape = {}
+    if info is not None and from_scratch:  # a model for the images as they are: their size, their channels
+        shape = {"img_size": job.img_size or info.img_size, "in_chans": info.channels}
+    model = create_model(job.model, pretrained=job.pretrained, checkpoint=job.checkpoint, num_classes=len(names),
+                         img_size=shape.get("img_size", job.img_size), in_chans=shape.get("in_chans"),
+                         drop_path=job.drop_path if job.drop_path > 0 else None)
+    if not from_scratch:  # pre-trained weights: a new zero-initialised head for these classes (paper Section 3.2)
+        model.reset_classifier(len(names))
+    model.pretrained_cfg = model.pretrained_cfg.replace(num_classes=len(names), label_names=tuple(names), head="new")
+    if shape:  # the bundled images are rendered at the model's size: training and validation see all of them
+        model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=1.0)
+    if info is not None:
+        data = load_data(dataset=job.dataset, root=job.root, train_size=job.train_size, val_split=job.val_split,
+                         seed=recipe.seed, img_size=model.cfg.img_size)
+        say(data.scan.report())
+    scan = data.scan
+    name = job.model or model.pretrained_cfg.architecture or type(model).__name__
     if from_scratch:
         finding = diagnostics.tiny_from_scratch(len(scan.train), name)
         if finding:
             say(str(finding))
-    train_loader, val_loader = make_loaders(scan, model, recipe, dist=dist, bundled=bundled, workers=job.workers)
+    train_loader, val_loader = make_loaders(data, model, recipe, dist=dist, workers=job.workers)
+    if isinstance(train_loader, MemoryLoader):
+        say(f"data in memory as uint8 tensors; augmentation per batch on {dist.device}: {train_loader.transform.describe()}")
 
     K = recipe.freeze_epochs
     stages = f"{K} head-only, then unfreeze {recipe.unfreeze}" if K else f"unfreeze {recipe.unfreeze}"
@@ -136,16 +159,17 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     return summary
 
 
-def _scan(job: TrainJob, dist, say, show: bool) -> FolderScan:
-    scan = load_scan(data=job.data, val_split=job.val_split, seed=job.recipe.seed, progress=show)
+def _folder(job: TrainJob, dist, say, show: bool) -> RunData:
+    data = load_data(data=job.data, train_size=job.train_size, val_split=job.val_split, seed=job.recipe.seed,
+                     progress=show)
     if dist.is_main:
-        if scan.warning():
-            print(scan.warning(), file=sys.stderr)
-        say(scan.report())
-    return scan
+        if data.scan.warning():
+            print(data.scan.warning(), file=sys.stderr)
+        say(data.scan.report())
+    return data
 
 
-def fingerprint(scan: FolderScan) -> str:
+def fingerprint(scan) -> str:
     """A hash of the classes and of which file is in which split with which label; paths are taken
     relative to the folder, so a moved folder still resumes."""
 

@@ -1,25 +1,34 @@
-"""`vitlab reproduce`: every claim of the paper and the seeds, tested at laptop scale, in one report.
+"""`vitlab reproduce`: the paper's claims, tested at laptop scale on real images, in one report.
 
 Read the paper thin, then thick (seed 000): each claim below becomes an `Experiment`, a set of
 training runs over seeds, a table of mean +- std, a figure, and a verdict computed from the numbers
-by a rule fixed before any result was seen (`VERDICT RULES` in `verdicts.py`):
+by a rule fixed before any full run's result was seen (`VERDICT RULES` in `verdicts.py`, each claim's
+rule in its module):
 
     1 x_pos_embed   seed 000 s5: dataset X >= 95% val acc; without position embedding, chance
-    2 pos_embed     Table 8: none clearly worse, learned 1-D / 2-D / sincos 2-D / relative close
+    2 pos_embed     Table 8 on Fashion-MNIST: none clearly worse; learned 1-D / 2-D / sin-cos 2-D / relative close
     3 cls_vs_gap    Appendix D.3: class token = global average pooling, each at its own lr
-    4 patch_size    Section 3.1 / seed 000 s4.2: smaller patches, longer sequences, more accuracy
-    5 data_scale    Figures 3-4: the CNN wins on little data; the gap closes as data grows
-    6 pretrain      seed 004 s6: pre-train on the large synthetic set, fine-tune on 500 digits
-    7 hybrid        Section 3.1 / seed 004 s8: a conv stem helps the ViT on small data
-    8 attention     Figure 7: attention distance grows with depth; learned position embeddings are 2-D
+    4 patch_size    Section 3.1: patches of 7, 4, 2 pixels: longer sequences, more compute, more accuracy
+    5 data_scale    Figures 3-4: the CNN wins on 1,000 images; the gap closes by 60,000
+    6 pretrain      seed 004 s6: pre-train on Fashion-MNIST, fine-tune on 500 digits, beat scratch
+    7 hybrid        Section 3.1 / Figure 5: a conv stem helps the ViT on small data
+    8 attention     Figure 7 on the ViT trained on all 60,000: attention distance grows with depth; 2-D position
+                    embeddings; the embedding filters
+    9 recipe        DeiT / seed 004 s6.3: MixUp/CutMix, RandAugment and stochastic depth matter more for a ViT on
+                    small data than for a CNN
+
+Claims 2-9 share one Fashion-MNIST setup (`claims/shared.py`): one ViT, one CNN, one optimiser, and
+the data-scale grid of claim 5, whose runs are the baseline arms of the others. Three scales:
+`quick` (every code path in about 3 minutes; its verdicts mean nothing), `default` (the report, within
+an hour on 2 CPU cores), `large` (each claim's decisive version: longer training).
 
 Runs are cached one by one under `<out>/cache/runs/<hash of the run's configuration>/` (result.json
 and the weights): an experiment whose runs are all there is not rerun, and an interrupted run of the
 whole report resumes where it stopped. Tables, figures and verdicts are recomputed from the cached
 numbers every time, so the report can be rewritten without training anything.
 
-Cost: the plan is priced before anything trains (a few timed steps per architecture, times the
-number of images each run sees); the estimate is printed first and a progress bar follows it.
+Cost: the plan is priced before anything trains (a few timed steps per architecture and augmentation,
+times the number of images each run sees); the estimate is printed first and a progress bar follows it.
 
 The package, one concept per module: `verdicts` (the pre-registered rules), `runs` (one training run and
 the run cache), `claims` (one module per claim: its plan, analysis and `Experiment` entry; `EXPERIMENTS`),
@@ -29,7 +38,7 @@ the run cache), `claims` (one module per claim: its plan, analysis and `Experime
 from __future__ import annotations
 
 from vitlab.experiments.reproduce.claims import EXPERIMENTS, experiment_names, select
-from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
+from vitlab.experiments.reproduce.claims.base import SCALES, Experiment, Outcome, Results, Scale
 from vitlab.experiments.reproduce.claims.claim8_attention import pe_structure
 from vitlab.experiments.reproduce.runner import reproduce
 from vitlab.experiments.reproduce.runs import (
@@ -39,6 +48,7 @@ from vitlab.experiments.reproduce.runs import (
     build_model,
     execute_run,
     forward_flops,
+    inference_ms,
     run_spec,
 )
 from vitlab.experiments.reproduce.verdicts import (
@@ -66,6 +76,7 @@ __all__ = [
     "Outcome",
     "REPRODUCED",
     "Results",
+    "SCALES",
     "RunCache",
     "RunSpec",
     "Scale",
@@ -78,6 +89,7 @@ __all__ = [
     "execute_run",
     "experiment_names",
     "forward_flops",
+    "inference_ms",
     "greater",
     "near",
     "pe_structure",

@@ -1,6 +1,7 @@
 """The plan and its execution: every selected claim's runs, each once and parents first, priced before
-anything trains (a few timed steps per architecture), trained one by one or in a pool of spawned
-processes (one thread each), then analysed into report.md, report.html, results/*.csv and figures/*.png."""
+anything trains (a few timed steps per architecture and augmentation), trained one by one or in a pool of
+spawned processes (one thread each), then analysed into report.md, report.html, results/*.csv and
+figures/*.png."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from vitlab.errors import check_range
+from vitlab.data.transforms import mix_transform
+from vitlab.errors import VitlabError, check_range
 from vitlab.experiments.reproduce.claims import select
-from vitlab.experiments.reproduce.claims.base import Results, Scale
+from vitlab.experiments.reproduce.claims.base import SCALES, Results, Scale
 from vitlab.experiments.reproduce.report import _duration, render_html, render_markdown
-from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, RunCache, RunSpec, build_model, execute_run
+from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, RunCache, RunSpec, build_model, execute_run, recipe, transforms
 from vitlab.fileio import check_out_folder, output_folder, write_csv, write_text
 from vitlab.runtime import num_threads, process_pool, resolve_device
+from vitlab.speed import cpu_training
 from vitlab.train.optim import build_optimizer
 
 
@@ -41,32 +44,48 @@ def _all_runs(specs: Sequence[RunSpec]) -> list[RunSpec]:
 
 
 def _arch_key(spec: RunSpec) -> tuple:
-    return spec.model, dict(spec.data)["img_size"], spec.overrides, spec.batch_size
+    """What a step's cost depends on: the model, the data's shape, the batch and the augmentation."""
+    d = dict(spec.data)
+    return spec.model, d["img_size"], d.get("channels", 3), spec.overrides, spec.batch_size, spec.aug
 
 
-def calibrate(specs: Sequence[RunSpec], device: torch.device) -> dict[tuple, float]:
-    """Seconds per training image for each architecture in `specs`: two timed steps after a warm-up."""
+def calibrate(specs: Sequence[RunSpec], device: torch.device) -> dict[tuple, tuple[float, float]]:
+    """Seconds per training image for each architecture and augmentation in `specs`, as (wall clock, CPU
+    time of this process): the batch augmentation, the batch mixing and a training step, the fastest of
+    those timed after a warm-up (at least two, until a quarter of a second). On a machine busy with other work the wall clock is longer than the CPU time; on an
+    idle one they agree (one thread)."""
     out = {}
     for spec in specs:
         key = _arch_key(spec)
         if key in out:
             continue
-        img = int(dict(spec.data)["img_size"])
+        d = dict(spec.data)
+        size, C, B = int(d["img_size"]), int(d.get("channels", 3)), spec.batch_size
         torch.manual_seed(0)
         model = build_model(spec, 10).to(device).train()
+        cpu_training.use_onednn_linears(model)  # as fit trains it
         opt = build_optimizer(model, lr=1e-4)
-        x = torch.randn(spec.batch_size, 3, img, img, device=device)
-        y = torch.randint(0, 10, (spec.batch_size,), device=device)
-        times = []
-        for i in range(3):
-            t = time.perf_counter()
-            F.cross_entropy(model(x), y).backward()
+        train_tf, _ = transforms(spec, model, (size, size))
+        rec = recipe(spec)
+        mix = mix_transform(num_classes=10, mixup=rec.mixup, cutmix=rec.cutmix) if rec.mixes else None
+        g = torch.Generator().manual_seed(0)
+        images = torch.randint(0, 256, (B, C, size, size), dtype=torch.uint8, generator=g).to(device)
+        y = torch.randint(0, 10, (B,), generator=g).to(device)
+        params = train_tf.draw(B, g)
+        walls, cpus = [], []
+        while len(walls) < 3 or (len(walls) < 8 and sum(cpus[1:]) < 0.25):  # a warm-up, then at least 2 timed
+            t, c = time.perf_counter(), time.process_time()
+            x, target = train_tf(images, params), y
+            if mix is not None:
+                x, target = mix(x, y)
+            F.cross_entropy(model(x), target).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t)
-        out[key] = min(times[1:]) / spec.batch_size
+            walls.append(time.perf_counter() - t)
+            cpus.append(time.process_time() - c)
+        out[key] = (min(walls[1:]) / B, min(cpus[1:]) / B)
     return out
 
 
@@ -80,7 +99,7 @@ def run_cost(spec: RunSpec, per_image: dict[tuple, float]) -> float:
 def reproduce(
     out_dir: str | Path,
     *,
-    quick: bool = False,
+    scale: str = "default",
     only: str | Sequence[str] | None = None,
     seeds: int | None = None,
     device: str = "auto",
@@ -89,8 +108,9 @@ def reproduce(
     log: Callable[[str], None] = print,
     force: bool = False,
 ) -> dict:
-    """Run (or read from the cache) the selected experiments and write report.md, report.html,
-    results/*.csv and figures/*.png under `out_dir`. Returns {name: verdict status}.
+    """Run (or read from the cache) the selected experiments at `scale` ("quick", "default" or "large"; see
+    `Scale`) and write report.md, report.html, results/*.csv and figures/*.png under `out_dir`. Returns
+    {name: verdict status}.
 
     On CPU every run uses one thread, and `workers` runs (default: one per core, at most 4) train side by
     side in separate processes: these models are so small that a second intra-op thread costs more in
@@ -98,6 +118,9 @@ def reproduce(
     not depend on the number of workers: each run is seeded on its own. Every option and `out_dir` (new,
     empty, an earlier report's folder, or with `force` any folder) are checked before anything runs.
     """
+    if scale not in SCALES:
+        raise VitlabError(f"scale must be one of {', '.join(SCALES)}; found {scale!r}", arg="scale")
+    quick = scale == "quick"
     n_seeds = seeds if seeds is not None else (2 if quick else 3)
     check_range("seeds", n_seeds, low=1, integer=True, hint=" (3 or more for error bars)")
     check_range("workers", workers, low=1, integer=True, optional=True)
@@ -105,12 +128,12 @@ def reproduce(
     experiments = select(only)
     out = check_out_folder(out_dir, kind="reproduce", force=force)
     with output_folder(out, kind="reproduce", force=force):
-        return _reproduce(out, experiments, Scale(quick=quick, seeds=tuple(range(n_seeds))), dev, workers=workers,
+        return _reproduce(out, experiments, Scale(scale, tuple(range(n_seeds))), dev, workers=workers,
                           progress=progress, log=log)
 
 
 def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, workers, progress, log) -> dict:
-    quick, n_seeds = scale.quick, len(scale.seeds)
+    scale_name, n_seeds = scale.name, len(scale.seeds)
     cache = RunCache(out / "cache")
     runs = _all_runs([s for e in experiments for s in e.plan(scale)])
     todo = [s for s in runs if not cache.has(s)]
@@ -118,16 +141,22 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
     t_start = time.perf_counter()
     n_workers = _workers(workers, dev, len(todo))
     with num_threads(1 if dev.type == "cpu" else None):
-        per_image = calibrate(todo, dev) if todo else {}
+        timing = calibrate(todo, dev) if todo else {}
+        # On CPU the estimate comes from the CPU time of the timed steps: what they take on an idle machine
+        # (a busy one stretches the wall clock, not the work); the wall-clock estimate is shown beside it.
+        per_image = {k: (cpu if dev.type == "cpu" else wall) for k, (wall, cpu) in timing.items()}
         costs = {s.key: run_cost(s, per_image) for s in todo}
         total = sum(costs.values()) / n_workers
+        loaded = sum(run_cost(s, {k: wall for k, (wall, _) in timing.items()}) for s in todo) / n_workers
+        busy = f"; {_duration(loaded)} at this machine's load now" if dev.type == "cpu" and loaded > 1.15 * total else ""
         log(f"vitlab reproduce: {len(experiments)} experiment(s), {len(runs)} training run(s), {len(runs) - len(todo)} cached; "
-            f"estimated {_duration(total)} on {dev} with {n_workers} worker(s) "
-            f"({'quick' if quick else 'full'} scale, {n_seeds} seed(s))")
+            f"estimated {_duration(total)} on {dev} with {n_workers} worker(s){busy} "
+            f"({scale_name} scale, {n_seeds} seed(s))")
         bar = tqdm(total=max(sum(costs.values()), 1e-9), disable=not progress or not todo, unit="s", desc="reproduce",
                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} est. s [{elapsed}<{remaining}]")
         # Fine-tuning runs start from another run's weights: train every run without a pending parent first.
-        first = [s for s in todo if s.init is None or cache.has(s.init)]
+        # Longest first, so that no worker is left with one long run at the end (no number depends on the order).
+        first = sorted((s for s in todo if s.init is None or cache.has(s.init)), key=lambda s: -costs[s.key])
         then = [s for s in todo if s not in first]
         for batch in (first, then):
             if n_workers == 1:
@@ -141,7 +170,7 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
     fig_dir, res_dir = out / "figures", out / "results"
     fig_dir.mkdir(exist_ok=True)
     res_dir.mkdir(exist_ok=True)
-    results = Results(cache)
+    results = Results(cache, dev)
     outcomes = []
     for e in experiments:
         with num_threads(1 if dev.type == "cpu" else None):
@@ -151,8 +180,9 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
     write_csv(res_dir / "verdicts.csv", [[e.number, e.name, o.verdict.status, o.verdict.detail] for e, o in outcomes],
               ["claim", "name", "verdict", "detail"])
     elapsed = time.perf_counter() - t_start
-    meta = {"quick": quick, "seeds": n_seeds, "device": str(dev), "runs": len(runs), "trained": len(todo),
-            "estimate_s": total, "elapsed_s": elapsed, "torch": torch.__version__, "workers": n_workers,
+    meta = {"scale": scale_name, "seeds": n_seeds, "device": str(dev), "runs": len(runs), "trained": len(todo),
+            "estimate_s": total, "estimate_load_s": loaded, "elapsed_s": elapsed, "torch": torch.__version__,
+            "workers": n_workers,
             "train_s": sum(cache.result(s)["train_time_s"] for s in runs)}
     write_text(out / "report.md", render_markdown(outcomes, meta))
     write_text(out / "report.html", render_html(outcomes, meta, out))

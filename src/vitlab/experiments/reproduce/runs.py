@@ -1,6 +1,10 @@
 """One training run of `vitlab reproduce`: its description (`RunSpec`, whose hash is its cache key), the
 dataset and model it describes, the on-disk cache of finished runs, and training one run (`execute_run`,
-with a FLOPs count and an inference timing for the patch-size claim)."""
+and the FLOPs count and inference timing of the patch-size claim).
+
+Every run trains through `vitlab.train.engine.fit` on data decoded once into uint8 tensors
+(`vitlab.data.memory.MemoryLoader`): Fashion-MNIST (a seeded, nested subset of the training split; the
+test split, or its first images, for validation), the digits, dataset X."""
 
 from __future__ import annotations
 
@@ -19,38 +23,38 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from vitlab.data.digits import load_digits
+from vitlab.data.fashion_mnist import load_fashion_mnist, nested_subset
+from vitlab.data.memory import BatchTransform, ImageTensors, MemoryLoader
 from vitlab.data.split import stratified_split
-from vitlab.data.shapes import class_names, make_shapes
 from vitlab.data.synthetic import dataset_x_splits
 from vitlab.errors import VitlabError
 from vitlab.fileio import atomic_write, write_json
 from vitlab.runtime import seed_everything
 from vitlab.models.factory import create_model
-from vitlab.models.registry import get_variant
 from vitlab.models.vit import VisionTransformer
-from vitlab.train.engine import Callback, TensorLoader, evaluate, fit
+from vitlab.train.engine import Callback, evaluate, fit
 from vitlab.train.recipe import Recipe
 
 
-CACHE_VERSION = 1  # bump when a change to the training code changes what a cached run means
+CACHE_VERSION = 2  # bump when a change to the training code changes what a cached run means
 
 
 @dataclass(frozen=True)
 class RunSpec:
     """Data, model, recipe and seed of one training run. `init` is the run whose weights it starts
-    from (fine-tuning); `measure` asks for FLOPs and timing after training (patch-size claim)."""
+    from (fine-tuning)."""
 
-    data: tuple  # sorted (key, value) pairs: name, n_train, n_val, img_size, ...
+    data: tuple  # sorted (key, value) pairs: name, n_train, n_val, img_size, channels
     model: str
-    overrides: tuple  # sorted (key, value) ViTConfig overrides
+    overrides: tuple  # sorted (key, value) model config overrides
     epochs: int
     lr: float
+    aug: tuple = ()  # sorted (key, value) augmentation fields of the Recipe; () = none
     batch_size: int = 64
     weight_decay: float = 0.05
     warmup_epochs: float = 1.0
     seed: int = 0
     init: "RunSpec | None" = None
-    measure: bool = False
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -68,38 +72,62 @@ class RunSpec:
         return int(dict(self.data)["n_train"])
 
 
-def run_spec(data: dict, model: str, *, overrides: dict | None = None, **kwargs) -> RunSpec:
+def run_spec(data: dict, model: str, *, overrides: dict | None = None, aug: dict | None = None, **kwargs) -> RunSpec:
     def freeze(d: dict) -> tuple:
         return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.items()))
 
-    return RunSpec(data=freeze(data), model=model, overrides=freeze(overrides or {}), **kwargs)
+    return RunSpec(data=freeze(data), model=model, overrides=freeze(overrides or {}), aug=freeze(aug or {}), **kwargs)
+
+
+@lru_cache(maxsize=2)
+def _fashion(train: bool) -> ImageTensors:
+    return ImageTensors(*load_fashion_mnist(train=train))
 
 
 @lru_cache(maxsize=6)
-def _dataset(data: tuple, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """(x_train, y_train, x_val, y_val, num_classes) for a run's data description and seed."""
+def dataset(data: tuple, seed: int) -> tuple[ImageTensors, ImageTensors, int]:
+    """(train, val, num_classes) for a run's data description and seed: uint8 images (N, C, H, W)."""
     d = dict(data)
-    name, n_train, n_val = d["name"], int(d["n_train"]), int(d["n_val"])
+    name, n_train, n_val, channels = d["name"], int(d["n_train"]), int(d["n_val"]), int(d.get("channels", 3))
+    if name == "fashion-mnist":  # the first n_train of one permutation seeded by `seed`: nested training sets
+        train = _fashion(True).subset(nested_subset(60_000, n_train, seed=seed))
+        return train, _fashion(False).subset(torch.arange(n_val)), 10
     if name == "x":
-        (xt, yt), (xv, yv) = dataset_x_splits(n_train, n_val, seed=seed)
-        return xt, yt, xv, yv, 2
-    if name in ("shape", "arrangement", "position"):
-        size, kw = int(d["img_size"]), ({"scale": tuple(d["scale"])} if "scale" in d else {})
-        xt, yt = make_shapes(n_train, seed=seed, task=name, img_size=size, **kw)
-        xv, yv = make_shapes(n_val, seed=seed, task=name, img_size=size, split="val", **kw)
-        return xt, yt, xv, yv, len(class_names(name))
+        (xt, yt), (xv, yv) = dataset_x_splits(n_train, n_val, seed=seed, normalize=False)
+        return ImageTensors.from_float(xt, yt), ImageTensors.from_float(xv, yv), 2
     if name == "digits":
-        x, y = load_digits(int(d["img_size"]))
+        x, y = load_digits(int(d["img_size"]), channels=channels, normalize=False)
         train, val = stratified_split(y, 1 - n_train / len(y), seed=seed)
-        return x[train], y[train], x[val][:n_val], y[val][:n_val], 10
+        return ImageTensors.from_float(x[train], y[train]), ImageTensors.from_float(x[val][:n_val], y[val][:n_val]), 10
     raise VitlabError(f"unknown dataset {name!r} in an experiment's plan")
 
 
 def build_model(spec: RunSpec, num_classes: int) -> nn.Module:
-    img = int(dict(spec.data)["img_size"])
-    if not get_variant(spec.model).is_vit:
-        return create_model(spec.model, num_classes=num_classes)
-    return create_model(spec.model, num_classes=num_classes, img_size=img, **dict(spec.overrides))
+    """The spec's model at the data's size and channels (a ViT or the CNN baseline, both through create_model),
+    evaluated on the images as they are: no resize or crop (crop_pct 1), normalised (x - 0.5) / 0.5."""
+    d = dict(spec.data)
+    model = create_model(spec.model, num_classes=num_classes, img_size=int(d["img_size"]),
+                         in_chans=int(d.get("channels", 3)), **dict(spec.overrides))
+    model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=1.0)
+    return model
+
+
+def transforms(spec: RunSpec, model: nn.Module, source_size: tuple[int, int]) -> tuple[BatchTransform, BatchTransform]:
+    """(train, eval) batch transforms of a run: the spec's augmentation, normalised as the model expects."""
+    pcfg, aug = model.pretrained_cfg, dict(spec.aug)
+    norm = dict(size=tuple(model.cfg.img_size), mean=pcfg.mean, std=pcfg.std, channels=model.cfg.in_chans)
+    train = BatchTransform(**norm, augment=bool(aug), source_size=source_size, crop_scale=aug.get("crop_scale", 1.0),
+                           hflip=aug.get("hflip", False), auto_augment=aug.get("auto_augment", "none"),
+                           re_prob=aug.get("reprob", 0.0), interpolation=pcfg.interpolation)
+    return train, BatchTransform(**norm)
+
+
+def recipe(spec: RunSpec) -> Recipe:
+    """AdamW, warmup + cosine, clipping at 1; and the batch mixing of the spec's augmentation (fit applies it)."""
+    aug = dict(spec.aug)
+    return Recipe(epochs=spec.epochs, batch_size=spec.batch_size, lr=spec.lr, weight_decay=spec.weight_decay,
+                  warmup_epochs=spec.warmup_epochs, seed=spec.seed, augment=bool(aug),
+                  mixup=aug.get("mixup", 0.0), cutmix=aug.get("cutmix", 0.0))
 
 
 class RunCache:
@@ -131,7 +159,7 @@ class RunCache:
         write_json(folder / "result.json", result, indent=1)  # written last: marks the run done
 
 
-VAL_PER_EPOCH = 500  # the per-epoch curve uses the first 500 validation images; the final number uses all
+VAL_PER_EPOCH = 100  # the per-epoch curve uses the first 100 validation images; the final number uses all
 
 
 class _OnEpoch(Callback):
@@ -148,21 +176,22 @@ def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: 
         return cache.result(spec)
     if spec.init is not None and not cache.has(spec.init):
         execute_run(spec.init, cache, device)
-    xt, yt, xv, yv, k = _dataset(spec.data, spec.seed)
+    train, val, k = dataset(spec.data, spec.seed)
     seed_everything(spec.seed)  # the model's initialisation depends on the seed too
     if spec.init is not None:
         model = cache.load_model(spec.init)
         model.reset_classifier(k)  # Section 3.2: a new zero-initialised head for the new classes
     else:
         model = build_model(spec, k)
-    recipe = Recipe(epochs=spec.epochs, batch_size=spec.batch_size, lr=spec.lr, weight_decay=spec.weight_decay,
-                    warmup_epochs=spec.warmup_epochs, seed=spec.seed)  # AdamW, warmup + cosine, clipping at 1
-    t0 = time.perf_counter()
-    history = fit(model, TensorLoader(xt, yt, batch_size=spec.batch_size, shuffle=True, seed=spec.seed),
-                  TensorLoader(xv[:VAL_PER_EPOCH], yv[:VAL_PER_EPOCH], batch_size=500), recipe, device=device,
-                  callbacks=[_OnEpoch(on_epoch)] if on_epoch else [])
-    train_time = time.perf_counter() - t0
-    final = evaluate(model, TensorLoader(xv, yv, batch_size=500), device=device)
+    train_tf, eval_tf = transforms(spec, model, train.size)
+    rec = recipe(spec)
+    loader = MemoryLoader(train, train_tf, batch_size=spec.batch_size, shuffle=True, drop_last=rec.mixes,
+                          seed=spec.seed, device=device)
+    curve = MemoryLoader(val.subset(torch.arange(min(len(val), VAL_PER_EPOCH))), eval_tf, batch_size=500, device=device)
+    t0, c0 = time.perf_counter(), time.process_time()
+    history = fit(model, loader, curve, rec, device=device, callbacks=[_OnEpoch(on_epoch)] if on_epoch else [])
+    train_time, train_cpu = time.perf_counter() - t0, time.process_time() - c0
+    final = evaluate(model, MemoryLoader(val, eval_tf, batch_size=500, device=device), device=device)
     result = {
         "key": spec.key,
         "spec": spec.to_dict(),
@@ -173,11 +202,10 @@ def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: 
         "train_acc": history.last["train_acc"],
         "train_loss": history.last["train_loss"],
         "train_time_s": train_time,
+        "train_cpu_s": train_cpu,
         "device": str(device),
         "curve": [{"epoch": r["epoch"], "train_loss": r["train_loss"], "val_acc": r["val_acc"]} for r in history.rows],
     }
-    if spec.measure:
-        result.update(_measure(model, xv[:64].to(device), device))
     cache.save(spec, result, model)
     return result
 
@@ -194,9 +222,11 @@ def forward_flops(model: nn.Module, x: torch.Tensor) -> int:
     return int(counter.get_total_flops())
 
 
-def _measure(model: nn.Module, x: torch.Tensor, device: torch.device) -> dict:
-    flops = forward_flops(model, x[:1])
-    model.eval()
+def inference_ms(model: nn.Module, x: torch.Tensor, device: torch.device) -> float:
+    """Milliseconds per image of the model's forward pass on the batch `x` (fast attention path), on
+    `device`: the median of 5 timed passes after one warm-up."""
+    model = model.to(device).eval()
+    x = x.to(device)
     times = []
     with torch.no_grad():
         model(x)
@@ -208,5 +238,4 @@ def _measure(model: nn.Module, x: torch.Tensor, device: torch.device) -> dict:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - t)
-    seq = model.cfg.num_patches + model.cfg.num_prefix_tokens if isinstance(model, VisionTransformer) else None
-    return {"flops": flops, "infer_ms_per_image": 1000 * statistics.median(times) / len(x), "seq_len": seq}
+    return 1000 * statistics.median(times) / len(x)

@@ -1,6 +1,6 @@
 """The paper's claims, one module each (plan, analysis and `Experiment` entry), and `EXPERIMENTS` in claim
-order. The classes they are made of are in `base`; data and model descriptions shared by two or more
-claims in `shared`."""
+order. The classes they are made of are in `base`; the Fashion-MNIST setup the claims share (models,
+recipes, the data-scale grid whose runs most claims reuse) in `shared`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from vitlab.experiments.reproduce.claims import (
     claim6_pretrain,
     claim7_hybrid,
     claim8_attention,
+    claim9_recipe,
 )
 from vitlab.experiments.reproduce.claims.base import Experiment
 
@@ -29,6 +30,7 @@ EXPERIMENTS: list[Experiment] = [
     claim6_pretrain.EXPERIMENT,
     claim7_hybrid.EXPERIMENT,
     claim8_attention.EXPERIMENT,
+    claim9_recipe.EXPERIMENT,
 ]
 
 

@@ -1,5 +1,5 @@
 """What a claim is made of: `Experiment` (the claim, its rule, and its plan and analyse functions),
-`Scale` (quick or full, and the seeds), `Outcome` (table, figures, CSV rows and verdict) and `Results`
+`Scale` (quick, default or large, and the seeds), `Outcome` (table, figures, CSV rows and verdict) and `Results`
 (the cached results of a plan's runs).
 
 They live in this module rather than in `claims/__init__.py` because that module imports every claim
@@ -13,18 +13,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+import torch
 from torch import nn
 
 from vitlab.experiments.reproduce.runs import RunCache, RunSpec
+from vitlab.errors import VitlabError
 from vitlab.experiments.reproduce.verdicts import Verdict
+
+
+SCALES = ("quick", "default", "large")
 
 
 @dataclass
 class Scale:
-    """How big: `quick` (the test's ~3-minute run) or full, and the seeds."""
+    """How big, and the seeds. "quick": every claim's code path on tiny data in about 3 minutes (the test's
+    run; its verdicts mean nothing); "default": the report, within an hour on 2 CPU cores; "large": each
+    claim's decisive version (longer training, hours on 2 CPU cores)."""
 
-    quick: bool
+    name: str
     seeds: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.name not in SCALES:
+            raise VitlabError(f"scale must be one of {', '.join(SCALES)}; found {self.name!r}", arg="scale")
+
+    @property
+    def quick(self) -> bool:
+        return self.name == "quick"
+
+    def pick(self, *, quick, default, large):
+        """The value for this scale."""
+        return {"quick": quick, "default": default, "large": large}[self.name]
 
 
 @dataclass
@@ -52,10 +71,11 @@ class Experiment:
 
 
 class Results:
-    """Cached results of a plan's runs, looked up by spec."""
+    """Cached results of a plan's runs, looked up by spec; `device` is where analyses run their models."""
 
-    def __init__(self, cache: RunCache):
+    def __init__(self, cache: RunCache, device: torch.device = torch.device("cpu")):
         self.cache = cache
+        self.device = device
 
     def __getitem__(self, spec: RunSpec) -> dict:
         return self.cache.result(spec)

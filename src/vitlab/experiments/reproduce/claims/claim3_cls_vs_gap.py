@@ -1,57 +1,60 @@
 """Claim 3, Appendix D.3: a class token and global average pooling work about equally well, each at its
-own learning rate."""
+own learning rate. Tested on Fashion-MNIST with 1,000 training images and a learning-rate sweep."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
-from vitlab.experiments.reproduce.claims.shared import FAST_VIT, _fast_data
-from vitlab.experiments.reproduce.figures import _lr_figure
-from vitlab.experiments.reproduce.runs import RunSpec, run_spec
+from vitlab.experiments.reproduce.claims.shared import CHANCE, VIT, describe_setup, fashion_run, n_small
+from vitlab.experiments.reproduce.figures import lr_figure
+from vitlab.experiments.reproduce.runs import RunSpec
 from vitlab.experiments.reproduce.verdicts import MARGIN, TOL, _ms, _stats, close
+
+POOLS = {"cls": {}, "mean": {"pool": "mean", "class_token": False}}
 
 
 def _lrs(scale: Scale) -> tuple[float, ...]:
-    return (1e-3, 3e-3) if scale.quick else (3e-4, 1e-3, 3e-3)
+    # The paper's point is that the two need different learning rates, so each gets a sweep (Appendix D.3).
+    return scale.pick(quick=(1e-3, 3e-3), default=(3e-4, 1e-3, 3e-3), large=(3e-4, 1e-3, 3e-3))
 
 
-def _plan_pool(scale: Scale) -> list[RunSpec]:
-    out = []
-    for pool in ("cls", "mean"):
-        ov = {**FAST_VIT, "pool": pool, "class_token": pool == "cls"}
-        out += [run_spec(_fast_data(scale), "vit_mini", overrides=ov, epochs=2 if scale.quick else 6, lr=lr, batch_size=32, seed=s)
-                for lr in _lrs(scale) for s in scale.seeds]
-    return out
+def _plan(scale: Scale) -> list[RunSpec]:
+    return [fashion_run(VIT, n_small(scale), s, scale, lr=lr, overrides=ov)
+            for ov in POOLS.values() for lr in _lrs(scale) for s in scale.seeds]
 
 
-def _analyze_pool(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
-    runs = _plan_pool(scale)
-    acc = {(p, lr): res.acc([r for r in runs if dict(r.overrides)["pool"] == p and r.lr == lr])
-           for p in ("cls", "mean") for lr in _lrs(scale)}
-    best = {p: max(_lrs(scale), key=lambda lr: _stats(acc[(p, lr)])[0]) for p in ("cls", "mean")}
+def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
+    runs = _plan(scale)
+    lrs, k = _lrs(scale), len(scale.seeds)
+    keys = [(p, lr) for p in POOLS for lr in lrs]
+    acc = {key: res.acc(runs[i * k : (i + 1) * k]) for i, key in enumerate(keys)}
+    best = {p: max(lrs, key=lambda lr: _stats(acc[(p, lr)])[0]) for p in POOLS}
     verdict = close(acc[("cls", best["cls"])], acc[("mean", best["mean"])], TOL,
-                    what=f"class token (lr {best['cls']:g}) - GAP (lr {best['mean']:g}), each at its best lr", floor=0.25 + MARGIN)
-    fig = _lr_figure(fig_dir / "claim3_cls_vs_gap.png", _lrs(scale), acc)
-    rows = [[p, f"{lr:g}", _ms(acc[(p, lr)]), "best" if lr == best[p] else ""] for p in ("cls", "mean") for lr in _lrs(scale)]
+                    what=f"class token (lr {best['cls']:g}) - GAP (lr {best['mean']:g}), each at its best lr",
+                    floor=CHANCE + MARGIN)
+    fig = lr_figure(fig_dir / "claim3_cls_vs_gap.png", lrs, acc)
     spec0 = runs[0]
     return Outcome(
-        setup=(f"Arrangement task (32x32, 4 classes, as in claim 2); {spec0.n_train:,} train / {dict(spec0.data)['n_val']:,} val; "
-               f"ViT P=4, D=32, 4 heads, 2 blocks, sin-cos 2-D position embedding (the paper uses learned 1-D; at this "
-               f"scale that one does not learn the task, claim 2); pooling = class token (Eq. 4) or, with no class token "
-               f"at all, the mean of the patch tokens followed by LayerNorm (GAP); AdamW, batch 32, {spec0.epochs} epochs; "
-               f"learning rates {', '.join(f'{lr:g}' for lr in _lrs(scale))}."),
+        setup=(f"{describe_setup(scale)} {spec0.n_train:,} training images, {spec0.epochs} epochs. Pooling: the class "
+               "token's final state (Eq. 4), or, with no class token at all, the mean of the patch tokens followed by "
+               f"LayerNorm (GAP, as timm and big_vision); learning rates {', '.join(f'{lr:g}' for lr in lrs)} for each."),
         header=["pooling", "lr", "val acc % (mean +- std)", ""],
-        rows=rows, verdict=verdict, figures=[fig],
+        rows=[[p, f"{lr:g}", _ms(acc[(p, lr)]), "best" if lr == best[p] else ""] for p, lr in keys],
+        verdict=verdict, figures=[fig],
         csv_header=["pool", "lr", "seed", "val_acc"],
-        csv_rows=[[dict(r.overrides)["pool"], r.lr, r.seed, res[r]["val_acc"]] for r in runs],
-        notes=f"Best learning rate: class token {best['cls']:g}, GAP {best['mean']:g} (paper, recalled: ~8e-4 vs ~3e-4).",
+        csv_rows=[[p, lr, r.seed, res[r]["val_acc"]] for i, (p, lr) in enumerate(keys) for r in runs[i * k : (i + 1) * k]],
+        notes=(f"Best learning rate here: class token {best['cls']:g}, GAP {best['mean']:g}. Paper (Appendix D.3, "
+               "Figure 9): the two pool equally well once each has its own learning rate, and GAP at the class "
+               "token's learning rate does much worse (the rates themselves, about 8e-4 and 3e-4, are recalled, not "
+               "read from the paper)."),
     )
 
 
 EXPERIMENT = Experiment(
     3, "cls_vs_gap", "Class token vs global average pooling (Appendix D.3)",
     "Class token and global average pooling work about equally well, once each gets its own learning rate.",
-    "paper Appendix D.3 (Figure 9)", "each pooling at its best lr of the sweep (by mean); reproduced if the two are "
-    "within 3 points (close, tol 3; inconclusive if neither beats chance + 3)", _plan_pool, _analyze_pool,
+    "paper Appendix D.3 (Figure 9)",
+    "each pooling at its best lr of the sweep (by mean); reproduced if the two are within 3 points (close, tol 3; "
+    "inconclusive if neither reaches chance + 3)", _plan, _analyze,
 )

@@ -1,58 +1,66 @@
-"""Claim 6, seed 004 s6: pre-trained on the large synthetic set (claim 5's largest ViT run), then
-fine-tuned on 500 digits, a ViT beats the same ViT trained on the digits from scratch."""
+"""Claim 6, seed 004 s6: pre-trained on a large dataset (claim 5's ViT on all 60,000 Fashion-MNIST
+images), then fine-tuned on 500 handwritten digits, a ViT beats the same ViT trained on the digits from
+scratch."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
-from vitlab.experiments.reproduce.claims.shared import _scale_points, _scale_run
-from vitlab.experiments.reproduce.figures import _bar_figure
+from vitlab.experiments.reproduce.claims.shared import FASHION_VIT, VIT, fashion_run, n_full
+from vitlab.experiments.reproduce.figures import bar_figure
 from vitlab.experiments.reproduce.runs import RunSpec, run_spec
 from vitlab.experiments.reproduce.verdicts import _ms, _stats, greater
 
 
-def _ft_lrs(scale: Scale) -> tuple[float, ...]:
+def _lrs(scale: Scale) -> tuple[float, ...]:
     return (1e-3,) if scale.quick else (3e-4, 1e-3)
 
 
 def _digits_data(scale: Scale) -> dict:
-    return {"name": "digits", "n_train": 200 if scale.quick else 500, "n_val": 1297, "img_size": 16}
+    # 28x28 and one grey channel: the pre-trained model's input
+    return {"name": "digits", "n_train": 100 if scale.quick else 500, "n_val": 1297, "img_size": 28, "channels": 1}
 
 
-def _plan_ft(scale: Scale) -> list[RunSpec]:
-    n_big, e_big = _scale_points(scale)[-1]
+def _plan(scale: Scale) -> list[RunSpec]:
+    epochs = 2 if scale.quick else 12
     out = []
     for s in scale.seeds:
-        pre = _scale_run("vit_mini", n_big, e_big, s, scale)  # the data-scale experiment's largest ViT run
-        for lr in _ft_lrs(scale):
-            out.append(run_spec(_digits_data(scale), "vit_mini", epochs=5 if scale.quick else 20, lr=lr, batch_size=32, seed=s, init=pre))
-            out.append(run_spec(_digits_data(scale), "vit_mini", epochs=5 if scale.quick else 20, lr=lr, batch_size=32, seed=s))
+        pre = fashion_run(VIT, n_full(scale), s, scale)  # the data-scale experiment's ViT on the full training set
+        for lr in _lrs(scale):
+            for init in (pre, None):
+                out.append(run_spec(_digits_data(scale), VIT, overrides=FASHION_VIT, epochs=epochs, lr=lr,
+                                    batch_size=32, seed=s, init=init))
     return out
 
 
-def _analyze_ft(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
-    runs = _plan_ft(scale)
+def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
+    runs = _plan(scale)
     arms = {"fine-tuned": [r for r in runs if r.init is not None], "from scratch": [r for r in runs if r.init is None]}
-    acc = {(a, lr): res.acc([r for r in arms[a] if r.lr == lr]) for a in arms for lr in _ft_lrs(scale)}
-    best = {a: max(_ft_lrs(scale), key=lambda lr: _stats(acc[(a, lr)])[0]) for a in arms}
+    acc = {(a, lr): res.acc([r for r in arms[a] if r.lr == lr]) for a in arms for lr in _lrs(scale)}
+    best = {a: max(_lrs(scale), key=lambda lr: _stats(acc[(a, lr)])[0]) for a in arms}
     verdict = greater(acc[("fine-tuned", best["fine-tuned"])], acc[("from scratch", best["from scratch"])], 0.0,
                       what=f"fine-tuned (lr {best['fine-tuned']:g}) - from scratch (lr {best['from scratch']:g})")
-    fig = _bar_figure(fig_dir / "claim6_pretrain.png", [f"{a}\n(lr {best[a]:g})" for a in arms],
-                      [acc[(a, best[a])] for a in arms], "Digits (500 train): pre-trained on shapes vs scratch", hlines={"chance": 0.1})
-    n_big, e_big = _scale_points(scale)[-1]
     spec0 = arms["fine-tuned"][0]
+    fig = bar_figure(fig_dir / "claim6_pretrain.png", [f"{a}\n(lr {best[a]:g})" for a in arms],
+                     [acc[(a, best[a])] for a in arms], f"Digits ({spec0.n_train} train): pre-trained on Fashion-MNIST vs scratch",
+                     hlines={"chance": 0.1}, full_axis=True)
     return Outcome(
-        setup=(f"Pre-training: the data-scale experiment's ViT (`vit_mini` at 16x16) trained on {n_big:,} shapes for {e_big} "
-               f"epoch(s). Fine-tuning: scikit-learn digits (real handwriting, 8x8 upsampled to 16x16), "
-               f"{spec0.n_train} train images (stratified) / the rest ({dict(spec0.data)['n_val']}) val, new zero head "
-               f"(Section 3.2), all weights trained, AdamW, batch 32, {spec0.epochs} epochs; from scratch: the same model "
-               f"randomly initialised, same recipe. Each arm gets its best lr of {', '.join(f'{lr:g}' for lr in _ft_lrs(scale))}."),
+        setup=(f"Pre-training: claim 5's ViT trained on all {n_full(scale):,} Fashion-MNIST images for "
+               f"{spec0.init.epochs} epoch(s), per seed. Fine-tuning: scikit-learn's digits (real handwriting, 8x8 "
+               f"upsampled to 28x28, one grey channel), {spec0.n_train} training images (stratified) and "
+               f"{dict(spec0.data)['n_val']} for validation, a new zero-initialised head (Section 3.2), all weights "
+               f"trained, AdamW, batch 32, {spec0.epochs} epochs, no augmentation (a flipped digit is another digit); "
+               "from scratch: the same model randomly initialised, the same recipe. Each arm at its best learning "
+               f"rate of {', '.join(f'{lr:g}' for lr in _lrs(scale))}."),
         header=["arm", "lr", "val acc % (mean +- std)", ""],
-        rows=[[a, f"{lr:g}", _ms(acc[(a, lr)]), "best" if lr == best[a] else ""] for a in arms for lr in _ft_lrs(scale)],
+        rows=[[a, f"{lr:g}", _ms(acc[(a, lr)]), "best" if lr == best[a] else ""] for a in arms for lr in _lrs(scale)],
         verdict=verdict, figures=[fig],
         csv_header=["arm", "lr", "seed", "val_acc"],
         csv_rows=[[a, r.lr, r.seed, res[r]["val_acc"]] for a in arms for r in arms[a]],
+        notes=("The paper's transfer numbers are from far larger pre-training (Table 2: ViT-L/16 pre-trained on "
+               "ImageNet-21k reaches 85.30% on ImageNet after fine-tuning; Table 5: ViT-B/16 77.91% trained on "
+               "ImageNet alone, 83.97% pre-trained on ImageNet-21k)."),
     )
 
 
@@ -60,6 +68,6 @@ EXPERIMENT = Experiment(
     6, "pretrain", "Pre-train, then fine-tune on a small real dataset",
     "Pre-train on a large dataset, replace the head and fine-tune on the small task: better than training "
     "the same ViT from scratch on the small task.",
-    "seed 004 section 6.2; paper Section 3.2", "reproduced if fine-tuned beats from scratch, each at its best lr "
-    "(greater, margin 0)", _plan_ft, _analyze_ft,
+    "seed 004 section 6.2; paper Section 3.2",
+    "reproduced if fine-tuned beats from scratch, each at its best lr (greater, margin 0)", _plan, _analyze,
 )

@@ -1,0 +1,42 @@
+"""What several test files share: a private vitlab cache folder for the session, and Fashion-MNIST's
+files (a skip that says how to get them when they are missing; a failure under CI=true, where
+`.ci/run` installs them)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vitlab.data import fashion_mnist
+from vitlab.errors import VitlabError
+
+HOW = ("install Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist), or set VITLAB_DATA "
+       "to a folder with its four idx files")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory) -> Path:
+    """vitlab's cache folder (where Fashion-MNIST's .gz files are decompressed) in the session's temporary
+    folder, not in the home folder; subprocesses inherit it."""
+    old = os.environ.get("VITLAB_CACHE")
+    path = tmp_path_factory.mktemp("vitlab_cache")
+    os.environ["VITLAB_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("VITLAB_CACHE", None)
+    else:
+        os.environ["VITLAB_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def fashion(private_cache) -> Path:
+    """The folder of Fashion-MNIST's checked, uncompressed idx files."""
+    try:
+        return fashion_mnist.locate(download=False)
+    except VitlabError:
+        message = f"needs Fashion-MNIST's files, which are not on this machine: {HOW}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
