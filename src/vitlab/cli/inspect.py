@@ -7,6 +7,8 @@ distance of every head against depth, in pixels, averaged over a set of images. 
 
 from __future__ import annotations
 
+import sys
+
 from vitlab.analysis import plots
 from vitlab.cli._common import add_out, model_from_args
 from vitlab.cli.attention import add_analysis_arguments
@@ -39,7 +41,8 @@ def run(args) -> int:
         images, source = [im for _, im in sample_photos(args.max_images)], "scikit-image's bundled photos"
     model = model_from_args(args).to(resolve_device(args.device)).eval()
     x = images_tensor(images, model.pretrained_cfg, model.cfg.img_size)
-    summary = plots.write_figure7(model, x, args.out, batch_size=args.batch_size)
+    summary = plots.write_figure7(model, x, args.out, batch_size=args.batch_size, fast_path=args.fast_path,
+                                  log=lambda line: print(line, file=sys.stderr))
     print(f"Figure 7 for {args.model or args.pretrained or args.checkpoint} ({len(x)} images from {source}):")
     if "pcs_explained" in summary:
         print(f"  (a) first 28 principal components of the patch-embedding filters explain {summary['pcs_explained']:.1%} of their variance")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.cli._common import DefaultsFormatter, add_device, add_model_source, add_precision, add_threads
+from vitlab.cli._common import DefaultsFormatter, add_device, add_fast_path, add_model_source, add_precision, add_threads
 from vitlab.data.datasets import DATASETS
 from vitlab.runtime import num_threads
 from vitlab.train.recipe import RECIPES, Recipe
@@ -81,6 +81,7 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
                    help="run folder: metrics.csv, tensorboard/, checkpoints, PNGs, summary.json")
     x.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_threads(x)
+    add_fast_path(x)
     p.set_defaults(func=run, preset=preset)
 
 
