@@ -175,11 +175,12 @@ def evaluate(model: nn.Module, loader: Iterable, *, device: torch.device, precis
 @dataclass
 class History:
     """What `fit` returns: one row per epoch (the metrics.csv rows), the EMA model when the recipe keeps
-    one, and the head's learning rate at every optimizer step (for the curves)."""
+    one, the head's learning rate at every optimizer step (for the curves), and the fast path taken."""
 
     rows: list[dict] = field(default_factory=list)
     ema: nn.Module | None = None
     lr_steps: tuple[list[float], list[float]] = ((), ())
+    fast_path: list[str] = field(default_factory=list)  # the lines `fit` said about the path it took
 
     @property
     def last(self) -> dict:
@@ -282,12 +283,18 @@ def fit(
     seed_everything(recipe.seed + dist.rank)  # each process its own augmentation and dropout stream
     model.to(dev)
     fast = check_fast_path(fast_path)
+    fast_lines: list[str] = []  # what the run said about its fast path, kept in the History too
+
+    def say_fast(line: str) -> None:
+        fast_lines.append(line)
+        say(line)
+
     notes = prepare_training(model, precision=recipe.precision, batch_size=recipe.batch_size, fast=fast)
-    say(f"fast path: {', '.join(notes) or 'the model as built'}")
+    say_fast(f"fast path: {', '.join(notes) or 'the model as built'}")
     if dist.world_size > 1 and fast == "compile":
-        say("fast path: not compiled: compiling is for one process (this run has several)")
+        say_fast("fast path: not compiled: compiling is for one process (this run has several)")
     compiler = TrainingCompiler(model, precision=recipe.precision, batch_size=recipe.batch_size,
-                                fast=fast if dist.world_size == 1 else "eager", log=say)
+                                fast=fast if dist.world_size == 1 else "eager", log=say_fast)
     ids, L = layer_ids(model)
     K = recipe.freeze_epochs
     thresholds = (L + 2, freeze_threshold(recipe.unfreeze, L))  # stage 1: the head only; stage 2: `unfreeze`
@@ -297,7 +304,7 @@ def fit(
                         switch_prob=recipe.mix_switch_prob) if recipe.mixes else None
     identity = dict(identity or {})
 
-    history = History(ema=ema, lr_steps=lr_steps)
+    history = History(ema=ema, lr_steps=lr_steps, fast_path=fast_lines)
     start = 0
     if resume:
         start, history.rows = _restore(out, model, optimizer, scheduler, ema, recipe, identity, dist)

@@ -21,6 +21,7 @@ from vitlab.experiments.reproduce.report import _duration, render_html, render_m
 from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, RunCache, RunSpec, build_model, execute_run
 from vitlab.fileio import write_csv, write_text
 from vitlab.runtime import num_threads, process_pool, resolve_device
+from vitlab.speed.fastpath import check_fast_path
 from vitlab.train.optim import build_optimizer
 
 
@@ -87,6 +88,7 @@ def reproduce(
     workers: int | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    fast_path: str = "auto",
 ) -> dict:
     """Run (or read from the cache) the selected experiments and write report.md, report.html,
     results/*.csv and figures/*.png under `out_dir`. Returns {name: verdict status}.
@@ -94,8 +96,10 @@ def reproduce(
     On CPU every run uses one thread, and `workers` runs (default: one per core, at most 4) train side by
     side in separate processes: these models are so small that a second intra-op thread costs more in
     synchronisation than it gains (and on a busy machine it can make a step 30x slower). The numbers do
-    not depend on the number of workers: each run is seeded on its own.
+    not depend on the number of workers: each run is seeded on its own. `fast_path`: each run's
+    (`vitlab.speed.fastpath`; a run compiles only where its own steps repay it), kept in its result.
     """
+    check_fast_path(fast_path)
     n_seeds = seeds if seeds is not None else (2 if quick else 3)
     if n_seeds < 1:
         raise VitlabError(f"seeds must be at least 1 (3 or more for error bars); found {n_seeds}", arg="seeds")
@@ -126,9 +130,9 @@ def reproduce(
             if n_workers == 1:
                 for spec in batch:
                     step = costs[spec.key] / max(spec.epochs, 1)
-                    execute_run(spec, cache, dev, on_epoch=lambda: bar.update(step))
+                    execute_run(spec, cache, dev, on_epoch=lambda: bar.update(step), fast_path=fast_path)
             else:
-                _run_parallel(batch, cache, dev, n_workers, lambda spec: bar.update(costs[spec.key]))
+                _run_parallel(batch, cache, dev, n_workers, lambda spec: bar.update(costs[spec.key]), fast_path)
         bar.close()
 
     fig_dir, res_dir = out / "figures", out / "results"
@@ -149,6 +153,9 @@ def reproduce(
             "train_s": sum(cache.result(s)["train_time_s"] for s in runs)}
     write_text(out / "report.md", render_markdown(outcomes, meta))
     write_text(out / "report.html", render_html(outcomes, meta, out))
+    compiled = sum(any(line.startswith("fast path: compiled") for line in cache.result(s).get("fast_path", []))
+                   for s in todo)
+    log(f"fast path: {fast_path}: {compiled} of {len(todo)} run(s) trained compiled (the others repaid no compile)")
     log(f"wrote {out / 'report.md'} and report.html ({_duration(elapsed)}; {len(todo)} run(s) trained)")
     for e, o in outcomes:
         log(f"  claim {e.number} {e.name:12s} {o.verdict.status}")
@@ -163,18 +170,19 @@ def _workers(workers: int | None, device: torch.device, n_todo: int) -> int:
     return max(1, min(n, n_todo))
 
 
-def _worker_run(spec: RunSpec, cache_root: str, device: str) -> str:
-    execute_run(spec, RunCache(cache_root), torch.device(device))
+def _worker_run(spec: RunSpec, cache_root: str, device: str, fast_path: str) -> str:
+    execute_run(spec, RunCache(cache_root), torch.device(device), fast_path=fast_path)
     return spec.key
 
 
 def _run_parallel(specs: Sequence[RunSpec], cache: RunCache, device: torch.device, n_workers: int,
-                  done: Callable[[RunSpec], None]) -> None:
+                  done: Callable[[RunSpec], None], fast_path: str) -> None:
     """Train `specs` in `n_workers` spawned processes (one thread each); call `done` as each finishes."""
     if not specs:
         return
     with process_pool(n_workers, threads=1) as pool:
-        futures = {pool.submit(_worker_run, spec, str(cache.cache_dir), str(device)): spec for spec in specs}
+        futures = {pool.submit(_worker_run, spec, str(cache.cache_dir), str(device), fast_path): spec
+                   for spec in specs}
         for future in as_completed(futures):
             future.result()  # re-raise a worker's error here
             done(futures[future])

@@ -142,12 +142,14 @@ class _OnEpoch(Callback):
         self.fn()
 
 
-def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: Callable[[], None] | None = None) -> dict:
-    """Train one run (or read it from the cache) and return its result."""
+def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: Callable[[], None] | None = None,
+                fast_path: str = "auto") -> dict:
+    """Train one run (or read it from the cache) and return its result. `fast_path`: fit's (the same
+    numbers to float rounding; the result records the path taken)."""
     if cache.has(spec):
         return cache.result(spec)
     if spec.init is not None and not cache.has(spec.init):
-        execute_run(spec.init, cache, device)
+        execute_run(spec.init, cache, device, fast_path=fast_path)
     xt, yt, xv, yv, k = _dataset(spec.data, spec.seed)
     seed_everything(spec.seed)  # the model's initialisation depends on the seed too
     if spec.init is not None:
@@ -160,7 +162,7 @@ def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: 
     t0 = time.perf_counter()
     history = fit(model, TensorLoader(xt, yt, batch_size=spec.batch_size, shuffle=True, seed=spec.seed),
                   TensorLoader(xv[:VAL_PER_EPOCH], yv[:VAL_PER_EPOCH], batch_size=500), recipe, device=device,
-                  callbacks=[_OnEpoch(on_epoch)] if on_epoch else [])
+                  callbacks=[_OnEpoch(on_epoch)] if on_epoch else [], fast_path=fast_path)
     train_time = time.perf_counter() - t0
     final = evaluate(model, TensorLoader(xv, yv, batch_size=500), device=device)
     result = {
@@ -174,6 +176,7 @@ def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: 
         "train_loss": history.last["train_loss"],
         "train_time_s": train_time,
         "device": str(device),
+        "fast_path": history.fast_path,
         "curve": [{"epoch": r["epoch"], "train_loss": r["train_loss"], "val_acc": r["val_acc"]} for r in history.rows],
     }
     if spec.measure:
