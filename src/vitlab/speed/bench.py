@@ -215,11 +215,12 @@ class BenchRow:
     mfu: float  # flops_per_s over the measured matmul rate of the same precision
     how: str  # what ran on this path
     vs_best_peer: float | None = None  # vitlab rows: vitlab's speed over the fastest peer's (paired median)
-    compile_s: float | None = None  # compiled paths: the first call less a steady one (wall clock)
-    pays_after_images: float | None = None  # compiled paths: compile_s over the seconds saved per image
+    compile_s: float | None = None  # a compile measured for this path: its first call less a steady one (wall)
+    pays_after_images: float | None = None  # compile_s over the seconds it saves per image (None: not faster)
     cpu: str = ""
     threads: int = 0
     clock: str = "wall"
+    compiled_path: bool = False  # whether the row's images/s are those of a compiled model
     repeats: list[float] = field(default_factory=list)
 
 
@@ -375,13 +376,12 @@ def bench_model(
         C.Measurement(C.record_key(ours, mode=mode, precision=precision, batch_size=batch_size, device=device),
                       uncompiled=[per_image["vitlab"] * unit], compiled=[per_image["vitlab-compiled"] * unit],
                       compile_s=cs).save(calibration())
+        compile_s["vitlab"] = cs
+        compile_s["vitlab-saved"] = per_image["vitlab"] - per_image["vitlab-compiled"]
         if fast_path == "compile" or per_image["vitlab-compiled"] < per_image["vitlab"]:
-            saved = per_image["vitlab"] - per_image["vitlab-compiled"]
             times["vitlab"] = times["vitlab-compiled"]
             how["vitlab"] = (f"compiled (torch.compile{'' if train else ' with freezing'}); uncompiled "
                              f"({how['vitlab']}): {per_image['vitlab'] ** -1:.2f} img/s")
-            compile_s["vitlab"] = cs
-            compile_s["vitlab-saved"] = saved
         else:
             how["vitlab"] += (f"; not compiled (compiled: {per_image['vitlab-compiled'] ** -1:.2f} img/s after a "
                               f"{cs:.0f} s compile)")
@@ -399,10 +399,12 @@ def bench_model(
         if path == "vitlab" and peers:
             row.vs_best_peer = min(paired_ratio(ts, times[p]) for p in peers)
         if path == "timm-compile":
+            row.compiled_path = True
             row.compile_s = max(0.0, compile_s[path] - s)
             saved = statistics.median(times["timm"]) / batch_size - s / batch_size if "timm" in times else None
             row.pays_after_images = row.compile_s / saved if saved and saved > 0 else None
         if path == "vitlab" and "vitlab" in compile_s:
+            row.compiled_path = how[path].startswith("compiled")
             row.compile_s = compile_s["vitlab"]
             row.pays_after_images = row.compile_s / compile_s["vitlab-saved"] if compile_s["vitlab-saved"] > 0 else None
         rows.append(row)
@@ -496,7 +498,8 @@ def format_table(result: dict) -> str:
         if r["compile_s"] is not None:
             pays = (f"pays for itself after {r['pays_after_images']:,.0f} images" if r["pays_after_images"] is not None
                     else "never pays (not faster)")
-            compiles.append(f"  {r['model']} {r['mode']} {r['precision']} batch {r['batch']}, {r['path']}: "
+            which = r["path"] if r["compiled_path"] else f"{r['path']} compiled (not its row: slower)"
+            compiles.append(f"  {r['model']} {r['mode']} {r['precision']} batch {r['batch']}, {which}: "
                             f"{r['compile_s']:.1f} s, {pays}")
     if compiles:
         lines += ["", "compile time (wall clock, the first call less a steady one; inductor's on-disk cache makes a "
