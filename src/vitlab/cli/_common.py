@@ -83,11 +83,10 @@ def add_threads(p: argparse.ArgumentParser, default: int | None = None, help: st
         "torch intra-op CPU threads (default: torch's; 1 is often fastest for small models on a busy CPU)"))
 
 
-def add_fast_path(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fast-path", choices=FAST_PATHS, default="auto",
-                   help="auto: the kernels measured fastest on this machine, and torch.compile where the run repays "
-                   "it; compile: always compile; eager: never compile; off: the model exactly as built (the path "
-                   "taken is printed)")
+def add_fast_path(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    p.add_argument("--fast-path", choices=FAST_PATHS, default="auto", help=help or (
+        "auto: the kernels measured fastest on this machine, and torch.compile where the run repays it; compile: "
+        "always compile; eager: never compile; off: the model exactly as built (the path taken is printed)"))
 
 
 def add_out(p: argparse.ArgumentParser, *, help: str, required: bool = True, default: str | None = None) -> None:

@@ -59,7 +59,9 @@ def register(subparsers) -> None:
                    help="wall: elapsed seconds; cpu: the process's CPU seconds, which leave out waiting for a "
                         "core on a shared machine (use with --threads 1)")
     p.add_argument("--quick", action="store_true", help=f"a seconds-long smoke run ({QUICK_MODEL}, small sizes)")
-    add_fast_path(p)
+    add_fast_path(p, help="vitlab's path. auto: the kernels measured fastest on this machine, and its compiled model "
+                  "too when compile is among the peers (the faster of the two is its row); compile: its compiled "
+                  "model; eager: never compiled; off: the model exactly as built")
     p.add_argument("--recalibrate", action="store_true",
                    help="forget the kernel choices and compile times measured on this machine before, and measure "
                    "them again")
