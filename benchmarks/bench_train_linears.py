@@ -1,4 +1,5 @@
-"""A vitlab fp32 training step on CPU with and without `vitlab.speed.cpu_training` (oneDNN for the big products).
+"""A vitlab fp32 training step on CPU with and without `vitlab.speed.cpu_training` (each product by the library
+measured faster on this machine).
 
 The same model and weights twice, one with its nn.Linear layers swapped for TrainingLinear (what
 `fit`, `vitlab train` and `vitlab finetune` do on CPU), each taking a forward pass, cross-entropy,
@@ -7,7 +8,8 @@ backward and a fused AdamW step on one fixed batch; alternating rounds after a w
 With --products it times the three products of a Linear one by one instead, MKL (what nn.Linear
 calls) against oneDNN with the weight reordered on each call (vitlab.speed.cpu_training), for ViT-B/16's
 four Linear shapes at 197, 1576 and 6304 rows (batch 1, 8 and 32 at 224), and prints the ranges that
-`src/vitlab/cpu_training.py`'s docstring cites.
+`src/vitlab/speed/cpu_training.py`'s docstring cites: they differ from CPU to CPU, which is why vitlab
+measures them on the machine it runs on.
 
     python benchmarks/bench_train_linears.py --model vit_base_patch16_224 --batch-size 16 --threads 2
     python benchmarks/bench_train_linears.py --products        # ~2 min, one thread

@@ -1,4 +1,4 @@
-"""ViT-B/16 training throughput and MFU on one NVIDIA GPU, bf16 (issue 7, item 6).
+"""ViT-B/16 training throughput and MFU on one NVIDIA GPU, bf16.
 
 What it does, in one process:
 1. the GPU's bf16 matrix-multiply rate (an n x n x n product, median of repeats): the ceiling;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ViT-B/16 training at 224 in bf16 on one NVIDIA GPU: bf16 matmul rate, images/s, MFU (issue 7, item 6).
+# ViT-B/16 training at 224 in bf16 on one NVIDIA GPU: bf16 matmul rate, images/s, MFU.
 #
 #   bash benchmarks/gpu_bench.sh                 # from the repository root, on the GPU machine
 #   bash benchmarks/gpu_bench.sh --dry-run       # on a CPU: a tiny model through the same code paths

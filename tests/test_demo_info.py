@@ -168,7 +168,7 @@ def test_info_vit_b16(capsys):
 def _counted_flops(model, img_size, in_chans=3, device="cpu"):
     x = torch.randn(1, in_chans, *img_size, device=device)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model.eval()(x)
+        model.eval().forward_head(model.forward_features(x))  # every token through every block, as counted
     return counter.get_total_flops()
 
 

@@ -188,7 +188,7 @@ def test_runs_and_reports_found_under_a_folder(tmp_path):
     (root / ".half_written").mkdir(parents=True)
     (root / ".half_written" / "last.json").write_text("{}")
     (root / "demo" / "loop").symlink_to(root, target_is_directory=True)  # a loop is walked once
-    shutil.copytree(DOCS / "reproduce", root / "reproduce")
+    shutil.copytree(DOCS / "reproduce" / "synthetic", root / "reproduce")  # a committed report
     found = find_runs(root)
     assert found == [root / "demo" / "pos_learned", root / "digits"]
     assert find_runs(tmp_path / "nothing_here") == []

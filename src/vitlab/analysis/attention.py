@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,7 @@ from torch import nn
 
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.vit import VisionTransformer
+from vitlab.speed.fastpath import InferenceRunner
 
 HEAD_FUSIONS = ("mean", "max", "min")
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB of attention weights held per forward pass
@@ -142,28 +143,40 @@ def iter_attention(
     batch_size: int | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     out_device: str | torch.device | None = "cpu",
+    fast_path: str = "off",
+    log: Callable[[str], None] | None = None,
 ) -> Iterator[dict[int, torch.Tensor]]:
     """Yield, per chunk of images, {layer: (b, h, T, T) float32 attention weights}.
 
     Runs the model in eval mode without gradients on the model's device, asking
     `forward_features(x, return_attention=group)` for one group of layers at a time (the other layers
-    take the fast path). `batch_size=None` picks the chunk size from `max_bytes`.
+    take the fast path). `batch_size=None` picks the chunk size from `max_bytes`. `fast_path`
+    (`vitlab.speed.fastpath`, for images given as one (B, C, H, W) tensor): "auto" runs the passes on
+    the fastest path measured here (packed Linear weights, compiled where the images repay it), "off"
+    the model as it is; `log` gets the path taken.
     """
     check_vit(model)
     layers = _layer_list(model, layers)
     batch_size, groups = _plan(model, layers, batch_size, max_bytes)
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
+    count = images.shape[0] if isinstance(images, torch.Tensor) and images.ndim == 4 else None
     with _eval_mode(model):
+        run = InferenceRunner(model, precision="fp32", batch_size=batch_size, images=count * len(groups),
+                              device=device, fast=fast_path, method="forward_features") if count else model.forward_features
         for x in _batches(images, batch_size):
             x = x.to(device=device, dtype=dtype)
             chunk: dict[int, torch.Tensor] = {}
             for group in groups:
-                _, attns = model.forward_features(x, return_attention=group)  # list in layer order
+                _, attns = run(x, return_attention=group)  # list in layer order
                 for layer, attn in zip(group, attns):
                     attn = attn.float()
                     chunk[layer] = attn.to(out_device) if out_device is not None else attn
             yield chunk
+        if count:
+            run.finish()
+            if log is not None:
+                log(f"fast path: {run.describe()}")
 
 
 def attention_maps(
@@ -224,6 +237,8 @@ def cls_attention(
     *,
     batch_size: int | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    fast_path: str = "off",
+    log: Callable[[str], None] | None = None,
 ) -> dict[int, torch.Tensor]:
     """Per chosen layer, the attention of the token the head reads (the CLS row, or for a GAP model the
     mean over patch queries) to every patch: {layer: (B, h, gh, gw)}. Reduced chunk by chunk, so only
@@ -231,7 +246,8 @@ def cls_attention(
     check_vit(model)
     cfg = model.cfg
     out: dict[int, list[torch.Tensor]] = {}
-    for chunk in iter_attention(model, images, layers, batch_size=batch_size, max_bytes=max_bytes):
+    for chunk in iter_attention(model, images, layers, batch_size=batch_size, max_bytes=max_bytes, fast_path=fast_path,
+                                log=log):
         for layer, attn in chunk.items():
             m = token_map(attn, num_prefix_tokens=cfg.num_prefix_tokens, grid_size=cfg.grid_size, pool=_model_pool(model))
             out.setdefault(layer, []).append(m)
@@ -316,6 +332,8 @@ def rollout(
     end_layer: int = -1,
     batch_size: int | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    fast_path: str = "off",
+    log: Callable[[str], None] | None = None,
 ) -> torch.Tensor:
     """The rollout map the classifier reads, (B, gh, gw): the CLS row of the rollout matrix over the
     patches, or for a GAP model the average over the patch tokens' rows. Layers `start_layer` ..
@@ -326,7 +344,8 @@ def rollout(
     if start > end:
         raise VitlabError(f"rollout start layer {start} is after its end layer {end}")
     maps = []
-    for chunk in iter_attention(model, images, range(start, end + 1), batch_size=batch_size, max_bytes=max_bytes):
+    for chunk in iter_attention(model, images, range(start, end + 1), batch_size=batch_size, max_bytes=max_bytes,
+                                fast_path=fast_path, log=log):
         r = attention_rollout(chunk, head_fusion=head_fusion, discard_ratio=discard_ratio)  # (b, T, T)
         maps.append(token_map(r, num_prefix_tokens=cfg.num_prefix_tokens, grid_size=cfg.grid_size, pool=_model_pool(model)))
     return torch.cat(maps)
@@ -342,13 +361,16 @@ def explain(
     discard_ratio: float = 0.0,
     start_layer: int = 0,
     batch_size: int | None = None,
+    fast_path: str = "off",
+    log: Callable[[str], None] | None = None,
 ) -> tuple[torch.Tensor, list[str], list[str]]:
     """The maps `vitlab attention` draws: (B, R, C, gh, gw) plus row and column labels.
 
     method "cls": the attention of the token the head reads to every patch in each chosen layer
     (rows = layers); `head` picks a head (int), fuses them ("mean", "max", "min": one column) or keeps
     them all ("all": one column per head). method "rollout": one map, rollout over layers
-    `start_layer` .. the last of `layers`, heads fused by `head` (mean, max or min).
+    `start_layer` .. the last of `layers`, heads fused by `head` (mean, max or min). `fast_path`, `log`:
+    as `iter_attention`'s.
     """
     check_vit(model)
     chosen = _layer_list(model, layers)
@@ -356,12 +378,13 @@ def explain(
         if head not in HEAD_FUSIONS:
             raise VitlabError(f"head {head!r}: rollout fuses the heads of every layer; use mean, max or min", arg="head")
         m = rollout(model, images, head_fusion=str(head), discard_ratio=discard_ratio, start_layer=start_layer,
-                    end_layer=chosen[-1], batch_size=batch_size)  # (B, gh, gw)
+                    end_layer=chosen[-1], batch_size=batch_size, fast_path=fast_path, log=log)  # (B, gh, gw)
         start = _layer_list(model, start_layer)[0]
         return m[:, None, None], [f"rollout {start}-{chosen[-1]}"], [f"{head} of heads"]
     if method != "cls":
         raise VitlabError(f"method must be cls or rollout; found {method!r}", arg="method")
-    per_layer = cls_attention(model, images, chosen, batch_size=batch_size)  # {layer: (B, h, gh, gw)}
+    per_layer = cls_attention(model, images, chosen, batch_size=batch_size, fast_path=fast_path,
+                              log=log)  # {layer: (B, h, gh, gw)}
     maps = torch.stack([per_layer[layer] for layer in chosen], dim=1)  # (B, L, h, gh, gw)
     rows = [f"layer {layer}" for layer in chosen]
     if head == "all":
@@ -412,6 +435,8 @@ def mean_attention_distance(
     *,
     batch_size: int | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    fast_path: str = "off",
+    log: Callable[[str], None] | None = None,
 ) -> tuple[list[int], torch.Tensor]:
     """Figure 7 (right): per layer and head, the attention-weighted distance in pixels between query
     and key patches, averaged over the images. Returns (layers, distances (len(layers), h))."""
@@ -419,7 +444,8 @@ def mean_attention_distance(
     cfg = model.cfg
     total: dict[int, torch.Tensor] = {}
     n = 0
-    for chunk in iter_attention(model, images, layers, batch_size=batch_size, max_bytes=max_bytes):
+    for chunk in iter_attention(model, images, layers, batch_size=batch_size, max_bytes=max_bytes, fast_path=fast_path,
+                                log=log):
         for layer, attn in chunk.items():
             d = attention_distance(
                 attn, num_prefix_tokens=cfg.num_prefix_tokens, grid_size=cfg.grid_size, patch_size=cfg.patch_size

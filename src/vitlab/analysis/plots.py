@@ -253,7 +253,8 @@ def figure7c(
 
 
 
-def write_figure7(model, images, out_dir: str | Path, *, batch_size: int | None = None, k: int = 28) -> dict:
+def write_figure7(model, images, out_dir: str | Path, *, batch_size: int | None = None, k: int = 28,
+                  fast_path: str = "off", log=None) -> dict:
     """The paper's Figure 7 for `model`, as PNGs and CSVs in `out_dir`; returns what was written and
     the headline numbers. (a) needs a patch stem and (b) an absolute position embedding; a model
     without them gets a note instead of that panel.
@@ -261,6 +262,8 @@ def write_figure7(model, images, out_dir: str | Path, *, batch_size: int | None 
         fig7a_patch_embedding_pcs.png/.csv           first k principal components of E's filters
         fig7b_position_embedding_similarity.png/.csv cosine similarity of every pair of positions
         fig7c_mean_attention_distance.png/.csv       per layer and head, pixels, mean over `images`
+
+    `fast_path`, `log`: as `vitlab.analysis.attention.iter_attention`'s, for (c).
     """
     out_dir = Path(out_dir).expanduser()
     A.check_vit(model)
@@ -286,7 +289,8 @@ def write_figure7(model, images, out_dir: str | Path, *, batch_size: int | None 
         rows = [[i, i // gw, i % gw] + [f"{v:.5f}" for v in sim[i].tolist()] for i in range(gh * gw)]
         summary["files"].append(write_csv(out_dir / "fig7b_position_embedding_similarity.csv", header, rows))
         summary["pe_neighbour_vs_far"] = _neighbour_vs_far(sim, (gh, gw))
-    layers, dist = A.mean_attention_distance(model, images, batch_size=batch_size)  # (L, h)
+    layers, dist = A.mean_attention_distance(model, images, batch_size=batch_size, fast_path=fast_path,
+                                             log=log)  # (L, h)
     uniform = float(A.patch_distances(cfg.grid_size, cfg.patch_size).mean())
     summary["files"].append(figure7c(layers, dist, out_dir / "fig7c_mean_attention_distance.png", uniform=uniform))
     summary["files"].append(write_csv(out_dir / "fig7c_mean_attention_distance.csv", ["layer", "head", "mean_distance_px"],

@@ -4,6 +4,7 @@ where the model comes from, the device, the precision, CPU threads, the output.
     add_model_source(p, weights="required" | "optional" | "none")   --model, --pretrained | --checkpoint, --img-size
     model_from_args(args, num_classes=...)                          vitlab.create_model, load warnings printed
     add_device(p), add_precision(p), add_threads(p), add_out(p)   --out and --force (vitlab.fileio checks them)
+    add_fast_path(p)                                                --fast-path auto|compile|eager|off
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 from vitlab.errors import VitlabError
 from vitlab.models.factory import create_model
 from vitlab.runtime import PRECISIONS
+from vitlab.speed.fastpath import FAST_PATHS
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
@@ -81,6 +83,12 @@ def add_threads(p: argparse.ArgumentParser, default: int | None = None, help: st
         "torch intra-op CPU threads (default: torch's; 1 is often fastest for small models on a busy CPU)"))
 
 
+def add_fast_path(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    p.add_argument("--fast-path", choices=FAST_PATHS, default="auto", help=help or (
+        "auto: the kernels measured fastest on this machine, and torch.compile where the run repays it; compile: "
+        "always compile; eager: never compile; off: the model exactly as built (the path taken is printed)"))
+
+
 def add_out(p, *, help: str, required: bool = True, default: str | None = None, file: bool = False) -> None:
     """--out and --force: vitlab.fileio checks the place before any work (a folder vitlab can create
     or write, not someone else's non-empty folder, not an existing file) unless --force is given."""
@@ -91,4 +99,4 @@ def add_out(p, *, help: str, required: bool = True, default: str | None = None, 
 
 
 __all__ = ["DefaultsFormatter", "add_model_source", "model_from_args", "add_device", "add_precision", "add_threads",
-           "add_out"]
+           "add_fast_path", "add_out"]

@@ -7,11 +7,12 @@ or the fused heads), the final map at the image's resolution (`<stem>_<method>_o
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from vitlab.analysis import attention as A
 from vitlab.analysis import plots
-from vitlab.cli._common import add_device, add_model_source, add_out, model_from_args
+from vitlab.cli._common import add_device, add_fast_path, add_model_source, add_out, model_from_args
 from vitlab.data.folder import image_paths
 from vitlab.data.preprocess import images_tensor
 from vitlab.errors import check_range
@@ -20,11 +21,12 @@ from vitlab.runtime import resolve_device
 
 
 def add_analysis_arguments(p) -> None:
-    """The model and device flags, and --batch-size, shared with `vitlab inspect`."""
+    """The model and device flags, --batch-size and --fast-path, shared with `vitlab inspect`."""
     add_model_source(p, weights="optional")
     add_device(p)
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help="images per forward pass (default: as many as fit in 1 GiB of attention weights)")
+    add_fast_path(p)
 
 
 def register(subparsers) -> None:
@@ -70,11 +72,15 @@ def run(args) -> int:
     A.check_vit(model)
     x = images_tensor(paths, model.pretrained_cfg, model.cfg.img_size)  # (B, C, H, W)
     layers = {"last": -1, "all": "all"}.get(args.layer, args.layer)
+    said: list[str] = []  # the fast path taken: printed once the run has succeeded (a failed run prints its error alone)
     maps, rows, cols = A.explain(model, x, method=args.method, layers=layers, head=args.head,
                                  discard_ratio=args.discard_ratio, start_layer=args.start_layer,
-                                 batch_size=args.batch_size)  # (B, R, C, gh, gw)
+                                 batch_size=args.batch_size, fast_path=args.fast_path,
+                                 log=said.append)  # (B, R, C, gh, gw)
     with output_folder(args.out, kind="attention", force=args.force) as out:
         _write(args, out, model, paths, x, maps, rows, cols)
+    for line in said:
+        print(line, file=sys.stderr)
     return 0
 
 

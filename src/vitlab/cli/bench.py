@@ -1,8 +1,10 @@
-"""`vitlab bench`: images/s, achieved FLOP/s and MFU for vitlab (and timm side by side); peak memory.
+"""`vitlab bench`: images/s, achieved FLOP/s and MFU for vitlab next to timm, timm compiled and ONNX
+Runtime, with the same weights and inputs; compile times; peak memory.
 
-    vitlab bench --model vit_base_patch16_224 --batch-size 1 32 --precision fp32 bf16 --train --against timm
-    vitlab bench --model vit_base_patch16_224 --memory --batch-size 16     # gradient checkpointing saving
-    vitlab bench --quick --json                                            # a smoke run, seconds
+    vitlab bench --model vit_small_patch16_224 --batch-size 1 32 --precision fp32 bf16 --train \\
+        --against timm,compile,onnxruntime --threads 1
+    vitlab bench --model vit_base_patch16_224 --memory --batch-size 16      # gradient checkpointing saving
+    vitlab bench --quick --json                                             # a smoke run, seconds
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from vitlab.cli._common import add_device, add_threads
+from vitlab.cli._common import add_device, add_fast_path, add_threads
 from vitlab.errors import check_range
 from vitlab.runtime import PRECISIONS, num_threads, resolve_device
 from vitlab.speed import bench
@@ -21,12 +23,14 @@ QUICK_MODEL = "vit_mini_x"
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "bench",
-        help="speed (images/s, FLOP/s, MFU) next to timm and the matmul rate; peak memory",
+        help="speed (images/s, FLOP/s, MFU) next to timm, timm compiled and ONNX Runtime; peak memory",
         description=(
-            "Measures the machine's matmul rate (2048^3, fp32 and bf16), then inference and training-step "
-            "images/s of each model, alternating with timm's same model (same weights, precision, threads) "
-            "with --against timm. Warm-up, then the median of --repeats. MFU = achieved FLOP/s over the "
-            "matmul rate of the same precision. --memory measures peak resident memory instead."
+            "Measures the machine's matmul rate (2048^3, fp32 and bf16), then inference (and with --train, "
+            "training-step) images/s of each model on vitlab's path and on each peer of --against, the same "
+            "weights, inputs, precision and threads, run alternately: warm-up, then the median of --repeats. "
+            "MFU = achieved FLOP/s over the matmul rate of the same precision. Compile times and the images "
+            "after which compiling pays are printed below the table. --memory measures peak resident memory "
+            "instead."
         ),
     )
     p.add_argument("--model", nargs="+", default=None, metavar="NAME",
@@ -35,9 +39,12 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, nargs="+", default=None, metavar="B",
                    help="batch size(s) (default 32; 8 with --quick; 16 with --memory)")
     p.add_argument("--precision", nargs="+", default=["fp32"], choices=PRECISIONS,
-                   help="fp32 and/or bf16 (autocast on both sides)")
+                   help="fp32 and/or bf16 (autocast on every path)")
     p.add_argument("--train", action="store_true", help="also time a training step (forward, backward, AdamW)")
-    p.add_argument("--against", choices=["timm"], default=None, help="race timm's VisionTransformer alongside")
+    p.add_argument("--against", default=None, metavar="PEERS",
+                   help="a comma list of peers raced alongside: timm (timm's VisionTransformer, eager), compile "
+                   "(timm's under torch.compile, with freezing for inference; vitlab's compiled model is then "
+                   "measured too), onnxruntime (the exported model in ONNX Runtime, fp32 inference)")
     p.add_argument("--grad-checkpointing", action="store_true",
                    help="recompute block activations in the backward pass (training rows)")
     p.add_argument("--memory", action="store_true",
@@ -52,11 +59,14 @@ def register(subparsers) -> None:
                    help="wall: elapsed seconds; cpu: the process's CPU seconds, which leave out waiting for a "
                         "core on a shared machine (use with --threads 1)")
     p.add_argument("--quick", action="store_true", help=f"a seconds-long smoke run ({QUICK_MODEL}, small sizes)")
-    p.add_argument("--no-pack", action="store_true",
-                   help="run vitlab's Linear layers as plain nn.Linear, as timm's (default on CPUs with oneDNN: as "
-                   "vitlab's commands run them: weights packed once for inference, vitlab.speed.cpu_inference; big fp32 "
-                   "training products through oneDNN, vitlab.speed.cpu_training)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    add_fast_path(p, help="vitlab's path. auto: the kernels measured fastest on this machine, and its compiled model "
+                  "too when compile is among the peers (the faster of the two is its row); compile: its compiled "
+                  "model; eager: never compiled; off: the model exactly as built")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="forget the kernel choices and compile times measured on this machine before, and measure "
+                   "them again")
+    p.add_argument("--json", action="store_true",
+                   help="print the rows as a JSON list (one object per measurement) instead of the table")
     p.set_defaults(func=run)
 
 
@@ -67,6 +77,7 @@ def run(args) -> int:
                         matmul_size=1 if args.matmul_size is None else args.matmul_size, clock=args.clock)
     check_range("threads", args.threads, low=1, integer=True, optional=True)
     resolve_device(args.device)
+    against = bench.parse_against(args.against)
     say = (lambda s: print(f"... {s}", file=sys.stderr, flush=True)) if not args.json else None
     with num_threads(args.threads):
         if args.memory:
@@ -82,16 +93,20 @@ def run(args) -> int:
             models,
             batch_sizes=args.batch_size or [8 if args.quick else 32],
             precisions=args.precision,
-            train=args.train,
-            against_timm=args.against == "timm",
+            modes=["inference", "train"] if args.train else ["inference"],
+            against=against,
+            fast_path=args.fast_path,
             grad_checkpointing=args.grad_checkpointing,
             warmup=args.warmup,
             repeats=args.repeats or (2 if args.quick else 5),
             matmul_size=args.matmul_size or (256 if args.quick else 2048),
             device=args.device,
             clock=args.clock,
-            pack=not args.no_pack,
+            recalibrate=args.recalibrate,
             progress=say,
         )
-    print(json.dumps(result, indent=2) if args.json else bench.format_table(result))
+    if args.json:
+        print(json.dumps(result["rows"], indent=2))
+    else:
+        print(bench.format_table(result))
     return 0

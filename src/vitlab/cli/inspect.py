@@ -10,6 +10,8 @@ where high-norm artefact patches show (Darcet et al. 2023). PNG + CSV each.
 
 from __future__ import annotations
 
+import sys
+
 from vitlab.analysis import plots
 from vitlab.analysis.attention import check_vit
 from vitlab.cli._common import add_out, model_from_args
@@ -53,8 +55,10 @@ def run(args) -> int:
     model = model_from_args(args).to(resolve_device(args.device)).eval()
     check_vit(model)
     x = images_tensor(images, model.pretrained_cfg, model.cfg.img_size)
+    said: list[str] = []  # the fast path taken: printed once the run has succeeded
     with output_folder(args.out, kind="inspect", force=args.force) as out:
-        summary = plots.write_figure7(model, x, out, batch_size=args.batch_size)
+        summary = plots.write_figure7(model, x, out, batch_size=args.batch_size, fast_path=args.fast_path,
+                                      log=said.append)
         pcfg = model.pretrained_cfg
         display = plots.enlarge(plots.to_display(x[0], pcfg.mean, pcfg.std))
         norms = plots.write_token_norms(model, x, display, out, ratio=args.norm_ratio, batch_size=args.batch_size)
@@ -63,4 +67,6 @@ def run(args) -> int:
         print(f"  {line}")
     for path in summary["files"] + norms["files"]:
         print(f"  wrote {path}")
+    for line in said:
+        print(line, file=sys.stderr)
     return 0

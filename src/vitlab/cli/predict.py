@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from vitlab.cli._common import add_device, add_model_source, add_precision, model_from_args
+from vitlab.cli._common import add_device, add_fast_path, add_model_source, add_precision, model_from_args
 from vitlab.data.preprocess import describe
 from vitlab.inference.predict import check_options, format_results, predict_files
 from vitlab.models.vit import VisionTransformer
@@ -30,18 +30,21 @@ def register(subparsers) -> None:
     p.add_argument("--topk", type=int, default=5, metavar="K", help="how many classes to print per image (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON document (model, source, results) instead of text")
     add_device(p)
-    add_precision(p, help="fp32, or bf16 autocast (on a CPU, Linear weights are packed once for oneDNN: "
-                  "vitlab.speed.cpu_inference)")
+    add_precision(p, help="fp32, or bf16 autocast")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="images per forward pass (default 16)")
+    add_fast_path(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     check_options(topk=args.topk, batch_size=args.batch_size, device=args.device, precision=args.precision)
     model = model_from_args(args)
+    said: list[str] = []
     results = predict_files(model, args.images, topk=args.topk, device=args.device, precision=args.precision,
-                            batch_size=args.batch_size, pack=True)
+                            batch_size=args.batch_size, fast_path=args.fast_path, log=said.append)
     failed = [r for r in results if "error" in r]
+    for line in said if not failed else []:  # a failed run's stderr is its error lines alone
+        print(line, file=sys.stderr)
     for r in failed:
         print(f"error: {r['error']}", file=sys.stderr)
     pcfg = model.pretrained_cfg

@@ -8,7 +8,7 @@ estimate is printed first. Runs are cached under DIR/cache: rerunning resumes an
 
 from __future__ import annotations
 
-from vitlab.cli._common import add_device, add_out
+from vitlab.cli._common import add_device, add_fast_path, add_out
 from vitlab.experiments.reproduce import EXPERIMENTS, SCALES, reproduce
 
 
@@ -34,10 +34,11 @@ def register(subparsers) -> None:
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="runs trained side by side on CPU, one thread each (default: one per core, at most 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
+    add_fast_path(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     reproduce(args.out, scale=args.scale, only=args.only, seeds=args.seeds, device=args.device, workers=args.workers,
-              progress=not args.no_progress, force=args.force)
+              progress=not args.no_progress, force=args.force, fast_path=args.fast_path)
     return 0

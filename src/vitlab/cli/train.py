@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.cli._common import DefaultsFormatter, add_device, add_model_source, add_out, add_precision, add_threads
+from vitlab.cli._common import DefaultsFormatter, add_device, add_fast_path, add_model_source, add_out, add_precision, add_threads
 from vitlab.data.datasets import BUNDLED
 from vitlab.runtime import num_threads
 from vitlab.train.recipe import RECIPES, Recipe
@@ -89,6 +89,7 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
             "other files is refused unless --force)")
     x.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_threads(x)
+    add_fast_path(x)
     p.set_defaults(func=run, preset=preset)
 
 

@@ -9,13 +9,15 @@ file) instead of `predictions`.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
 from vitlab.data.preprocess import eval_transform, load_images
 from vitlab.errors import VitlabError, check_range
 from vitlab.runtime import autocast, check_precision, resolve_device
-from vitlab.speed import cpu_inference
+from vitlab.speed.fastpath import InferenceRunner
 
 
 def class_names(model: nn.Module) -> list[str] | None:
@@ -27,7 +29,8 @@ def class_names(model: nn.Module) -> list[str] | None:
 def predict_tensors(
     model: nn.Module, images: torch.Tensor, *, topk: int = 5, device: torch.device | None = None, precision: str = "fp32"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, 3, H, W) preprocessed images -> (probabilities (B, k), class indices (B, k)), best first."""
+    """(B, 3, H, W) preprocessed images -> (probabilities (B, k), class indices (B, k)), best first.
+    `model`: the model, or anything called like it (an `InferenceRunner`)."""
     device = device or next(model.parameters()).device
     with autocast(device, precision):
         logits = model(images.to(device))  # (B, num_classes)
@@ -55,14 +58,17 @@ def predict_files(
     precision: str = "fp32",
     batch_size: int = 16,
     img_size: int | tuple[int, int] | None = None,
-    pack: bool = False,
+    fast_path: str = "auto",
+    log: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """Predict every file in `paths`, in order. Each result is
     {"file": path, "predictions": [{"rank", "index", "label", "prob"}, ...]} or {"file": path, "error": message}.
 
     The model's `pretrained_cfg` decides the preprocessing (resize, crop, interpolation, mean, std).
-    `pack`: on a CPU with oneDNN, pack the model's Linear weights once (`vitlab.speed.cpu_inference`: the
-    same logits, faster); this changes `model` in place (the CLI does it).
+    `fast_path` (`vitlab.speed.fastpath`): "auto" runs the batches on the fastest path measured on this
+    machine (packed Linear weights, torch.compile where the run repays it; the same logits to ~1e-5),
+    "off" the model as it is. The model itself is left unpacked; its attention kernel may be set.
+    `log` gets one line saying the path taken.
     """
     dev = check_options(topk=topk, batch_size=batch_size, device=device, precision=precision)
     pcfg = model.pretrained_cfg
@@ -80,11 +86,11 @@ def predict_files(
             "meaningless; use weights fine-tuned for classification (e.g. an ..._in1k checkpoint) or fine-tune first"
         )
     model = model.to(dev).eval()
-    if pack and cpu_inference.supported(precision, dev):
-        model = cpu_inference.pack_for_cpu_inference(model, precision)
+    paths = [str(p) for p in paths]
+    runner = InferenceRunner(model, precision=precision, batch_size=batch_size, images=len(paths), device=dev,
+                             fast=fast_path)
     transform = eval_transform(pcfg, img_size or model.cfg.img_size)
     names = class_names(model)
-    paths = [str(p) for p in paths]
     results: dict[str, dict] = {}
     for start in range(0, len(paths), batch_size):
         chunk = paths[start : start + batch_size]
@@ -94,7 +100,7 @@ def predict_files(
         if not good:
             continue
         batch = torch.stack([t for _, t in good])  # (B, 3, H, W)
-        probs, indices = predict_tensors(model, batch, topk=topk, device=dev, precision=precision)
+        probs, indices = predict_tensors(runner, batch, topk=topk, device=dev, precision=precision)
         for (path, _), p_row, i_row in zip(good, probs.tolist(), indices.tolist()):
             results[path] = {
                 "file": path,
@@ -103,6 +109,9 @@ def predict_files(
                     for r, (p, i) in enumerate(zip(p_row, i_row))
                 ],
             }
+    runner.finish()
+    if log is not None:
+        log(f"fast path: {runner.describe()}")
     return [results[p] for p in paths]
 
 

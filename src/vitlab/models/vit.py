@@ -24,8 +24,10 @@ Deliberate departures from the paper, each for a reason:
   global average pooling, so their GAP checkpoints load and agree; `fc_norm=False` keeps it before the
   pool, as the original JAX release's classifier="gap" (with `class_token=False`).
 - The attention has two paths: `F.scaled_dot_product_attention` (fast, fused) and the explicit
-  softmax(QK^T / sqrt(d)) V of Eq. 5-7 in Appendix A, used when attention weights are asked for. The
-  caller picks per call (`return_attention=`); nothing global decides. Tests check they agree.
+  softmax(QK^T / sqrt(d)) V of Eq. 5-7 in Appendix A, used when attention weights are asked for
+  (`return_attention=`, per call), or for a model told to (`set_fused_attention(False)`, per model:
+  some CPUs run the explicit products faster in bf16, and `vitlab.speed` measures which). Nothing
+  global decides. Tests check they agree.
 
 The family that followed the paper changed a few parts; each is a `ViTConfig` field whose default is
 the paper's, so that DeiT, DINO/DINOv2 and CLIP checkpoints load exactly (module names as in timm):
@@ -351,24 +353,12 @@ class HybridEmbed(nn.Module):
 EXPLICIT_SLICE = 2**20  # logits per slice of the explicit path when no weights are returned (2 MiB in bf16)
 
 
-def explicit_is_faster(q: torch.Tensor) -> bool:
-    """Whether the explicit products beat `F.scaled_dot_product_attention` for this query tensor.
-
-    On CPU in bf16, torch 2.14's fused kernel (flash attention for CPU) is the slower one: two bf16
-    matrix products and a softmax (oneDNN's bf16 GEMMs), over slices of the batch of EXPLICIT_SLICE
-    logits, run 1.4-1.7x faster in inference and ~2.4x in training at ViT-S/B shapes (one AVX512-BF16
-    core; `vitlab bench --precision bf16`). In fp32 and on GPUs the fused kernel is as fast or faster,
-    and never materialises the N x N matrix: it stays the default there.
-    """
-    return q.device.type == "cpu" and q.dtype == torch.bfloat16
-
-
 class Attention(nn.Module):
     """Multi-head self-attention (MSA), Appendix A Eq. 5-8.
 
     Two paths, one set of weights: `F.scaled_dot_product_attention` (fused, never materialises the
     N x N matrix) and the explicit softmax(q k^T / sqrt(d)) v, taken when the weights are wanted, and
-    for bf16 on CPU, where torch's fused CPU kernel is the slower of the two (`explicit_is_faster`).
+    when `fused` is False (set by `VisionTransformer.set_fused_attention`).
     """
 
     def __init__(self, dim: int, heads: int, *, qkv_bias: bool = True, attn_dropout: float = 0.0, dropout: float = 0.0):
@@ -380,16 +370,25 @@ class Attention(nn.Module):
         self.attn_drop = nn.Dropout(attn_dropout)
         self.proj = nn.Linear(dim, dim)  # U_msa of Eq. 8
         self.proj_drop = nn.Dropout(dropout)
+        self.fused = True  # F.scaled_dot_product_attention unless the weights are wanted
 
     def forward(
-        self, x: torch.Tensor, bias: torch.Tensor | None = None, return_attention: bool = False
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, return_attention: bool = False,
+        queries: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`queries`: the output of the first `queries` tokens only (each still attends to all N)."""
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.heads, self.head_dim)  # (B, N, 3, h, d)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, h, N, d)
-        if return_attention or explicit_is_faster(q):
-            # Without the weights wanted, slices of the batch whose (b, h, N, N) logits fit in cache.
-            rows = B if return_attention else max(1, EXPLICIT_SLICE // (self.heads * N * N))
+        if queries is not None:
+            q = q[:, :, :queries]  # (B, h, Q, d)
+            bias = bias[:, :queries] if bias is not None else None  # (h, Q, N)
+        Q = q.shape[2]
+        if return_attention or not self.fused:
+            # Without the weights wanted, slices of the batch whose (b, h, N, N) logits fit in cache;
+            # a compiler schedules the products itself (and a loop would only lengthen its graph).
+            whole = return_attention or torch.compiler.is_compiling()
+            rows = B if whole else max(1, EXPLICIT_SLICE // (self.heads * Q * N))
             outs = []
             for qs, ks, vs in zip(q.split(rows), k.split(rows), v.split(rows)):
                 logits = (qs * self.scale) @ ks.transpose(-2, -1)  # (b, h, N, N)
@@ -403,7 +402,7 @@ class Attention(nn.Module):
             attn = None
             drop = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)  # (B, h, N, d)
-        out = out.transpose(1, 2).reshape(B, N, D)  # concatenate the heads: (B, N, h*d)
+        out = out.transpose(1, 2).reshape(B, Q, D)  # concatenate the heads: (B, Q, h*d)
         return self.proj_drop(self.proj(out)), attn
 
 
@@ -457,9 +456,12 @@ class Block(nn.Module):
         self.drop_path = StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
 
     def forward(
-        self, x: torch.Tensor, bias: torch.Tensor | None = None, return_attention: bool = False
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, return_attention: bool = False,
+        queries: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        y, attn = self.attn(self.norm1(x), bias, return_attention)
+        y, attn = self.attn(self.norm1(x), bias, return_attention, queries)
+        if queries is not None:
+            x = x[:, :queries]  # (B, Q, D): the tokens whose output is wanted
         x = x + self.drop_path(self.ls1(y))  # Eq. 2: z' = MSA(LN(z)) + z
         x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))  # Eq. 3: z = MLP(LN(z')) + z'
         return x, attn
@@ -584,18 +586,28 @@ class VisionTransformer(nn.Module):
         return getattr(self, "pos_embed_fixed", None)
 
     def forward_features(
-        self, x: torch.Tensor, return_attention: bool | Iterable[int] = False
+        self, x: torch.Tensor, return_attention: bool | Iterable[int] = False, class_token_only: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Eq. 1-3 and the final LayerNorm: (B, C, H, W) -> (B, p+N, D), plus attention if asked."""
+        """Eq. 1-3 and the final LayerNorm: (B, C, H, W) -> (B, p+N, D), plus attention if asked.
+
+        `class_token_only`: the last block computes the outputs of the tokens a head reads alone (the
+        class token, and a DeiT model's distillation token), (B, 1 or 2, D), all that Eq. 4 reads: its
+        MSA still attends to every token, but the other tokens' queries, projections and MLPs, ~3/4 of
+        the block's arithmetic, are skipped. `forward` does this for pool="cls"; a model without a class
+        token runs every token.
+        """
         wanted = self._attention_layers(return_attention)
         x = self.embed(x)
         attns = []
+        last = len(self.blocks) - 1
+        n_read = 2 if self.head_dist is not None else 1  # the tokens forward_head reads: class (and distillation)
         for i, block in enumerate(self.blocks):
             bias = self.rel_pos[i]().to(x.dtype) if self.rel_pos is not None else None  # (h, p+N, p+N)
+            queries = n_read if class_token_only and self.cls_token is not None and i == last and i not in wanted else None
             if self.grad_checkpointing and self.training and i not in wanted:
-                x, _ = checkpoint(block, x, bias, False, use_reentrant=False)  # recompute in backward
+                x, _ = checkpoint(block, x, bias, False, queries, use_reentrant=False)  # recompute in backward
             else:
-                x, attn = block(x, bias, i in wanted)
+                x, attn = block(x, bias, i in wanted, queries)
                 if attn is not None:
                     attns.append(attn)
         x = self.norm(x)
@@ -622,9 +634,10 @@ class VisionTransformer(nn.Module):
     def forward(
         self, x: torch.Tensor, return_attention: bool | Iterable[int] = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        class_token_only = self.cfg.pool == "cls"  # Eq. 4 reads z_L^0 alone
         if return_attention is False:
-            return self.forward_head(self.forward_features(x))
-        features, attns = self.forward_features(x, return_attention)
+            return self.forward_head(self.forward_features(x, class_token_only=class_token_only))
+        features, attns = self.forward_features(x, return_attention, class_token_only=class_token_only)
         return self.forward_head(features), attns
 
     def _attention_layers(self, return_attention: bool | Iterable[int]) -> set[int]:
@@ -658,6 +671,13 @@ class VisionTransformer(nn.Module):
         names = {"cls_token", "dist_token", "reg_token", "pos_embed", "pos_embed_row", "pos_embed_col"}
         names |= {n for n, _ in self.named_parameters() if n.startswith("rel_pos.")}
         return {n for n in names if n in dict(self.named_parameters())}
+
+    def set_fused_attention(self, enable: bool = True) -> None:
+        """Attention by `F.scaled_dot_product_attention` (True, the default) or by the explicit products
+        of Eq. 5-7 (False); the same numbers to float rounding. Attention weights, when asked for, always
+        come from the explicit path."""
+        for block in self.blocks:
+            block.attn.fused = enable
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each block's activations in the backward pass: less memory, ~30% more compute."""

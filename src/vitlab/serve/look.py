@@ -4,9 +4,10 @@ attention overlays (`vitlab attention`'s) and Figure 7 (`vitlab inspect`'s).
 Each one goes through the same library code as its command, with the same arguments, so the page and
 the command line show the same numbers for the same image: `predict_files` (the weights' own
 preprocessing, the softmax in fp32), `explain` + `plots.final_overlay` (the picture `vitlab attention`
-writes as <stem>_<method>_overlay.png), `plots.write_figure7`. The one difference: `vitlab predict`
-packs the Linear weights for oneDNN on a CPU, which changes a probability by ~1e-6; the page keeps one
-unpacked copy of each model, which the attention maps and Figure 7 need as they are.
+writes as <stem>_<method>_overlay.png), `plots.write_figure7`. The page runs each model as built
+(`fast_path="off"`), as `vitlab predict` does for a single batch; over many images `vitlab predict` may
+take a packed or compiled path (`vitlab.speed.fastpath`), which moves a probability by ~1e-6. The page
+keeps one copy of each model, which the attention maps and Figure 7 need as it is.
 
 Files are named by their base name in messages (an upload lives under a temporary folder, but the
 user knows it by its name).
@@ -46,7 +47,7 @@ def predict(loaded: LoadedModel, paths: list[str | Path], *, topk: int = 5) -> l
     "index", "label", "prob"}, ...]} or {"file": name, "error": message}. A model without a trained
     head is a VitlabError (predictions would be meaningless)."""
     results = predict_files(loaded.model, paths, topk=topk, device=loaded.device, precision=loaded.precision,
-                            batch_size=16, pack=False)
+                            batch_size=16, fast_path="off")
     for r, path in zip(results, paths):
         r["file"] = Path(path).name
         if "error" in r:

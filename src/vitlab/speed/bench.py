@@ -1,12 +1,22 @@
-"""Speed and memory: how fast vitlab runs on this machine, next to timm and next to the arithmetic limit.
+"""Speed and memory: how fast vitlab runs on this machine, next to the peers a user would pick.
 
 `vitlab bench` measures, in one process and at one thread count:
 
 1. the machine's matrix-multiply rate (a 2048^3 product in fp32 and in bf16): the ceiling a ViT,
    which is ~98% matrix products (`vitlab.analysis.flops`), can approach;
-2. vitlab's inference and training-step images/s for named models;
-3. timm's VisionTransformer with the same configuration, the same weights and the same precision, the
-   two run alternately (the order flips every repeat) so a slow phase of a shared machine hits both.
+2. for each model, precision and batch size, inference (and with `train`, training-step) images/s on
+   every path asked for, all with the same weights and inputs, run alternately (the order rotates
+   every repeat, so a slow phase of a shared machine hits all of them):
+       vitlab         as vitlab's commands run it (`vitlab.speed.fastpath`): the kernels measured
+                      fastest here, and compiled where that is faster (compiling is measured whenever
+                      `compile` is among the peers, and the faster of the two is vitlab's path)
+       timm           timm's VisionTransformer of the same configuration, as shipped (eager)
+       timm-compile   the same under `torch.compile`, with inductor's `freezing` for inference, as
+                      torch's documentation recommends for CPU inference
+       onnxruntime    the model exported to ONNX (`vitlab export`) in ONNX Runtime's CPU provider,
+                      inference in fp32 (its CPU provider has no bf16 matrix products)
+   The compile time of each compiled path (wall clock: the compiler's own processes count) and the
+   number of images after which it pays for itself are reported beside the rows.
 
 Every number is the median of several timed repeats after warm-up. Achieved FLOP/s uses the analytic
 count of `vitlab.analysis.flops.count_macs` (FLOPs = 2 x MACs; a training step counts 3x the forward:
@@ -25,8 +35,10 @@ import os
 import platform
 import resource
 import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -35,14 +47,32 @@ from torch import nn
 
 from vitlab.analysis.flops import _bytes, activation_elements, count_macs
 from vitlab.errors import VitlabError, check_range
+from vitlab.inference.export import export_onnx
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config, get_variant
 from vitlab.models.vit import ViTConfig, VisionTransformer
 from vitlab.runtime import autocast, check_precision, process_pool, resolve_device
-from vitlab.speed import cpu_inference, cpu_training
+from vitlab.speed import compiled as C
+from vitlab.speed import cpu_inference
+from vitlab.speed.attention import choose_attention
+from vitlab.speed.calibration import calibration, cpu_model
+from vitlab.speed.fastpath import check_fast_path, prepare_training
 from vitlab.train.optim import build_optimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PEERS = {"timm": "timm", "compile": "timm-compile", "onnxruntime": "onnxruntime"}  # --against word -> path
+PATHS = ("vitlab", "timm", "timm-compile", "onnxruntime")
+MODES = ("inference", "train")
+
+
+def parse_against(text: str | None) -> list[str]:
+    """`timm,compile,onnxruntime` -> the paths raced against vitlab, in that order."""
+    words = [w.strip() for w in (text or "").split(",") if w.strip()]
+    bad = [w for w in words if w not in PEERS]
+    if bad:
+        raise VitlabError(f"against: unknown peer(s) {', '.join(bad)}; expected a comma list of "
+                          f"{', '.join(PEERS)}", arg="against")
+    return list(dict.fromkeys(PEERS[w] for w in words))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -96,7 +126,7 @@ def matmul_rate(precision: str = "fp32", *, n: int = 2048, warmup: int = 2, repe
     """FLOP/s of an n x n x n matrix product (2 n^3 FLOPs) in `precision`: the best of `repeats`
     (the ceiling is what the machine can do; a slow repeat measures the neighbours, not the machine).
     On a CPU with oneDNN, the faster of torch.mm and oneDNN's product with a pre-packed operand (what
-    vitlab's inference runs, `vitlab.speed.cpu_inference`), so that MFU stays a share of the best rate."""
+    vitlab's packed inference runs, `vitlab.speed.cpu_inference`), so that MFU stays a share of the best rate."""
     device = torch.device(device)
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(n, n, generator=g).to(device, DTYPES[precision])
@@ -110,7 +140,7 @@ def matmul_rate(precision: str = "fp32", *, n: int = 2048, warmup: int = 2, repe
 
 
 # ----------------------------------------------------------------------------------------------------
-# The two sides: vitlab's model and timm's twin
+# The peers: timm's twin, compiled or not, and ONNX Runtime
 
 
 def timm_twin(model: VisionTransformer) -> nn.Module:
@@ -137,6 +167,23 @@ def timm_twin(model: VisionTransformer) -> nn.Module:
     return twin.to(next(model.parameters()).device)
 
 
+def onnxruntime_session(model: VisionTransformer, folder: str | Path):
+    """`model` exported to ONNX (as `vitlab export` does, checked against PyTorch) and loaded in ONNX
+    Runtime's CPU provider with torch's thread count, every graph optimisation on."""
+    try:
+        import onnxruntime as ort
+    except ImportError as e:  # pragma: no cover - onnxruntime is a dev dependency
+        raise VitlabError("against onnxruntime needs onnxruntime installed (pip install onnxruntime)",
+                          arg="against") from e
+    path = Path(folder) / "model.onnx"
+    export_onnx(copy.deepcopy(model).float().cpu().eval(), path)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 def _give_head_weights(model: VisionTransformer, seed: int = 0) -> None:
     """The zero-initialised head (Section 3.2) makes every logit 0; benchmarks and precision checks
     want logits that depend on the input, so the head gets small random weights."""
@@ -152,25 +199,32 @@ def forward_flops(cfg: ViTConfig) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------
-# One benchmark row
+# One benchmark: every path on one model, precision, batch size and mode
 
 
 @dataclass
 class BenchRow:
     model: str
-    mode: str  # "infer" or "train"
-    batch_size: int
+    mode: str  # "inference" or "train"
     precision: str
-    library: str  # "vitlab" or "timm"
-    seconds: float  # median seconds per call (one forward, or one training step)
+    batch: int
+    path: str  # one of PATHS
     images_per_s: float
+    seconds: float  # median seconds per call (one forward, or one training step)
     flops_per_s: float
     mfu: float  # flops_per_s over the measured matmul rate of the same precision
-    ratio: float | None = None  # vitlab / timm speed, median of back-to-back pairs (vitlab rows only)
+    how: str  # what ran on this path
+    vs_best_peer: float | None = None  # vitlab rows: vitlab's speed over the fastest peer's (paired median)
+    compile_s: float | None = None  # a compile measured for this path: its first call less a steady one (wall)
+    pays_after_images: float | None = None  # compile_s over the seconds it saves per image (None: not faster)
+    cpu: str = ""
+    threads: int = 0
+    clock: str = "wall"
+    compiled_path: bool = False  # whether the row's images/s are those of a compiled model
     repeats: list[float] = field(default_factory=list)
 
 
-def _inference_fn(model: nn.Module, x: torch.Tensor, precision: str) -> Callable[[], None]:
+def _inference_fn(model: Callable, x: torch.Tensor, precision: str) -> Callable[[], None]:
     device = x.device
 
     def fn() -> None:
@@ -183,7 +237,7 @@ def _inference_fn(model: nn.Module, x: torch.Tensor, precision: str) -> Callable
 def _train_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str) -> Callable[[], None]:
     """One training step as `vitlab.train.engine.train_one_epoch` takes it, less gradient clipping:
     forward under autocast, cross-entropy in fp32, backward, one fused AdamW step (the same optimizer
-    for both libraries). Returns the step as a closure."""
+    for every path). Returns the step as a closure."""
     optimizer = build_optimizer(model, lr=1e-4)  # a small lr: the weights stay meaningful over repeats
     device = x.device
 
@@ -198,13 +252,27 @@ def _train_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str
     return fn
 
 
+def _first_call_s(fn: Callable[[], None], device: torch.device) -> float:
+    """Wall seconds of a compiled path's first call (the compile, and one call), compiled from nothing:
+    in an empty inductor cache (torch's own test helper), so that no path reuses the kernels another
+    path compiled, and each time is what a first run on this machine takes."""
+    from torch._inductor.utils import fresh_cache
+
+    with fresh_cache():
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        return time.perf_counter() - t0
+
+
 def bench_model(
     name: str,
     *,
     batch_size: int = 32,
     precision: str = "fp32",
-    train: bool = False,
-    against_timm: bool = False,
+    mode: str = "inference",
+    against: list[str] = (),
+    fast_path: str = "auto",
     grad_checkpointing: bool = False,
     matmul_flops: dict[str, float],
     warmup: int = 1,
@@ -212,63 +280,134 @@ def bench_model(
     device: torch.device | str = "cpu",
     clock: str = "wall",
     seed: int = 0,
-    pack: bool = True,
+    notes: list[str] | None = None,
 ) -> list[BenchRow]:
-    """Inference (and with `train`, training-step) rows for vitlab, and for timm's twin if asked.
-
-    With `pack`, vitlab runs on a CPU with oneDNN as its commands do: inference as `vitlab predict`,
-    Linear weights packed once (`vitlab.speed.cpu_inference`), training as `vitlab train`, fp32 Linear
-    products by the faster library (`vitlab.speed.cpu_training`); timm's twin runs as timm ships it."""
+    """The rows of one model, batch size, precision and mode: vitlab's, then each path of `against`
+    (see the module docstring). `fast_path` is vitlab's (`vitlab.speed.fastpath`): with "auto" and
+    timm-compile among the peers, vitlab's compiled model is measured too and the faster of the two is
+    vitlab's row. `notes` gets a line for each path left out, with the reason."""
     check_precision(precision)
     check_range("batch_size", batch_size, low=1, integer=True)
+    check_fast_path(fast_path)
+    if mode not in MODES:
+        raise VitlabError(f"mode must be one of {', '.join(MODES)}; found {mode!r}", arg="mode")
+    for path in against:
+        if path not in PATHS[1:]:
+            raise VitlabError(f"against: {path!r} is not a peer; expected {', '.join(PATHS[1:])}", arg="against")
     device = resolve_device(device)
+    notes = notes if notes is not None else []
+    train = mode == "train"
     torch.manual_seed(seed)
     ours = create_model(name).to(device)
     if not isinstance(ours, VisionTransformer):
         raise VitlabError(f"vitlab bench measures ViTs; {name!r} is a CNN baseline")
     _give_head_weights(ours, seed)
     ours.set_grad_checkpointing(grad_checkpointing)
-    sides: dict[str, nn.Module] = {"vitlab": ours}
-    if against_timm:
-        theirs = timm_twin(ours)
-        if grad_checkpointing:
-            theirs.set_grad_checkpointing(True)
-        sides["timm"] = theirs
     cfg = ours.cfg
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch_size, cfg.in_chans, *cfg.img_size, generator=g).to(device)
     y = torch.randint(0, max(cfg.num_classes, 1), (batch_size,), generator=g).to(device)
+    tokens = cfg.num_patches + cfg.num_prefix_tokens
 
-    modes = ["infer"] + (["train"] if train else [])
-    rows: list[BenchRow] = []
-    for mode in modes:
-        if mode == "infer":
-            for m in sides.values():
-                m.eval()
-            infer_sides = dict(sides)
-            if pack and cpu_inference.supported(precision, device):
-                # vitlab's inference on CPU: Linear weights (cast and) reordered once, not per call
-                tokens = batch_size * (cfg.num_patches + cfg.num_prefix_tokens)
-                infer_sides["vitlab"] = cpu_inference.pack_for_cpu_inference(copy.deepcopy(ours), precision, tokens)
-            fns = {k: _inference_fn(m, x, precision) for k, m in infer_sides.items()}
-            flops = forward_flops(cfg) * batch_size
+    def fn_of(model: nn.Module) -> Callable[[], None]:
+        return _train_fn(model, x, y, precision) if train else _inference_fn(model, x, precision)
+
+    fns: dict[str, Callable[[], None]] = {}
+    how: dict[str, str] = {}
+    compile_s: dict[str, float] = {}
+
+    # vitlab, as its commands run it: the kernels measured fastest here (and compiled, measured below)
+    eager = copy.deepcopy(ours).train(train)
+    if fast_path == "off":
+        how["vitlab"] = "the model as built"
+    elif train:
+        how["vitlab"] = ", ".join(prepare_training(eager, precision=precision, batch_size=batch_size)) or "as built"
+    else:
+        said = [f"{a} attention" for a in [choose_attention(eager, precision=precision, batch_size=batch_size)] if a]
+        if cpu_inference.supported(precision, device):
+            n = cpu_inference.pack_for_cpu_inference(eager, precision, batch_size * tokens)
+            said.append(f"{n}/{cpu_inference.linear_count(eager)} Linear weights packed")
+        how["vitlab"] = ", ".join(said) or "as built"
+    fns["vitlab"] = fn_of(eager)
+    vitlab_compiled = fast_path in ("auto", "compile") and "timm-compile" in against or fast_path == "compile"
+    if vitlab_compiled:
+        base = copy.deepcopy(ours).train(train)
+        if train:
+            prepare_training(base, precision=precision, batch_size=batch_size)
         else:
-            for m in sides.values():
-                m.train()
-            if pack:
-                cpu_training.use_onednn_linears(ours)  # as vitlab's trainers run it (fp32 products by size)
-            fns = {k: _train_fn(m, x, y, precision) for k, m in sides.items()}
-            flops = 3 * forward_flops(cfg) * batch_size
+            base.set_fused_attention(all(b.attn.fused for b in eager.blocks))
+        fns["vitlab-compiled"] = fn_of(torch.compile(base, **C.compile_options(mode)))
+        compile_s["vitlab-compiled"] = _first_call_s(fns["vitlab-compiled"], device)
+
+    # the peers
+    twin = timm_twin(ours).train(train) if any(p.startswith("timm") for p in against) else None
+    if "timm" in against:
+        fns["timm"] = fn_of(twin)
+        how["timm"] = "as shipped"
+    if "timm-compile" in against:
+        options = {} if train else {"options": {"freezing": True}}
+        fns["timm-compile"] = fn_of(torch.compile(copy.deepcopy(twin), **options))
+        how["timm-compile"] = "torch.compile" + ("" if train else " with freezing")
+        compile_s["timm-compile"] = _first_call_s(fns["timm-compile"], device)
+    tmp = None
+    if "onnxruntime" in against:
+        if train or precision != "fp32" or device.type != "cpu":
+            notes.append(f"{name} {mode} {precision}: no onnxruntime row: ONNX Runtime runs inference here, and its "
+                         "CPU provider has no bf16 matrix products" if device.type == "cpu" else
+                         f"{name}: no onnxruntime row: its CPU provider is measured on a CPU only")
+        else:
+            tmp = tempfile.TemporaryDirectory(prefix="vitlab-bench-")
+            session = onnxruntime_session(ours, tmp.name)
+            x_np = x.cpu().numpy()
+            fns["onnxruntime"] = lambda: session.run(["logits"], {"image": x_np})
+            how["onnxruntime"] = "CPU provider, every graph optimisation"
+
+    try:
         times = race(fns, warmup=warmup, repeats=repeats, device=device, clock=clock)
-        mode_rows = {}
-        for lib, ts in times.items():
-            s = statistics.median(ts)
-            rate = flops / s
-            mode_rows[lib] = BenchRow(name, mode, batch_size, precision, lib, s, batch_size / s, rate,
-                                      rate / matmul_flops[precision], None, ts)
-        if "timm" in mode_rows:
-            mode_rows["vitlab"].ratio = paired_ratio(times["vitlab"], times["timm"])
-        rows.extend(mode_rows.values())
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    per_image = {k: statistics.median(v) / batch_size for k, v in times.items()}
+
+    if "vitlab-compiled" in times:
+        # compiling measured: remember it for the commands' decisions; vitlab's path is the faster one
+        cs = max(0.0, compile_s["vitlab-compiled"] - per_image["vitlab-compiled"] * batch_size)
+        unit = batch_size if train else 1  # training records are per step, inference per image
+        C.Measurement(C.record_key(ours, mode=mode, precision=precision, batch_size=batch_size, device=device),
+                      uncompiled=[per_image["vitlab"] * unit], compiled=[per_image["vitlab-compiled"] * unit],
+                      compile_s=cs).save(calibration())
+        compile_s["vitlab"] = cs
+        compile_s["vitlab-saved"] = per_image["vitlab"] - per_image["vitlab-compiled"]
+        if fast_path == "compile" or per_image["vitlab-compiled"] < per_image["vitlab"]:
+            times["vitlab"] = times["vitlab-compiled"]
+            how["vitlab"] = (f"compiled (torch.compile{'' if train else ' with freezing'}); uncompiled "
+                             f"({how['vitlab']}): {per_image['vitlab'] ** -1:.2f} img/s")
+        else:
+            how["vitlab"] += (f"; not compiled (compiled: {per_image['vitlab-compiled'] ** -1:.2f} img/s after a "
+                              f"{cs:.0f} s compile)")
+        del times["vitlab-compiled"]
+
+    cfg_flops = forward_flops(cfg) * batch_size * (3 if train else 1)
+    peers = [p for p in PATHS[1:] if p in times]
+    rows = []
+    for path in ["vitlab"] + peers:
+        ts = times[path]
+        s = statistics.median(ts)
+        row = BenchRow(name, mode, precision, batch_size, path, batch_size / s, s, cfg_flops / s,
+                       cfg_flops / s / matmul_flops[precision], how[path], cpu=cpu_model(),
+                       threads=torch.get_num_threads(), clock=clock, repeats=ts)
+        if path == "vitlab" and peers:
+            row.vs_best_peer = min(paired_ratio(ts, times[p]) for p in peers)
+        if path == "timm-compile":
+            row.compiled_path = True
+            row.compile_s = max(0.0, compile_s[path] - s)
+            saved = statistics.median(times["timm"]) / batch_size - s / batch_size if "timm" in times else None
+            row.pays_after_images = row.compile_s / saved if saved and saved > 0 else None
+        if path == "vitlab" and "vitlab" in compile_s:
+            row.compiled_path = how[path].startswith("compiled")
+            row.compile_s = compile_s["vitlab"]
+            row.pays_after_images = row.compile_s / compile_s["vitlab-saved"] if compile_s["vitlab-saved"] > 0 else None
+        rows.append(row)
     return rows
 
 
@@ -277,7 +416,7 @@ def machine_info(device: torch.device) -> dict:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "device": str(device),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "python": platform.python_version(),
     }
     if device.type == "cuda":
@@ -313,42 +452,47 @@ def run_bench(
     *,
     batch_sizes: list[int],
     precisions: list[str],
-    train: bool = False,
-    against_timm: bool = False,
+    modes: list[str] = ("inference",),
+    against: list[str] = (),
+    fast_path: str = "auto",
     grad_checkpointing: bool = False,
     warmup: int = 1,
     repeats: int = 5,
     matmul_size: int = 2048,
     device: str = "auto",
     clock: str = "wall",
-    pack: bool = True,
+    recalibrate: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """The whole `vitlab bench` run: machine rates, then one group of rows per (model, precision, batch).
-    Returns a JSON-ready dict: {"machine": ..., "matmul_flops": {precision: FLOP/s}, "rows": [...]}."""
+    """The whole `vitlab bench` run: machine rates, then one group of rows per (model, mode, precision,
+    batch). Returns a JSON-ready dict: {"machine", "clock", "matmul_flops": {precision: FLOP/s}, "rows",
+    "notes"}. `recalibrate` forgets this machine's measured choices first (`vitlab.speed.calibration`)."""
     check_options(models, batch_sizes=batch_sizes, precisions=precisions, warmup=warmup, repeats=repeats,
                   matmul_size=matmul_size, clock=clock)
     dev = resolve_device(device)
     say = progress or (lambda s: None)
+    if recalibrate:
+        calibration().clear()
+        say(f"calibration cleared: {calibration().path}")
     rates = {}
     for p in ("fp32", "bf16"):
         say(f"matmul {matmul_size}^3 {p}")
         rates[p] = matmul_rate(p, n=matmul_size, device=dev, clock=clock)
-    rows = []
+    rows, notes = [], []
     for name in models:
-        for p in precisions:
-            for b in batch_sizes:
-                say(f"{name} {p} batch {b}")
-                rows += bench_model(name, batch_size=b, precision=p, train=train, against_timm=against_timm,
-                                    grad_checkpointing=grad_checkpointing, matmul_flops=rates, warmup=warmup,
-                                    repeats=repeats, device=dev, clock=clock, pack=pack)
-    packed = pack and any(cpu_inference.supported(p, dev) for p in precisions)
+        for mode in modes:
+            for p in precisions:
+                for b in batch_sizes:
+                    say(f"{name} {mode} {p} batch {b}")
+                    peers = [a for a in against if not (mode == "train" and a == "onnxruntime")]
+                    rows += bench_model(name, batch_size=b, precision=p, mode=mode, against=peers, fast_path=fast_path,
+                                        grad_checkpointing=grad_checkpointing, matmul_flops=rates, warmup=warmup,
+                                        repeats=repeats, device=dev, clock=clock, notes=notes)
+    if "onnxruntime" in against and "train" in modes:
+        notes.append("onnxruntime: inference rows only (ONNX Runtime's training is another product)")
     return {"machine": machine_info(dev), "clock": clock, "matmul_size": matmul_size, "matmul_flops": rates,
-            "inference": "vitlab: Linear weights packed once (vitlab.speed.cpu_inference); timm: as shipped" if packed
-            else "both models as they are",
-            "training": "vitlab: big fp32 Linear products through oneDNN (vitlab.speed.cpu_training); timm: as shipped"
-            if train and pack and dev.type == "cpu" and cpu_training.supported() else "both models as they are",
-            "rows": [asdict(r) for r in rows]}
+            "warmup": warmup, "repeats": repeats, "calibration": str(calibration().path),
+            "rows": [asdict(r) for r in rows], "notes": list(dict.fromkeys(notes))}
 
 
 def format_table(result: dict) -> str:
@@ -356,20 +500,31 @@ def format_table(result: dict) -> str:
     rates = result["matmul_flops"]
     m = result["machine"]
     lines = [
-        f"torch {m['torch']} on {m['device']} ({m['cpu']}), {m['threads']} threads, {result['clock']} clock "
-        "(median of repeats; vitlab/timm: median of back-to-back pairs)",
+        f"torch {m['torch']} on {m['device']} ({m['cpu']}), {m['threads']} thread(s), {result['clock']} clock; "
+        f"median of {result['repeats']} repeats after {result['warmup']} warm-up; paths run alternately",
         f"matmul {result['matmul_size']}^3: fp32 {rates['fp32'] / 1e9:.1f} GFLOP/s, bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s",
-        f"inference: {result.get('inference', 'both models as they are')}",
-        *([f"training: {result.get('training', 'both models as they are')}"]
-          if any(r["mode"] == "train" for r in result["rows"]) else []),
+        f"vitlab's measured kernel choices: {result['calibration']}",
         "",
-        f"{'model':<24}{'mode':<6}{'batch':>6}{'prec':>6}  {'library':<8}{'img/s':>9}{'GFLOP/s':>10}{'MFU':>7}"
-        f"{'vitlab/timm':>13}",
+        f"{'model':<24}{'mode':<11}{'prec':<6}{'batch':>5}  {'path':<14}{'img/s':>9}{'GFLOP/s':>9}{'MFU':>7}"
+        f"{'vs best peer':>14}  how",
     ]
+    compiles = []
     for r in result["rows"]:
-        ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else ""
-        lines.append(f"{r['model']:<24}{r['mode']:<6}{r['batch_size']:>6}{r['precision']:>6}  {r['library']:<8}"
-                     f"{r['images_per_s']:>9.2f}{r['flops_per_s'] / 1e9:>10.1f}{100 * r['mfu']:>6.1f}%{ratio:>13}")
+        ratio = f"{r['vs_best_peer']:.3f}x" if r["vs_best_peer"] is not None else ""
+        lines.append(f"{r['model']:<24}{r['mode']:<11}{r['precision']:<6}{r['batch']:>5}  {r['path']:<14}"
+                     f"{r['images_per_s']:>9.2f}{r['flops_per_s'] / 1e9:>9.1f}{100 * r['mfu']:>6.1f}%{ratio:>14}  "
+                     f"{r['how']}")
+        if r["compile_s"] is not None:
+            pays = (f"pays for itself after {r['pays_after_images']:,.0f} images" if r["pays_after_images"] is not None
+                    else "never pays (not faster)")
+            which = r["path"] if r["compiled_path"] else f"{r['path']} compiled (not its row: slower)"
+            compiles.append(f"  {r['model']} {r['mode']} {r['precision']} batch {r['batch']}, {which}: "
+                            f"{r['compile_s']:.1f} s, {pays}")
+    if compiles:
+        lines += ["", "compile time (wall clock, the first call less a steady one; inductor's on-disk cache makes a "
+                      "second process's shorter):", *compiles]
+    if result.get("notes"):
+        lines += ["", *result["notes"]]
     return "\n".join(lines)
 
 
@@ -442,7 +597,9 @@ def _current_rss_bytes() -> int:
 def _memory_probe(name: str, batch_size: int, train: bool, precision: str, grad_checkpointing: bool,
                   threads: int, overrides: dict) -> dict:
     """Runs in a fresh process: build the model, run one step (two for training, so AdamW's state
-    exists), and report peak RSS above the RSS before the model was built."""
+    exists), and report peak RSS above the RSS before the model was built. Training runs as vitlab's
+    trainers run it (`prepare_training`), whose kernel choices a previous process has measured already:
+    measuring them here would add its own tensors to the peak."""
     torch.set_num_threads(threads)
     x = torch.randn(batch_size, 3, 8, 8)  # touch the allocator and kernels once before the baseline
     del x
@@ -455,7 +612,7 @@ def _memory_probe(name: str, batch_size: int, train: bool, precision: str, grad_
     device = torch.device("cpu")
     if train:
         model.train().set_grad_checkpointing(grad_checkpointing)
-        cpu_training.use_onednn_linears(model)  # as vitlab's trainers run on CPU
+        prepare_training(model, precision=precision, batch_size=batch_size)  # as vitlab's trainers run it
         optimizer = build_optimizer(model, lr=1e-4)
         y = torch.zeros(batch_size, dtype=torch.long)
         for _ in range(2):
@@ -479,9 +636,12 @@ def measure_peak_memory(name: str, batch_size: int, *, train: bool = True, preci
     "model_bytes": RSS added by building the model and the input, "weights_bytes": parameter bytes}.
     """
     threads = threads or torch.get_num_threads()
+    args = (name, batch_size, train, precision, grad_checkpointing, threads, overrides)
+    if train:
+        with process_pool(1, threads=threads) as pool:  # fills the calibration file for the measured run
+            pool.submit(_memory_probe, *args).result()
     with process_pool(1, threads=threads) as pool:
-        return pool.submit(_memory_probe, name, batch_size, train, precision, grad_checkpointing, threads,
-                           overrides).result()
+        return pool.submit(_memory_probe, *args).result()
 
 
 def memory_report(name: str, batch_size: int, *, precision: str = "fp32", threads: int | None = None,
@@ -519,6 +679,10 @@ def format_memory(report: dict) -> str:
 
 __all__ = [
     "BenchRow",
+    "PATHS",
+    "PEERS",
+    "parse_against",
+    "paired_ratio",
     "race",
     "matmul_rate",
     "timm_twin",

@@ -1,4 +1,4 @@
-"""Inference on CPU with every Linear's weight prepared once instead of on every call.
+"""Inference on CPU with Linear weights prepared once instead of on every call, where that is faster here.
 
 nn.Linear hands its weight to the matrix-multiply library on every call, which first reorders it into
 its blocked layout; under `torch.autocast("cpu", torch.bfloat16)` it is also cast to bf16 first:
@@ -7,8 +7,11 @@ ViT-B/16 moves its 86M weights once or twice per forward pass before any arithme
 (inductor's weight prepacking: `torch.ops.mkldnn._reorder_linear_weight` and `_linear_pointwise`,
 oneDNN). In bf16 the product is the same oneDNN kernel with bf16 inputs and outputs, so the logits
 are bitwise autocast's; in fp32 oneDNN's kernel replaces MKL's, the same to ~1e-6 (both tested).
-Measured on one core of the development VM with `vitlab bench --against timm` (see the README):
-ViT-B/16 and ViT-S/16 inference runs 1.13-1.28x as fast as timm's same model, in fp32 and in bf16.
+
+Whether it pays depends on the CPU: on an Intel Xeon with AMX a packed bf16 product of ViT-S/16's
+shapes ran 2-3.7x autocast's, while in fp32 packed and plain were within +-10% of each other, either
+way round. So each Linear is packed only where this machine measured the packed product faster at
+the rows it will see (`vitlab.speed.calibration`, once per shape, CPU and torch version).
 
 For inference only: a packed model has no Linear weights to train, and its state_dict is not a
 checkpoint. Everything else (LayerNorm, softmax, GELU) runs as before, under autocast for bf16.
@@ -17,7 +20,11 @@ checkpoint. Everything else (LayerNorm, softmax, GELU) runs as before, under aut
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from vitlab.models.vit import Mlp
+from vitlab.speed.calibration import Calibration, calibration, threads_tag
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -30,35 +37,89 @@ def supported(precision: str = "fp32", device: torch.device | str = "cpu") -> bo
 
 
 class PackedLinear(nn.Module):
-    """y = x W^T + b with W (cast to `dtype` and) reordered for oneDNN once (see the module docstring)."""
+    """y = x W^T + b with W (cast to `dtype` and) reordered for oneDNN once (see the module docstring);
+    with `gelu` ("none" for the exact GELU, "tanh" for its approximation), GELU(y) in the same kernel."""
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype, tokens_hint: int | None = None):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, rows: int | None = None, gelu: str | None = None):
         super().__init__()
         self.in_features, self.out_features, self.dtype = linear.in_features, linear.out_features, dtype
+        self.post_op, self.algorithm = ("gelu", gelu) if gelu is not None else ("none", "")
         weight = linear.weight.detach().to(dtype)  # (out, in)
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, tokens_hint))
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, rows))
         self.register_buffer("bias", linear.bias.detach().to(dtype) if linear.bias is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, self.post_op, [],
+                                                  self.algorithm)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.dtype}, packed"
+        fused = f", then GELU ({self.algorithm})" if self.post_op == "gelu" else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.dtype}, packed{fused}"
 
 
-def pack_for_cpu_inference(model: nn.Module, precision: str = "fp32", tokens_hint: int | None = None) -> nn.Module:
-    """Replace every nn.Linear of `model` (in place) by a PackedLinear; returns `model`, in eval mode.
-    Run a bf16-packed model under bf16 autocast, as before.
+def packing_pays(linear: nn.Linear, precision: str, rows: int, cal: Calibration, gelu: str | None = None) -> bool:
+    """Whether a packed product beats nn.Linear's (under autocast for bf16) at `rows` rows, here; with
+    `gelu`, the packed product with GELU fused against nn.Linear then GELU."""
+    fused = f"+gelu-{gelu}" if gelu is not None else ""
+    key = f"infer-linear{fused}/{precision}/{threads_tag()}/{rows}x{linear.in_features}x{linear.out_features}"
+    entry = cal.get(key)
+    if entry is None:
+        dtype = DTYPES[precision]
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(rows, linear.in_features, generator=g).to(dtype)
+        w, b = linear.weight.detach(), linear.bias.detach() if linear.bias is not None else None
+        packed = PackedLinear(linear, dtype, rows, gelu)
 
-    `tokens_hint`: the rows a product will usually see (batch x tokens), which lets oneDNN pick the
-    layout; None lets it choose. Raises if oneDNN cannot do it here (check `supported()` first).
+        def plain() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                y = F.linear(x, w, b)
+                if gelu is not None:
+                    F.gelu(y, approximate=gelu)
+
+        entry = {"choice": cal.choose(key, {"plain": plain, "packed": lambda: packed(x)})}
+    return entry["choice"] == "packed"
+
+
+def _gelu_after(parent: nn.Module, name: str) -> str | None:
+    """The GELU variant that directly follows the Linear `parent.<name>` in a ViT MLP (fc1, act, and an
+    inactive dropout between: vitlab.models.vit.Mlp in eval mode), else None."""
+    act, drop = getattr(parent, "act", None), getattr(parent, "drop1", None)
+    if isinstance(parent, Mlp) and name == "fc1" and isinstance(act, nn.GELU) and not (drop.training and drop.p):
+        return act.approximate
+    return None
+
+
+def pack_for_cpu_inference(model: nn.Module, precision: str = "fp32", rows: int | None = None, *,
+                           measure: bool = True, cal: Calibration | None = None) -> int:
+    """Replace (in place) each nn.Linear of `model` by a PackedLinear where that is faster on this
+    machine at `rows` rows per product (batch x tokens), and put `model` in eval mode. A ViT MLP's first
+    layer takes its GELU into the same oneDNN kernel (its `act` becomes an Identity). Returns how many
+    Linear layers were packed. Run a bf16-packed model under bf16 autocast, as before.
+
+    `measure=False` packs every Linear without asking (the product's layout is then chosen by oneDNN
+    for `rows`, or for any rows if None). `cal`: the measurements to use (default: this machine's).
+    Raises if oneDNN cannot do it here (check `supported()` first).
     """
     if not supported(precision):
         raise RuntimeError(f"no oneDNN {precision} kernels in this CPU or torch build: run the model unpacked")
+    if measure and rows is None:
+        raise ValueError("pack_for_cpu_inference: measuring needs rows (batch x tokens per product)")
+    cal = cal or calibration()
     model.eval()
-    for name, child in list(model.named_children()):
-        if isinstance(child, nn.Linear):
-            setattr(model, name, PackedLinear(child, DTYPES[precision], tokens_hint))
-        else:
-            pack_for_cpu_inference(child, precision, tokens_hint)
-    return model
+    packed = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not nn.Linear:
+                continue
+            gelu = _gelu_after(parent, name)
+            if not measure or packing_pays(child, precision, rows, cal, gelu):
+                setattr(parent, name, PackedLinear(child, DTYPES[precision], rows, gelu))
+                if gelu is not None:
+                    parent.act = nn.Identity()  # applied inside fc1's kernel now
+                packed += 1
+    return packed
+
+
+def linear_count(model: nn.Module) -> int:
+    """nn.Linear and PackedLinear layers of `model`: what `pack_for_cpu_inference` could pack."""
+    return sum(isinstance(m, (nn.Linear, PackedLinear)) for m in model.modules())

@@ -1,24 +1,21 @@
-"""Training on CPU in fp32 with oneDNN's matrix products where they beat MKL's.
+"""Training on CPU in fp32 with, for each matrix product, the library that is faster on this machine.
 
-A ViT-B/16 training step is ~85% matrix products (torch.profiler, one core), and in fp32 an nn.Linear
+A ViT training step is ~85% matrix products (torch.profiler, one core), and in fp32 an nn.Linear
 sends all three of its products to MKL: y = x W^T + b forward, and backward dx = dy W and dW = dy^T x.
-On the development VM (AMD EPYC, one core) oneDNN's kernel, with the weight reordered into its blocked
-layout on each call (the weights change every step, so it cannot be done once as in
-`vitlab.speed.cpu_inference`), is faster than MKL for the first two products on big enough shapes and
-slower for dW (`python benchmarks/bench_train_linears.py --products`; MKL time over oneDNN time, the
-range over ViT-B/16's four Linear shapes):
+oneDNN's kernel, with the weight reordered into its blocked layout on each call (the weights change
+every step, so it cannot be done once as in `vitlab.speed.cpu_inference`), is faster on some CPUs and
+shapes and slower on others: on an AMD EPYC core it beat MKL by 10-18% for y and dx at ViT-B/16's
+shapes from batch 8 up and lost at batch 1; on an Intel Xeon with AMX it ran y at 0.71-1.30x and dx
+at 0.30-0.97x MKL's speed (`python benchmarks/bench_train_linears.py --products`). No size threshold
+carries over, so `TrainingLinear` asks this machine: the first time a product shape (rows x in x out)
+trains, y and dx are timed both ways (`vitlab.speed.calibration`, remembered per CPU and torch
+version), and each takes the faster library from then on. dW stays with MKL: oneDNN needs both
+operands transposed and reordered for it, and was the slower on both CPUs measured (0.51-1.09x).
 
-    rows (batch x tokens)     forward y     backward dx     backward dW
-    197 (ViT-B/16, batch 1)   0.78-0.96x    0.45-0.72x      0.82-1.09x
-    1576 (batch 8)            1.10-1.18x    1.01-1.11x      0.89-1.03x
-    6304 (batch 32)           1.11-1.18x    1.11-1.16x      0.84-0.94x
-
-So `TrainingLinear` runs y and dx through oneDNN and dW through MKL when a product has at least
-MIN_ROWS rows and MIN_FEATURES input and output features, and is an nn.Linear otherwise: under
-autocast, in eval mode, without gradients, off the CPU, under torch.compile / torch.export, and at
-the small shapes of the mini experiment (D = 32), where oneDNN's per-call reorder costs more than it
-saves. The results agree with MKL's to float rounding (tested); the training step's measured gain is
-in the README (`vitlab bench --train --against timm`).
+A `TrainingLinear` is an nn.Linear whenever no product takes oneDNN: under autocast (bf16 casts the
+weights anyway), in eval mode, without gradients, off the CPU, while torch.compile or torch.export
+traces the model (they choose their own kernels), and where MKL measured as fast. The results agree
+with MKL's to float rounding (tested).
 
 `use_onednn_linears(model)` swaps every nn.Linear of a model for a TrainingLinear that holds the
 same Parameter objects: the state_dict, an optimizer built before or after, and checkpoints are
@@ -31,8 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MIN_ROWS = 1024  # at 197 rows oneDNN's per-call weight reorder costs more than it saves (table above)
-MIN_FEATURES = 256  # narrower products (vit_mini_x: 32 -> 96) gain nothing or lose: the reorder dominates
+from vitlab.speed.calibration import Calibration, calibration, threads_tag
 
 
 def supported() -> bool:
@@ -47,14 +43,29 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def product_choice(rows: int, in_features: int, out_features: int, cal: Calibration) -> tuple[bool, bool]:
+    """(y by oneDNN, dx by oneDNN) for an fp32 training product of this shape, measured on first use."""
+    shape = f"fp32/{threads_tag()}/{rows}x{in_features}x{out_features}"
+    y, dx = cal.get(f"train-linear-y/{shape}"), cal.get(f"train-linear-dx/{shape}")
+    if y is None or dx is None:
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(rows, in_features, generator=g), torch.randn(out_features, in_features, generator=g)
+        b, dy = torch.randn(out_features, generator=g), torch.randn(rows, out_features, generator=g)
+        y = {"choice": cal.choose(f"train-linear-y/{shape}", {
+            "mkl": lambda: F.linear(x, w, b), "onednn": lambda: _onednn_linear(x, w, b)})}
+        dx = {"choice": cal.choose(f"train-linear-dx/{shape}", {
+            "mkl": lambda: dy.mm(w), "onednn": lambda: _onednn_linear(dy, w.t().contiguous(), None)})}
+    return y["choice"] == "onednn", dx["choice"] == "onednn"
+
+
 class _LinearFunction(torch.autograd.Function):
-    """y = x W^T + b: y and dx = dy W by oneDNN, dW = dy^T x and db by MKL / aten (module docstring)."""
+    """y = x W^T + b with y and dx = dy W each by the library chosen for them; dW and db by MKL / aten."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx, x, weight, bias, y_onednn: bool, dx_onednn: bool) -> torch.Tensor:
         ctx.save_for_backward(x, weight)  # what nn.Linear's backward keeps too
-        ctx.has_bias = bias is not None
-        return _onednn_linear(x, weight, bias)  # (..., out)
+        ctx.has_bias, ctx.dx_onednn = bias is not None, dx_onednn
+        return _onednn_linear(x, weight, bias) if y_onednn else F.linear(x, weight, bias)  # (..., out)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
@@ -62,19 +73,20 @@ class _LinearFunction(torch.autograd.Function):
         dy = dy.contiguous()
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = _onednn_linear(dy, weight.t().contiguous(), None)  # dy W = dy (W^T)^T: a Linear of weight W^T
+            # dy W = dy (W^T)^T: a Linear of weight W^T
+            dx = _onednn_linear(dy, weight.t().contiguous(), None) if ctx.dx_onednn else dy.matmul(weight)
         dy2 = dy.reshape(-1, dy.shape[-1])  # (rows, out)
         if ctx.needs_input_grad[1]:
             dw = dy2.t().mm(x.reshape(-1, x.shape[-1]))  # (out, in)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
-        return dx, dw, db
+        return dx, dw, db, None, None
 
 
-def pays_off(x: torch.Tensor, linear: nn.Linear) -> bool:
-    """Whether this call takes the oneDNN path (see the module docstring for the measurements).
-    Never while torch.compile or torch.export traces the model: they choose their own kernels, and the
-    row count, the only test that depends on the input's shape, comes last (no guard on a dynamic batch)."""
+def eligible(x: torch.Tensor, linear: nn.Linear) -> bool:
+    """Whether this call could take oneDNN at all: an fp32 training product on the CPU, outside
+    autocast and outside torch.compile / torch.export tracing (they choose their own kernels). The test
+    that depends on the input's shape comes last, so a trace puts no guard on a dynamic batch."""
     return (
         linear.training
         and torch.is_grad_enabled()
@@ -83,23 +95,28 @@ def pays_off(x: torch.Tensor, linear: nn.Linear) -> bool:
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and linear.weight.dtype == torch.float32
-        and min(linear.in_features, linear.out_features) >= MIN_FEATURES
-        and x.numel() // x.shape[-1] >= MIN_ROWS
     )
 
 
 class TrainingLinear(nn.Linear):
-    """An nn.Linear whose fp32 training products on CPU take the faster library per product."""
+    """An nn.Linear whose fp32 training products on CPU each take the library measured faster here."""
+
+    calibration: Calibration | None = None  # set by use_onednn_linears; None: this machine's file
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if pays_off(x, self):
-            return _LinearFunction.apply(x, self.weight, self.bias)
+        if eligible(x, self):
+            rows = x.numel() // x.shape[-1]
+            y_onednn, dx_onednn = product_choice(rows, self.in_features, self.out_features,
+                                                 self.calibration or calibration())
+            if y_onednn or dx_onednn:
+                return _LinearFunction.apply(x, self.weight, self.bias, y_onednn, dx_onednn)
         return F.linear(x, self.weight, self.bias)
 
 
-def use_onednn_linears(model: nn.Module) -> int:
-    """Swap each nn.Linear of `model` (in place) for a TrainingLinear with the same parameters.
-    Returns how many were swapped; 0 for a model that is not on the CPU, or without oneDNN."""
+def use_onednn_linears(model: nn.Module, cal: Calibration | None = None) -> int:
+    """Swap each nn.Linear of `model` (in place) for a TrainingLinear with the same parameters, whose
+    choices come from `cal` (default: this machine's calibration file). Returns how many were
+    swapped; 0 for a model that is not on the CPU, or without oneDNN."""
     if not supported() or any(p.device.type != "cpu" for p in model.parameters()):
         return 0
     swapped = 0
@@ -108,6 +125,7 @@ def use_onednn_linears(model: nn.Module) -> int:
             if type(child) is nn.Linear:
                 new = TrainingLinear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
                 new.weight, new.bias = child.weight, child.bias  # the same Parameter objects
+                new.calibration = cal
                 new.train(child.training)
                 setattr(parent, name, new)
                 swapped += 1

@@ -42,7 +42,7 @@ from vitlab.data.transforms import mix_transform
 from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import check_out_folder, mark_folder, write_csv
 from vitlab.runtime import autocast, seed_everything
-from vitlab.speed import cpu_training
+from vitlab.speed.fastpath import TrainingCompiler, check_fast_path, prepare_training
 from vitlab.train import diagnostics, distributed
 from vitlab.train.distributed import DistInfo
 from vitlab.train.optim import build_optimizer, freeze_threshold, layer_decay_groups, layer_ids, staged_warmup_cosine
@@ -97,12 +97,13 @@ def train_one_epoch(
     grad_accum: int = 1,
     batch_transform: Callable | None = None,
     progress: bool | str = False,
+    timings: list[float] | None = None,
 ) -> dict:
     """One pass over `loader`. Returns mean loss, accuracy (on the hard labels) and the last lr.
 
     `batch_transform(x, y) -> (x, y_soft)` is where MixUp/CutMix go; the loss then takes soft targets.
     `after_step.step()` runs once per optimizer step (the lr schedule, the EMA). `grad_accum` sums
-    gradients over that many batches.
+    gradients over that many batches. `timings` gets the seconds of each full batch's step.
     """
     model.train()
     total_loss = torch.zeros((), device=device)
@@ -111,7 +112,9 @@ def train_one_epoch(
     bar = tqdm(loader, desc=progress if isinstance(progress, str) else "train", leave=False, disable=not progress)
     optimizer.zero_grad(set_to_none=True)
     n_batches = len(loader) if hasattr(loader, "__len__") else None
+    full = None
     for step, (x, y) in enumerate(bar):
+        t0 = time.perf_counter()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         target = y
         if batch_transform is not None:
@@ -131,6 +134,11 @@ def train_one_epoch(
         total_loss += loss.detach() * len(y)
         correct += (logits.detach().argmax(-1) == y).sum()
         seen += len(y)
+        full = full or len(y)
+        if timings is not None and len(y) == full:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            timings.append(time.perf_counter() - t0)
     return {
         "train_loss": (total_loss / max(seen, 1)).item(),
         "train_acc": (correct.float() / max(seen, 1)).item(),
@@ -167,11 +175,12 @@ def evaluate(model: nn.Module, loader: Iterable, *, device: torch.device, precis
 @dataclass
 class History:
     """What `fit` returns: one row per epoch (the metrics.csv rows), the EMA model when the recipe keeps
-    one, and the head's learning rate at every optimizer step (for the curves)."""
+    one, the head's learning rate at every optimizer step (for the curves), and the fast path taken."""
 
     rows: list[dict] = field(default_factory=list)
     ema: nn.Module | None = None
     lr_steps: tuple[list[float], list[float]] = ((), ())
+    fast_path: list[str] = field(default_factory=list)  # the lines `fit` said about the path it took
 
     @property
     def last(self) -> dict:
@@ -263,6 +272,7 @@ def fit(
     desc: str = "train",
     save_every: int = 1,
     force: bool = False,
+    fast_path: str = "auto",
 ) -> History:
     """Train `model` as `recipe` says; evaluate every epoch; with `out`, write metrics.csv and a
     checkpoint every `save_every` epochs (and the last), with last.json and best.json pointers.
@@ -272,12 +282,15 @@ def fit(
     dist: the process group from `vitlab.train.distributed.setup` (default: one process on `device`).
     resume: continue the run in `out` from its last.json; the recipe and `identity` (what else must
         match: the data's fingerprint, the model's source) must be those of the run being resumed.
-    log: where messages go (a stage change, a resume, a non-finite loss); None is silent.
+    log: where messages go (a stage change, a resume, a non-finite loss, the fast path); None is silent.
     force: write a new run into a non-empty `out` that holds no vitlab run (files of the same names are replaced).
     A write that fails (a full disk) stops the run with a VitlabError that says which checkpoint last.json
     still points at: checkpoints are complete or absent, never torn.
-    On CPU the model's big fp32 nn.Linear layers become `vitlab.speed.cpu_training.TrainingLinear`
-    (the same parameters, gradients equal to float rounding).
+    fast_path (`vitlab.speed.fastpath`): "auto" trains on the kernels measured fastest on this machine (on
+        a CPU the model's nn.Linear layers become `vitlab.speed.cpu_training.TrainingLinear`: the same
+        parameters, gradients equal to float rounding) and, in one process, compiles the model between
+        epochs when the steps left repay it; "compile" compiles from the first epoch, "eager" never,
+        "off" trains the model exactly as built.
     """
     dist = dist or distributed.single_process(device)
     dev = dist.device
@@ -289,7 +302,19 @@ def fit(
 
     seed_everything(recipe.seed + dist.rank)  # each process its own augmentation and dropout stream
     model.to(dev)
-    cpu_training.use_onednn_linears(model)  # on CPU: big fp32 products through oneDNN, where it is faster
+    fast = check_fast_path(fast_path)
+    fast_lines: list[str] = []  # what the run said about its fast path, kept in the History too
+
+    def say_fast(line: str) -> None:
+        fast_lines.append(line)
+        say(line)
+
+    notes = prepare_training(model, precision=recipe.precision, batch_size=recipe.batch_size, fast=fast)
+    say_fast(f"fast path: {', '.join(notes) or 'the model as built'}")
+    if dist.world_size > 1 and fast == "compile":
+        say_fast("fast path: not compiled: compiling is for one process (this run has several)")
+    compiler = TrainingCompiler(model, precision=recipe.precision, batch_size=recipe.batch_size,
+                                fast=fast if dist.world_size == 1 else "eager", log=say_fast)
     ids, L = layer_ids(model)
     K = recipe.freeze_epochs
     thresholds = (L + 2, freeze_threshold(recipe.unfreeze, L))  # stage 1: the head only; stage 2: `unfreeze`
@@ -299,7 +324,7 @@ def fit(
                         switch_prob=recipe.mix_switch_prob) if recipe.mixes else None
     identity = dict(identity or {})
 
-    history = History(ema=ema, lr_steps=lr_steps)
+    history = History(ema=ema, lr_steps=lr_steps, fast_path=fast_lines)
     start = 0
     if resume:
         start, history.rows = _restore(out, model, optimizer, scheduler, ema, recipe, identity, dist)
@@ -322,10 +347,14 @@ def fit(
                 cb.on_stage(epoch, stage, trainable)
         _set_epoch(epoch, train_loader, val_loader)
         t0 = time.perf_counter()
-        stats = train_one_epoch(wrapped, train_loader, optimizer, _AfterStep(scheduler, ema, model), device=dev,
+        stage_end = K if epoch < K else recipe.epochs
+        net = compiler.model_for(steps_left=(stage_end - epoch) * len(train_loader)) if wrapped is model else wrapped
+        step_s: list[float] = []
+        stats = train_one_epoch(net, train_loader, optimizer, _AfterStep(scheduler, ema, model), device=dev,
                                 clip_grad=recipe.clip_grad, label_smoothing=recipe.label_smoothing,
                                 precision=recipe.precision, grad_accum=recipe.grad_accum, batch_transform=mix,
-                                progress=f"epoch {epoch + 1}" if progress and dist.is_main else False)
+                                progress=f"epoch {epoch + 1}" if progress and dist.is_main else False, timings=step_s)
+        compiler.observe(step_s)
         stats.pop("lr")
         stats = distributed.all_mean(stats, dist)
         if not math.isfinite(stats["train_loss"]):

@@ -34,6 +34,7 @@ from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import mark_folder
 from vitlab.models.factory import check_source, create_model
 from vitlab.runtime import seed_everything
+from vitlab.speed.fastpath import check_fast_path
 from vitlab.train import diagnostics, distributed, report
 from vitlab.train.callbacks import EpochPrinter, TensorBoardLogger
 from vitlab.train.engine import check_run_folder, fit
@@ -64,6 +65,7 @@ class TrainJob:
     force: bool = False  # write a new run into a non-empty folder that holds no vitlab run
     device: str = "auto"
     workers: int | None = None  # data-loading processes (default: 0 on CPU, up to 8 on GPU)
+    fast_path: str = "auto"  # vitlab.speed.fastpath: auto | compile | eager | off (float rounding aside, the same numbers)
 
     def check(self) -> None:
         if (self.data is None) == (self.dataset is None):
@@ -85,6 +87,7 @@ class TrainJob:
         check_range("img_size", self.img_size, low=1, integer=True, optional=True)
         check_range("drop_path", self.drop_path, low=0, high=1, high_open=True)
         check_range("workers", self.workers, low=0, integer=True, optional=True)
+        check_fast_path(self.fast_path)
 
     def identity(self, data_fingerprint: str) -> dict:
         """What a resumed run must share with the run it resumes, besides the recipe."""
@@ -147,7 +150,8 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
         mark_folder(out, "run")
         callbacks.append(TensorBoardLogger(out, start_epoch=start))
     history = fit(model, train_loader, val_loader, recipe, dist=dist, out=out, resume=job.resume,
-                  identity=job.identity(fingerprint(scan)), callbacks=callbacks, log=say, progress=show, desc="epochs")
+                  identity=job.identity(fingerprint(scan)), callbacks=callbacks, log=say, progress=show, desc="epochs",
+                  fast_path=job.fast_path)
 
     summary = {}
     if dist.is_main:

@@ -24,6 +24,7 @@ from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, RunCache, RunSpec, 
 from vitlab.fileio import check_out_folder, output_folder, write_csv, write_text
 from vitlab.runtime import num_threads, process_pool, resolve_device
 from vitlab.speed import cpu_training
+from vitlab.speed.fastpath import check_fast_path
 from vitlab.train.optim import build_optimizer
 
 
@@ -107,6 +108,7 @@ def reproduce(
     progress: bool = True,
     log: Callable[[str], None] = print,
     force: bool = False,
+    fast_path: str = "auto",
 ) -> dict:
     """Run (or read from the cache) the selected experiments at `scale` ("quick", "default" or "large"; see
     `Scale`) and write report.md, report.html, results/*.csv and figures/*.png under `out_dir`. Returns
@@ -117,7 +119,10 @@ def reproduce(
     synchronisation than it gains (and on a busy machine it can make a step 30x slower). The numbers do
     not depend on the number of workers: each run is seeded on its own. Every option and `out_dir` (new,
     empty, an earlier report's folder, or with `force` any folder) are checked before anything runs.
+    `fast_path`: each run's (`vitlab.speed.fastpath`; a run compiles only where its own steps repay it),
+    kept in its result.
     """
+    check_fast_path(fast_path)
     if scale not in SCALES:
         raise VitlabError(f"scale must be one of {', '.join(SCALES)}; found {scale!r}", arg="scale")
     quick = scale == "quick"
@@ -129,10 +134,10 @@ def reproduce(
     out = check_out_folder(out_dir, kind="reproduce", force=force)
     with output_folder(out, kind="reproduce", force=force):
         return _reproduce(out, experiments, Scale(scale, tuple(range(n_seeds))), dev, workers=workers,
-                          progress=progress, log=log)
+                          progress=progress, log=log, fast_path=fast_path)
 
 
-def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, workers, progress, log) -> dict:
+def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, workers, progress, log, fast_path) -> dict:
     scale_name, n_seeds = scale.name, len(scale.seeds)
     cache = RunCache(out / "cache")
     runs = _all_runs([s for e in experiments for s in e.plan(scale)])
@@ -162,9 +167,9 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
             if n_workers == 1:
                 for spec in batch:
                     step = costs[spec.key] / max(spec.epochs, 1)
-                    execute_run(spec, cache, dev, on_epoch=lambda: bar.update(step))
+                    execute_run(spec, cache, dev, on_epoch=lambda: bar.update(step), fast_path=fast_path)
             else:
-                _run_parallel(batch, cache, dev, n_workers, lambda spec: bar.update(costs[spec.key]))
+                _run_parallel(batch, cache, dev, n_workers, lambda spec: bar.update(costs[spec.key]), fast_path)
         bar.close()
 
     fig_dir, res_dir = out / "figures", out / "results"
@@ -186,6 +191,9 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
             "train_s": sum(cache.result(s)["train_time_s"] for s in runs)}
     write_text(out / "report.md", render_markdown(outcomes, meta))
     write_text(out / "report.html", render_html(outcomes, meta, out))
+    compiled = sum(any(line.startswith("fast path: compiled") for line in cache.result(s).get("fast_path", []))
+                   for s in todo)
+    log(f"fast path: {fast_path}: {compiled} of {len(todo)} run(s) trained compiled (the others repaid no compile)")
     log(f"wrote {out / 'report.md'} and report.html ({_duration(elapsed)}; {len(todo)} run(s) trained)")
     for e, o in outcomes:
         log(f"  claim {e.number} {e.name:12s} {o.verdict.status}")
@@ -200,18 +208,19 @@ def _workers(workers: int | None, device: torch.device, n_todo: int) -> int:
     return max(1, min(n, n_todo))
 
 
-def _worker_run(spec: RunSpec, cache_root: str, device: str) -> str:
-    execute_run(spec, RunCache(cache_root), torch.device(device))
+def _worker_run(spec: RunSpec, cache_root: str, device: str, fast_path: str) -> str:
+    execute_run(spec, RunCache(cache_root), torch.device(device), fast_path=fast_path)
     return spec.key
 
 
 def _run_parallel(specs: Sequence[RunSpec], cache: RunCache, device: torch.device, n_workers: int,
-                  done: Callable[[RunSpec], None]) -> None:
+                  done: Callable[[RunSpec], None], fast_path: str) -> None:
     """Train `specs` in `n_workers` spawned processes (one thread each); call `done` as each finishes."""
     if not specs:
         return
     with process_pool(n_workers, threads=1) as pool:
-        futures = {pool.submit(_worker_run, spec, str(cache.cache_dir), str(device)): spec for spec in specs}
+        futures = {pool.submit(_worker_run, spec, str(cache.cache_dir), str(device), fast_path): spec
+                   for spec in specs}
         for future in as_completed(futures):
             future.result()  # re-raise a worker's error here
             done(futures[future])

@@ -170,12 +170,14 @@ class _OnEpoch(Callback):
         self.fn()
 
 
-def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: Callable[[], None] | None = None) -> dict:
-    """Train one run (or read it from the cache) and return its result."""
+def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: Callable[[], None] | None = None,
+                fast_path: str = "auto") -> dict:
+    """Train one run (or read it from the cache) and return its result. `fast_path`: fit's (the same
+    numbers to float rounding; the result records the path taken)."""
     if cache.has(spec):
         return cache.result(spec)
     if spec.init is not None and not cache.has(spec.init):
-        execute_run(spec.init, cache, device)
+        execute_run(spec.init, cache, device, fast_path=fast_path)
     train, val, k = dataset(spec.data, spec.seed)
     seed_everything(spec.seed)  # the model's initialisation depends on the seed too
     if spec.init is not None:
@@ -189,7 +191,8 @@ def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: 
                           seed=spec.seed, device=device)
     curve = MemoryLoader(val.subset(torch.arange(min(len(val), VAL_PER_EPOCH))), eval_tf, batch_size=500, device=device)
     t0, c0 = time.perf_counter(), time.process_time()
-    history = fit(model, loader, curve, rec, device=device, callbacks=[_OnEpoch(on_epoch)] if on_epoch else [])
+    history = fit(model, loader, curve, rec, device=device, callbacks=[_OnEpoch(on_epoch)] if on_epoch else [],
+                  fast_path=fast_path)
     train_time, train_cpu = time.perf_counter() - t0, time.process_time() - c0
     final = evaluate(model, MemoryLoader(val, eval_tf, batch_size=500, device=device), device=device)
     result = {
@@ -204,6 +207,7 @@ def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: 
         "train_time_s": train_time,
         "train_cpu_s": train_cpu,
         "device": str(device),
+        "fast_path": history.fast_path,
         "curve": [{"epoch": r["epoch"], "train_loss": r["train_loss"], "val_acc": r["val_acc"]} for r in history.rows],
     }
     cache.save(spec, result, model)

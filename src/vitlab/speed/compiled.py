@@ -1,0 +1,153 @@
+"""torch.compile for vitlab's models, and whether it pays for a given run.
+
+How a model is compiled:
+- inference: `torch.compile(model, dynamic=False, options={"freezing": True})`. Freezing (inductor's
+  `freezing` option, what its documentation recommends for CPU inference) turns the weights into
+  constants, so inductor packs each Linear weight for oneDNN once, as `vitlab.speed.cpu_inference`
+  does by hand, and fuses the element-wise work around the products (bias, GELU, residual adds,
+  LayerNorm) into a few C++ loops;
+- training: `torch.compile(model, dynamic=False)`: forward and backward graphs (AOTAutograd), the
+  weights left as inputs since they change every step.
+`dynamic=False` keeps one graph per batch shape; `CompiledModel` sends a call of another shape (the
+last, smaller batch of a run) to the uncompiled model instead of compiling a second graph for it.
+
+A second process does not compile again: inductor keeps what it compiled on disk (its FX graph
+cache, and AOTAutograd's cache for training, both on by default, under /tmp/torchinductor_<user>
+unless TORCHINDUCTOR_CACHE_DIR says otherwise), so the next run of the same model, precision and
+batch shape loads the kernels instead of generating and building them.
+
+When to compile is measured, not guessed from the model's size: compiling costs tens of seconds to
+minutes and gains a few to tens of percent per image, depending on the CPU, the model and the
+precision. Every compile a command or `vitlab bench` does is timed, with the seconds per image
+compiled and uncompiled, and kept in the machine's calibration file (`vitlab.speed.calibration`).
+`decide` then compiles when the run's images (or training steps) repay the measured compile time.
+For a model, precision and batch never compiled on this machine, it compiles only when the run is
+long: at least `FIRST_COMPILE_SHARE`^-1 times the longest compile measured here (or `FIRST_COMPILE_S`
+when there is none), so that a compile that gains nothing costs at most that share of the run, and
+measures it for the next run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from vitlab.speed.calibration import Calibration, threads_tag
+
+FIRST_COMPILE_SHARE = 0.1  # a first compile may cost at most this share of the run it speeds up
+FIRST_COMPILE_S = 120.0  # the compile time assumed before any compile was measured on this machine
+MODES = ("inference", "train")
+
+
+def compile_options(mode: str) -> dict:
+    """torch.compile's arguments for `mode` ("inference" or "train"): see the module docstring."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}; found {mode!r}")
+    return {"dynamic": False, "options": {"freezing": True}} if mode == "inference" else {"dynamic": False}
+
+
+def signature(model: nn.Module) -> str:
+    """A short name for the model's architecture (its class and configuration), weights aside."""
+    cfg = getattr(model, "cfg", None)
+    text = json.dumps(cfg.to_dict() if cfg is not None else repr(model), sort_keys=True, default=str)
+    return f"{type(model).__name__}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+
+
+def record_key(model: nn.Module, *, mode: str, precision: str, batch_size: int, device: torch.device | str = "cpu",
+               extra: str = "") -> str:
+    """The calibration key of a compile measurement: what was compiled, how, and on what."""
+    where = threads_tag() if torch.device(device).type == "cpu" else str(device)
+    return f"compile/{mode}/{signature(model)}{extra}/{precision}/b{batch_size}/{where}"
+
+
+class CompiledModel(nn.Module):
+    """`model` (or its `method`, e.g. "forward_features") and its compiled graph: a call with the batch
+    shape of the first call goes to the graph, any other to the uncompiled model."""
+
+    def __init__(self, model: nn.Module, *, mode: str, method: str = "forward"):
+        super().__init__()
+        self.model, self.method = model, method
+        self.compiled = torch.compile(model if method == "forward" else getattr(model, method), **compile_options(mode))
+        self.shape: torch.Size | None = None
+
+    def forward(self, x: torch.Tensor, *args, **kwargs):
+        if self.shape is None:
+            self.shape = x.shape
+        if x.shape == self.shape:
+            return self.compiled(x, *args, **kwargs)
+        return (self.model if self.method == "forward" else getattr(self.model, self.method))(x, *args, **kwargs)
+
+
+@dataclass
+class Decision:
+    """Whether a run compiles, and why, in words a command prints."""
+
+    compile: bool
+    reason: str
+    measured: bool = False  # decided by a compile measured on this machine (or by the user)
+
+
+@dataclass
+class Measurement:
+    """Seconds per item (image or training step) of a run, uncompiled and compiled, and the compile
+    time; `save` keeps them in the calibration for the next `decide`."""
+
+    key: str
+    uncompiled: list[float] = field(default_factory=list)  # seconds per item, one entry per timed call
+    compiled: list[float] = field(default_factory=list)
+    compile_s: float | None = None
+
+    def save(self, cal: Calibration) -> dict | None:
+        """Kept when there is a compile time and compiled timings (merged with what was known)."""
+        if self.compile_s is None or not self.compiled:
+            return None
+        old = cal.get(self.key) or {}
+        uncompiled = statistics.median(self.uncompiled) if self.uncompiled else old.get("uncompiled_s")
+        if uncompiled is None:
+            return None
+        record = {"compile_s": self.compile_s, "compiled_s": statistics.median(self.compiled),
+                  "uncompiled_s": uncompiled}
+        cal.put(self.key, record)
+        return record
+
+
+def longest_compile(cal: Calibration) -> float | None:
+    """The longest compile measured on this machine, any model: the estimate for an unmeasured one."""
+    times = [e["compile_s"] for k, e in cal.entries.items() if k.startswith("compile/") and "compile_s" in e]
+    return max(times) if times else None
+
+
+def decide(cal: Calibration, key: str, *, items: int, uncompiled_s: float | None, unit: str = "images",
+           choice: bool | None = None) -> Decision:
+    """Whether compiling pays for a run of `items` more images (or steps) at `uncompiled_s` seconds each
+    uncompiled. `choice` True/False is the user's (a flag), None lets the measurements decide."""
+    if choice is not None:
+        return Decision(choice, "asked for" if choice else "turned off", measured=True)
+    record = cal.get(key)
+    if record is not None:
+        gain = record["uncompiled_s"] - record["compiled_s"]
+        if gain <= 0:
+            return Decision(False, f"measured here: the compiled model is not faster ({record['compiled_s']:.3g} vs "
+                                   f"{record['uncompiled_s']:.3g} s per {unit[:-1]})", measured=True)
+        after = record["compile_s"] / gain
+        share = gain / record["uncompiled_s"]
+        text = (f"measured here: compiling takes {record['compile_s']:.0f} s and saves {share:.0%} per {unit[:-1]}, "
+                f"so it pays after {after:,.0f} {unit}; this run has {items:,}")
+        return Decision(items > after, text, measured=True)
+    if uncompiled_s is None:
+        return Decision(False, "not measured on this machine yet")
+    expected = longest_compile(cal) or FIRST_COMPILE_S
+    run_s = items * uncompiled_s
+    pays = FIRST_COMPILE_SHARE * run_s >= expected
+    return Decision(pays, f"compile time not measured for this model here: expected ~{expected:.0f} s, "
+                          f"{'at most' if pays else 'more than'} {FIRST_COMPILE_SHARE:.0%} of the run's ~{run_s:,.0f} s")
+
+
+__all__ = ["CompiledModel", "Decision", "Measurement", "decide", "compile_options", "record_key", "signature",
+           "longest_compile", "FIRST_COMPILE_SHARE", "FIRST_COMPILE_S"]

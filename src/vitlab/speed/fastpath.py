@@ -1,0 +1,224 @@
+"""The fast path a command takes, chosen by what this machine measured, and said out loud.
+
+`--fast-path` (every command that runs a model over many images or trains one):
+
+    auto      (default) the kernels measured fastest here (`vitlab.speed.calibration`): packed Linear
+              weights for inference where they pay, the faster library per training product, the faster
+              attention kernel; and torch.compile where the run repays the compile
+              (`vitlab.speed.compiled.decide`)
+    compile   always compile (but a run of a single batch)
+    eager     the measured kernels, never compile
+    off       the model exactly as built: no packing, no kernel choice, no compile
+
+`InferenceRunner` runs the batches of an inference run (`vitlab predict`, `attention`, `inspect`)
+through that path; `prepare_training` readies a model for `fit`, which compiles by the same rule
+between epochs. Each describes the path it took in one line that the command prints.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from vitlab.errors import VitlabError
+from vitlab.speed import compiled as C
+from vitlab.speed import cpu_inference, cpu_training
+from vitlab.speed.attention import choose_attention
+from vitlab.speed.calibration import Calibration, calibration
+
+FAST_PATHS = ("auto", "compile", "eager", "off")
+
+
+def check_fast_path(fast: str) -> str:
+    if fast not in FAST_PATHS:
+        raise VitlabError(f"fast_path must be one of {', '.join(FAST_PATHS)}; found {fast!r}", arg="fast_path")
+    return fast
+
+
+def _tokens(model: nn.Module) -> int:
+    cfg = getattr(model, "cfg", None)
+    return cfg.num_patches + cfg.num_prefix_tokens if hasattr(cfg, "num_patches") else 1
+
+
+class InferenceRunner:
+    """Batches of images through `model` on the fast path for a run of `images` images in batches of
+    `batch_size` (call it like the model, under the caller's autocast; then `finish()`).
+
+    - one batch in all: the model as it is (preparing anything would cost more than it saves);
+    - on a CPU, the attention kernel and, per Linear layer, packed or not, as measured here;
+    - compiled when `decide` says the run repays it: at once if a compile of this model was measured
+      here before, else after the first batch, timed uncompiled, shows how long the run will be. The
+      compiled graph takes batches of the first compiled shape; a smaller last batch runs uncompiled.
+    """
+
+    def __init__(self, model: nn.Module, *, precision: str, batch_size: int, images: int,
+                 device: torch.device, fast: str = "auto", cal: Calibration | None = None, method: str = "forward"):
+        self.model, self.precision, self.images, self.device = model.eval(), precision, images, device
+        self.method = method  # what a call runs: the model's forward, or e.g. its forward_features
+        self.fast = check_fast_path(fast)
+        self.cal = cal or calibration()
+        self.batch_size = min(batch_size, max(images, 1))
+        self.done = 0
+        self.eager: nn.Module = self.model
+        self.compiled: C.CompiledModel | None = None
+        self.decision: C.Decision | None = None
+        self.measure = C.Measurement(C.record_key(model, mode="inference", precision=precision,
+                                                  batch_size=self.batch_size, device=device))
+        self.notes: list[str] = []
+        self.first_compiled_s: float | None = None
+        self.waiting = False  # for the first batch's timing, to decide when nothing was measured before
+        if fast == "off" or images <= self.batch_size:
+            self.notes.append("the model as built" + ("" if fast == "off" else
+                              " (one batch: preparing a faster path would cost more than it saves)"))
+            return
+        if device.type == "cpu":
+            attention = choose_attention(self.model, precision=precision, batch_size=self.batch_size, cal=self.cal)
+            if attention:
+                self.notes.append(f"{attention} attention")
+        self.decision = C.decide(self.cal, self.measure.key, items=images, uncompiled_s=None,
+                                 choice=True if fast == "compile" else (False if fast == "eager" else None))
+        self.waiting = fast == "auto" and not self.decision.measured
+        if self.decision.compile:
+            self.compiled = C.CompiledModel(self.model, mode="inference", method=self.method)
+        elif cpu_inference.supported(precision, device):
+            # packed in a copy: the original stays unpacked in case compiling is chosen after the first batch
+            self.eager = copy.deepcopy(self.model) if fast == "auto" else self.model
+            n = cpu_inference.pack_for_cpu_inference(self.eager, precision, self.batch_size * _tokens(model),
+                                                     cal=self.cal)
+            self.notes.append(f"{n} of {cpu_inference.linear_count(self.eager)} Linear weights packed")
+
+    def __call__(self, x: torch.Tensor, **kwargs):
+        full = x.shape[0] == self.batch_size
+        on_graph = self.compiled is not None and full
+        t0 = time.perf_counter()
+        out = self.compiled(x, **kwargs) if on_graph else getattr(self.eager, self.method)(x, **kwargs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        if full and not on_graph:
+            self.measure.uncompiled.append(seconds / len(x))
+        elif full and self.first_compiled_s is None:
+            self.first_compiled_s = seconds  # the compile, and one batch
+        elif full:
+            self.measure.compiled.append(seconds / len(x))
+        self.done += len(x)
+        if self.fast == "auto" and self.compiled is None and self.measure.uncompiled and self.waiting:
+            self.waiting = False  # the first batch, timed uncompiled, says how long the rest will take
+            self.decision = C.decide(self.cal, self.measure.key, items=self.images - self.done,
+                                     uncompiled_s=self.measure.uncompiled[0])
+            if self.decision.compile:
+                self.compiled = C.CompiledModel(self.model, mode="inference", method=self.method)
+        return out
+
+    def finish(self) -> None:
+        """Keep the compile's measurements for the next run's decision (when there are enough)."""
+        if self.first_compiled_s is not None and self.measure.compiled:
+            per_batch = statistics.median(self.measure.compiled) * self.batch_size
+            self.measure.compile_s = max(0.0, self.first_compiled_s - per_batch)
+            self.measure.save(self.cal)
+
+    def describe(self) -> str:
+        """The path taken, in one line."""
+        if self.decision is None:
+            return "; ".join(self.notes)
+        compiled = "compiled (torch.compile, freezing)" if self.compiled is not None else "not compiled"
+        return "; ".join([f"{compiled}: {self.decision.reason}"] + self.notes)
+
+
+def prepare_training(model: nn.Module, *, precision: str, batch_size: int, fast: str = "auto",
+                     cal: Calibration | None = None) -> list[str]:
+    """Ready `model` (in place) for training on the fast path: on a CPU the faster library per fp32
+    product and the faster attention kernel, measured here. Compiling is `TrainingCompiler`'s.
+    Returns what was done, in words."""
+    check_fast_path(fast)
+    if fast == "off":
+        return ["the model as built"]
+    notes = []
+    if cpu_training.use_onednn_linears(model, cal):
+        notes.append("fp32 products by the library measured faster here")
+    attention = choose_attention(model, precision=precision, batch_size=batch_size, train=True, cal=cal)
+    if attention:
+        notes.append(f"{attention} attention")
+    return notes
+
+
+class TrainingCompiler:
+    """`fit`'s compile decisions, made between epochs: compile when the steps left in the stage repay it
+    (`decide`, by a compile of this model measured here before, or else by the first epoch's step times),
+    and measure the compile (the first compiled step, less a compiled step) and the compiled steps for
+    the next run. A stage change (other parameters frozen) starts a new graph and a new decision. A
+    compiled model that turns out slower than the uncompiled one is dropped.
+
+        compiler = TrainingCompiler(model, precision=..., batch_size=..., fast=...)
+        each epoch: net = compiler.model_for(steps_left); times = []; train_one_epoch(net, ..., timings=times);
+                    compiler.observe(times)
+    """
+
+    def __init__(self, model: nn.Module, *, precision: str, batch_size: int, fast: str = "auto",
+                 cal: Calibration | None = None, log=None):
+        self.model, self.precision, self.batch_size = model, precision, batch_size
+        self.fast = check_fast_path(fast)
+        self.cal = cal or calibration()
+        self.say = log or (lambda line: None)
+        self.stage_key: str | None = None
+        self._new_stage()
+
+    def _frozen(self) -> bool:
+        return any(not p.requires_grad for p in self.model.parameters())
+
+    def _new_stage(self) -> None:
+        self.frozen = self._frozen()
+        self.measure = C.Measurement(C.record_key(self.model, mode="train", precision=self.precision,
+                                                  batch_size=self.batch_size, device=self._device(),
+                                                  extra="-partly-frozen" if self.frozen else ""))
+        self.compiled: C.CompiledModel | None = None
+        self.decided = self.fast in ("eager", "off")
+        self.compiled_epochs = 0
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def model_for(self, steps_left: int) -> nn.Module:
+        """The module to train the next epoch with: the compiled one, or `model`."""
+        if self._frozen() != self.frozen:
+            self._new_stage()
+        if not self.decided:
+            uncompiled = statistics.median(self.measure.uncompiled) if self.measure.uncompiled else None
+            decision = C.decide(self.cal, self.measure.key, items=steps_left, uncompiled_s=uncompiled, unit="steps",
+                                choice=True if self.fast == "compile" else None)
+            self.decided = decision.measured or uncompiled is not None
+            if decision.compile:
+                self.compiled = C.CompiledModel(self.model, mode="train")
+            if self.decided:
+                self.say(f"fast path: {'compiled (torch.compile)' if decision.compile else 'not compiled'}: "
+                         f"{decision.reason}")
+        return self.compiled if self.compiled is not None else self.model
+
+    def observe(self, step_s: list[float]) -> None:
+        """The step times of the epoch just trained (full batches only count)."""
+        if not step_s:
+            return
+        if self.compiled is None:
+            self.measure.uncompiled += step_s
+            return
+        self.compiled_epochs += 1
+        if self.compiled_epochs == 1:
+            if len(step_s) < 2:
+                return  # no step after the compile to tell it apart
+            steady = statistics.median(step_s[1:])
+            self.measure.compile_s = max(0.0, step_s[0] - steady)
+            self.measure.compiled += step_s[1:]
+        else:
+            self.measure.compiled += step_s
+        record = self.measure.save(self.cal)
+        if record is not None and self.measure.uncompiled and record["compiled_s"] >= record["uncompiled_s"]:
+            self.say(f"fast path: the compiled model is not faster here ({record['compiled_s']:.3g} s per step vs "
+                     f"{record['uncompiled_s']:.3g} uncompiled); training on uncompiled")
+            self.compiled = None
+
+
+__all__ = ["FAST_PATHS", "check_fast_path", "InferenceRunner", "prepare_training", "TrainingCompiler"]
