@@ -156,3 +156,14 @@ def test_unknown_experiment_or_two_scales_is_a_one_line_error(tmp_path, capsys):
     assert main(["reproduce", "--quick", "--scale", "large", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--scale: not allowed with argument --quick" in err
+
+
+def test_the_command_line_scale_is_default_unless_asked(monkeypatch, tmp_path):
+    """`vitlab reproduce --out DIR` alone runs the default scale (the report's command)."""
+    import vitlab.cli.reproduce as cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "reproduce", lambda out, **kw: seen.update(kw))
+    for argv, scale in ([], "default"), (["--quick"], "quick"), (["--scale", "large"], "large"):
+        assert main(["reproduce", *argv, "--out", str(tmp_path / "r")]) == 0
+        assert seen["scale"] == scale

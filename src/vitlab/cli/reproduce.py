@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     )
     add_out(p, help="output folder (report, CSVs, figures, and the run cache; rerunning into it resumes)")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", dest="scale", action="store_const", const="quick",
+    size.add_argument("--quick", dest="scale", action="store_const", const="quick", default="default",
                       help="smoke-test scale: every claim's code path on tiny data, 2 seeds (~3 min on 2 cores); "
                       "the verdicts mean nothing")
     size.add_argument("--scale", choices=SCALES, default="default",
