@@ -1,7 +1,7 @@
 """The page's logic without a browser: the same numbers as `vitlab predict`, the same pictures as
-`vitlab attention`, the same Figure 7 as `vitlab inspect`; one loaded copy per model, and a failed load
-that changes nothing; the runs and reports found on disk; bad uploads in the command line's words;
-`vitlab serve` without Gradio. (tests/test_serve_browser.py drives the served page itself.)"""
+`vitlab attention`, the same Figure 7 and token-norm map as `vitlab inspect`; one loaded copy per
+model, and a failed load that changes nothing; the runs and reports found on disk; bad uploads in the
+command line's words; `vitlab serve` without Gradio. (tests/test_serve_browser.py drives the served page itself.)"""
 
 from __future__ import annotations
 
@@ -115,6 +115,22 @@ def test_figure7_is_the_one_vitlab_inspect_draws(store, mini, images, tmp_path, 
     for name in ("fig7a_patch_embedding_pcs.csv", "fig7c_mean_attention_distance.csv"):
         assert (tmp_path / "page" / name).read_text() == (tmp_path / "cli" / name).read_text()
     assert all(line in printed for line in summary["lines"]) and summary["n_images"] == 2
+
+
+def test_the_token_norm_map_is_the_one_vitlab_inspect_draws(store, mini, images, tmp_path, capsys):
+    loaded = store.load(ModelSource(checkpoint=str(mini)))
+    norms = look.token_norms(loaded, sorted(images), tmp_path / "page")  # the Inside tab's call, as for Figure 7
+    folder = images[0].parent
+    assert main(["inspect", "--checkpoint", str(mini), "--images", str(folder), "--out", str(tmp_path / "cli"),
+                 "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    page, cli = (np.asarray(Image.open(tmp_path / side / "token_norms.png")) for side in ("page", "cli"))
+    assert page.shape == cli.shape and np.array_equal(page, cli)
+    assert (tmp_path / "page" / "token_norms.csv").read_text() == (tmp_path / "cli" / "token_norms.csv").read_text()
+    assert all(line in printed for line in norms["lines"]) and norms["n_images"] == 2
+    text = look.token_norm_markdown(norms)
+    assert "Darcet et al. 2023" in text and f"above {look.NORM_RATIO:g} x their layer's median" in text
+    assert all(f"- {line.strip()}" in text for line in norms["lines"])
 
 
 def test_one_copy_per_model_and_a_failed_load_changes_nothing(mini, tmp_path):

@@ -1,13 +1,14 @@
 """What the page computes for an image, as plain functions: the top-k (`vitlab predict`'s), the
-attention overlays (`vitlab attention`'s) and Figure 7 (`vitlab inspect`'s).
+attention overlays (`vitlab attention`'s), Figure 7 and the token-norm map (`vitlab inspect`'s).
 
 Each one goes through the same library code as its command, with the same arguments, so the page and
 the command line show the same numbers for the same image: `predict_files` (the weights' own
 preprocessing, the softmax in fp32), `explain` + `plots.final_overlay` (the picture `vitlab attention`
-writes as <stem>_<method>_overlay.png), `plots.write_figure7`. The page runs each model as built
-(`fast_path="off"`), as `vitlab predict` does for a single batch; over many images `vitlab predict` may
-take a packed or compiled path (`vitlab.speed.fastpath`), which moves a probability by ~1e-6. The page
-keeps one copy of each model, which the attention maps and Figure 7 need as it is.
+writes as <stem>_<method>_overlay.png), `plots.write_figure7`, `plots.write_token_norms`. The page
+runs each model as built (`fast_path="off"`), as `vitlab predict` does for a single batch; over many
+images `vitlab predict` may take a packed or compiled path (`vitlab.speed.fastpath`), which moves a
+probability by ~1e-6. The page keeps one copy of each model, which the attention maps, Figure 7 and
+the token norms need as it is.
 
 Files are named by their base name in messages (an upload lives under a temporary folder, but the
 user knows it by its name).
@@ -31,6 +32,7 @@ from vitlab.serve.models import LoadedModel
 
 METHODS = ("cls", "rollout")
 UPSAMPLING = ("bilinear", "nearest")
+NORM_RATIO = 4.0  # `vitlab inspect --norm-ratio`'s default: a patch norm above R x its layer's median is marked
 
 
 def _named(message: str, path: str | Path) -> str:
@@ -152,5 +154,33 @@ def figure7(loaded: LoadedModel, images: list[Image.Image | str | Path], out_dir
     return summary
 
 
-__all__ = ["METHODS", "UPSAMPLING", "predict", "format_prob", "topk_html", "error_html", "summary_rows", "Overlay",
-           "attention_overlay", "figure7"]
+# ----------------------------------------------------------------------------------------------------
+# Token norms (Darcet et al. 2023)
+
+
+def token_norms(loaded: LoadedModel, images: list[Image.Image | str | Path], out_dir: str | Path, *,
+                ratio: float = NORM_RATIO) -> dict:
+    """`vitlab inspect --norm-ratio R`'s token-norm map of the model over `images`, written to `out_dir`
+    (token_norms.png of the first image, token_norms.csv over all): the summary of
+    `plots.write_token_norms` plus "lines", the text `vitlab inspect` prints, and "n_images"."""
+    model = loaded.model
+    x = images_tensor(images, model.pretrained_cfg, model.cfg.img_size)
+    display = plots.display_image(x[0], model.pretrained_cfg)  # the first image, as `vitlab inspect` shows it
+    summary = plots.write_token_norms(model, x, display, out_dir, ratio=ratio)
+    summary["lines"] = plots.token_norm_lines(summary)
+    summary["n_images"] = len(x)
+    return summary
+
+
+def token_norm_markdown(summary: dict) -> str:
+    """What the token-norm map shows, in a sentence, then `vitlab inspect`'s lines about it."""
+    explain = (f"**Token norms** (Darcet et al. 2023, *Vision Transformers Need Registers*): the norm of every "
+               f"token after each block, on the patch grid for the first image, the prefix tokens (class, "
+               f"distillation, registers) beside it; patches above {summary['ratio']:g} x their layer's median "
+               f"are outlined in red. Large ViTs trained long store global information in a few background "
+               f"patches, which stand out here.")
+    return explain + "\n\n" + "\n".join(f"- {line.strip()}" for line in summary["lines"])
+
+
+__all__ = ["METHODS", "UPSAMPLING", "NORM_RATIO", "predict", "format_prob", "topk_html", "error_html", "summary_rows",
+           "Overlay", "attention_overlay", "figure7", "token_norms", "token_norm_markdown"]
