@@ -4,7 +4,8 @@ vitlab.serve.runs.
     Predict and look   drop images or pick a bundled photo; the top-5 as bars; the class token's attention
                        of a layer and head next to the attention rollout, with the opacity and upsampling
                        of `vitlab attention`, and the commands that give the same numbers
-    Inside             the paper's Figure 7 of the loaded model (`vitlab inspect`)
+    Inside             the paper's Figure 7 of the loaded model and its token norms per layer
+                       (`vitlab inspect`)
     Runs               the training runs under the runs folder, two side by side: summary, curves,
                        confusion matrix, per-class accuracy
     Report             a `vitlab reproduce` report found there, with its figures
@@ -104,7 +105,7 @@ def build_page(
     runs_dir = Path(runs_dir).expanduser()
     work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="vitlab-serve-"))
     samples = samples if samples is not None else save_samples(work_dir / "samples")
-    figure7_done: dict[str, dict] = {}  # model key -> write_figure7's summary
+    inside_done: dict[str, tuple[dict, dict]] = {}  # model key -> (Figure 7's summary, the token norms')
     figure7_lock = threading.Lock()
 
     def scan_runs() -> list[runs.Run]:
@@ -222,27 +223,34 @@ def build_page(
         )
         return (*out, commands)
 
+    def drawn_inside(key):
+        """(Figure 7's summary, the token norms') of the model, drawn once per model into one folder, from
+        the first 16 bundled photos, as `vitlab inspect` draws them without --images."""
+        with figure7_lock:
+            if key not in inside_done:
+                out = work_dir / "figure7" / f"model_{len(inside_done)}"
+                loaded, photos = store.get(key), samples[:16]
+                inside_done[key] = (look.figure7(loaded, photos, out), look.token_norms(loaded, photos, out))
+            return inside_done[key]
+
     def inside(key):
-        """Figure 7 of the model, drawn once per model."""
+        """The Inside tab: Figure 7's text and panels (a), (b), (c), then the token norms' text and map."""
         if key is None:
-            return "No model loaded.", None, None, None
+            return "No model loaded.", None, None, None, "", None
         try:
-            with figure7_lock:
-                if key not in figure7_done:
-                    out = work_dir / "figure7" / f"model_{len(figure7_done)}"
-                    figure7_done[key] = look.figure7(store.get(key), samples[:16], out)  # as `vitlab inspect`
-            summary = figure7_done[key]
+            summary, norms = drawn_inside(key)
         except VitlabError as e:
-            return look.error_html(e.for_cli()), None, None, None
-        files = {Path(f).name: str(f) for f in summary["files"]}
+            return look.error_html(e.for_cli()), None, None, None, "", None
+        files = {Path(f).name: str(f) for f in summary["files"] + norms["files"]}
         text = (f"Figure 7 of `{key}` (the paper's Section 4.5), as `vitlab inspect {key} --out DIR` draws it; "
                 f"(c) averages over {summary['n_images']} bundled photos.\n\n"
                 + "\n".join(f"- {line}" for line in summary["lines"]))
         return (text, files.get("fig7a_patch_embedding_pcs.png"), files.get("fig7b_position_embedding_similarity.png"),
-                files.get("fig7c_mean_attention_distance.png"))
+                files.get("fig7c_mean_attention_distance.png"), look.token_norm_markdown(norms),
+                files.get("token_norms.png"))
 
     def inside_if_shown(key, tab):
-        return inside(key) if tab == "inside" else ("", None, None, None)
+        return inside(key) if tab == "inside" else ("", None, None, None, "", None)
 
     def runs_overview():
         found = scan_runs()
@@ -362,6 +370,8 @@ def build_page(
                     fig_a = picture(show_label=False, elem_id="fig7a")
                     fig_b = picture(show_label=False, elem_id="fig7b")
                     fig_c = picture(show_label=False, elem_id="fig7c")
+                norms_text = gr.Markdown(elem_id="token-norms-text")
+                norms_picture = picture(show_label=False, elem_id="token-norms")
 
             with gr.Tab("Runs", id="runs") as runs_tab:
                 with gr.Row():
@@ -393,7 +403,7 @@ def build_page(
         attention_inputs = [current, paths, which, layer, head, alpha, upsample, start, fusion, discard]
         attention_outputs = [cls_picture, cls_caption, rollout_picture, rollout_caption, commands]
         predict_outputs = [paths, results, which, topk, table]
-        inside_outputs = [inside_text, fig_a, fig_b, fig_c]
+        inside_outputs = [inside_text, fig_a, fig_b, fig_c, norms_text, norms_picture]
         on_model = dict(concurrency_id="model", concurrency_limit=1)
 
         page.load(on_page_load, [current], model_outputs, **on_model).then(
