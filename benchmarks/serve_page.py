@@ -416,7 +416,7 @@ def screenshot_tabs(page: Page, out: str | Path, image: str | Path) -> list[Path
     page.until(lambda: page.overlay_src("rollout"), "the rollout overlay")
     shots.append(page.screenshot(out / "serve_predict.png"))
     page.tab(TABS[1])
-    page.until(lambda: page.find_all("#fig7c img"), "Figure 7")
+    page.until(lambda: page.find_all("#fig7c img") and page.find_all("#token-norms img"), "Figure 7, token norms")
     shots.append(page.screenshot(out / "serve_inside.png"))
     page.tab(TABS[2])
     page.until(lambda: page.find_all("#run-a-curves img"), "a run's curves")
