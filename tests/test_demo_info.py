@@ -78,7 +78,7 @@ def test_demo_writes_metrics_figures_weights_and_summary(demo_run):
         assert acc == pytest.approx(run["final_val_acc"], abs=1e-6)
         b = run["boundary_attention"]
         assert b["uniform"] == pytest.approx(2 / 8) and 0.0 < b["share"] < 1.0
-    # the seed's claim, already after 3 epochs: position embedding solves it, without it ~chance
+    # the mini experiment's claim, already after 3 epochs: position embedding solves it, without it ~chance
     assert summary["runs"]["learned"]["final_val_acc"] >= 0.9
     assert summary["runs"]["none"]["final_val_acc"] <= 0.6
     hidden = [p.name for p in out.iterdir() if p.name.startswith(".")]
