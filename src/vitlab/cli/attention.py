@@ -2,7 +2,7 @@
 
 For each image: a grid of heatmap overlays (`<stem>_<method>.png`: rows = layers, columns = heads
 or the fused heads), the final map at the image's resolution (`<stem>_<method>_overlay.png`), and
-`attention.csv` with the patch each map peaks at. Seed 000 section 5.3, seed 004 section 7.4.
+`attention.csv` with the patch each map peaks at.
 """
 
 from __future__ import annotations

@@ -48,14 +48,14 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
     r.add_argument("--batch-size", type=int, default=preset.batch_size, metavar="B",
                    help="batch per process (global batch = B x processes x --grad-accum)")
     r.add_argument("--lr", type=float, default=preset.lr, help="peak learning rate (of the head, with layer decay)"
-                   + ("; seed 004: 1e-5 to 1e-4 for pretrained weights" if finetune else ""))
+                   + ("; 1e-5 to 1e-4 is usual for pretrained weights" if finetune else ""))
     r.add_argument("--weight-decay", type=float, default=preset.weight_decay, metavar="W", help="AdamW weight decay (matrices only)")
     r.add_argument("--warmup-epochs", type=float, default=preset.warmup_epochs, metavar="E",
                    help="linear warmup at the start of each stage, then cosine")
     r.add_argument("--min-lr-ratio", type=float, default=preset.min_lr_ratio, metavar="F", help="cosine floor as a fraction of --lr")
     r.add_argument("--clip-grad", type=float, default=preset.clip_grad, metavar="C", help="gradient norm clipping (0 = off)")
     r.add_argument("--freeze-epochs", type=int, default=preset.freeze_epochs, metavar="K",
-                   help="stage 1: train only the head for K epochs (seed 004 section 7.3)")
+                   help="stage 1: train only the head for K epochs")
     r.add_argument("--unfreeze", default=preset.unfreeze, metavar="last:N|all",
                    help="stage 2: train the last N blocks (+ final norm and head), or all")
     r.add_argument("--layer-decay", type=float, default=preset.layer_decay, metavar="D",
