@@ -334,7 +334,7 @@ def write_curves_figure(histories: dict[str, list[dict]], path: Path) -> Path:
     ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy", ylim=(0.4, 1.01))
     ax_acc.axhline(0.95, color="grey", lw=0.8, ls=":")
     last_epoch = max(r["epoch"] for rows in histories.values() for r in rows)
-    ax_acc.text(last_epoch, 0.935, "seed's 95%", color="grey", fontsize=8, ha="right")
+    ax_acc.text(last_epoch, 0.935, "expected: 95%", color="grey", fontsize=8, ha="right")
     for ax in (ax_loss, ax_acc):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
