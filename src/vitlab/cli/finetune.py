@@ -23,7 +23,7 @@ def register(subparsers) -> None:
         help="fine-tune a (pretrained) model on your image folder: staged, with layer decay",
         description="Fine-tune on an image folder with a staged recipe: a new zero-initialised head, "
         "--freeze-epochs of head-only training, then --unfreeze last:N|all with layer-wise lr decay; AdamW, "
-        "warmup+cosine, clipping, MixUp/CutMix, EMA, checkpoints every epoch (--resume), metrics.csv, "
+        "warmup+cosine, clipping, MixUp/CutMix, a moving average of the weights (--ema), checkpoints every epoch (--resume), metrics.csv, "
         "TensorBoard, confusion matrix, curves, summary.json. Runs under torchrun for several processes.",
         formatter_class=DefaultsFormatter,
     )

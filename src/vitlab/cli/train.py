@@ -30,7 +30,8 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
     d.add_argument("--data", metavar="DIR", help="image folder: DIR/train/<class>/*, DIR/val/<class>/*, or DIR/<class>/*")
     d.add_argument("--dataset", choices=tuple(BUNDLED), help="a bundled dataset instead of --data: fashion-mnist "
                    "(70,000 grey 28x28 photos, 10 classes; Debian's dataset-fashion-mnist package, --root, $VITLAB_DATA, or "
-                   "a download), digits (scikit-learn's, 10 classes) or x (dataset X of the mini experiment, 2 classes)")
+                   "a download), digits (scikit-learn's, 10 classes) or x (dataset X of the mini experiment: 2,000 / 500 synthetic 32x32 images, left or right half "
+                   "brighter, 2 classes)")
     d.add_argument("--root", metavar="DIR", help="the folder with Fashion-MNIST's idx files (.gz or not; default: "
                    "$VITLAB_DATA, vitlab's cache folder, /usr/share/datasets/fashion-mnist, else a download)")
     d.add_argument("--train-size", type=int, default=None, metavar="N",
@@ -108,7 +109,8 @@ def register(subparsers) -> None:
         help="train a ViT or the CNN baseline from scratch on an image folder or a bundled dataset",
         description="Train from random weights (a vitlab ViT or resnet_mini) on --data DIR or --dataset "
         "fashion-mnist|digits|x, "
-        "with the one training engine: AdamW, warmup+cosine, clipping, augmentation, MixUp/CutMix, EMA, "
+        "with the one training engine: AdamW, warmup+cosine, clipping, augmentation, MixUp/CutMix, a moving "
+        "average of the weights (--ema), "
         "checkpoints every epoch (--resume), metrics, figures and summary.json. Runs under torchrun too.",
         formatter_class=DefaultsFormatter,
     )

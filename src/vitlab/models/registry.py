@@ -97,7 +97,7 @@ FAMILY: dict[str, Variant] = {
                                          "vit_base_patch16_224_miil", "miil", qkv_bias=False),
     "vit_medium_patch16_gap_256": Variant(
         ViTConfig(**TIMM_GAP, fc_norm=False, qkv_bias=False, layer_scale=1e-6),
-        "timm's ViT-Medium, GAP after the final LN; timm vit_medium_patch16_gap_256",
+        "timm's ViT-Medium, the mean of the patch tokens after the final LayerNorm; timm vit_medium_patch16_gap_256",
         TIMM_GAP_PREPROCESSING),
     "vit_medium_patch16_reg4_gap_256": Variant(
         ViTConfig(**TIMM_GAP, reg_tokens=4, no_embed_class=True, layer_scale=1e-5),
