@@ -16,6 +16,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q $(ARGS)
 
+# benchmarks/bench_core.py: 10+ minutes on a 2-core CPU; `make bench ARGS=--quick` is a smoke run of about a minute
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_core.py $(ARGS)
 

@@ -1,6 +1,6 @@
 """vitlab vs timm, same configuration, same process, same thread count: images per second.
 
-Rows (issue 2, item 8):
+Rows, each timed for vitlab's model and for timm's:
   ViT-S/16 and ViT-B/16 at 224, fp32: inference at batch 32, and one AdamW training step at batch 16
   the demo's training loop: vit_mini_x on dataset X, batch 32, one epoch of `train_one_epoch`, against
   the same loop driving timm's VisionTransformer(img_size=32, patch_size=4, embed_dim=32, depth=2,

@@ -1,8 +1,8 @@
-"""The mini experiment's training loop (seed 000 section 5: vit_mini_x on dataset X, AdamW 3e-3, batch
-32, 60 epochs), vitlab's against timm's (issue 7, item 4): time and final accuracy.
+"""The mini experiment's training loop (`vitlab demo`: vit_mini_x on dataset X, AdamW 3e-3, batch 32,
+60 epochs), vitlab's against timm's: time and final accuracy.
 
 Four runs, one process, one thread count, the same data:
-  timm  + simple loop   the seed's loop: DataLoader over a TensorDataset, torch.optim.AdamW (foreach),
+  timm  + simple loop   a plain loop: DataLoader over a TensorDataset, torch.optim.AdamW (foreach),
                         zero_grad / forward / backward / step, evaluation every epoch. The baseline.
   vitlab + fit          what `vitlab demo` runs: `vitlab.train.engine.fit` (TensorLoader slices, fused
                         AdamW, warmup + cosine, gradient clipping, metrics on the device) with vitlab's model
@@ -16,8 +16,10 @@ compilation time included in its total.
 
 With --demo it times the whole mini experiment as a user gets it instead: `vitlab demo`'s two runs
 (with and without position embedding; side by side in two processes, one thread each, on a CPU
-with two cores) against the seed's simple loop driving timm's model for the same two runs one after
-the other, at 1 thread and at torch's default thread count. Wall seconds, final accuracies.
+with two cores) against the simple loop driving timm's model for the same two runs one after
+the other, at 1 thread and at torch's default thread count. It prints one line per timed run (wall
+seconds, final accuracies of both runs) and the speed-ups; the demo's own output (its per-epoch lines
+and table) is not printed.
 
     python benchmarks/bench_demo_loop.py --epochs 60            # ~4 x 60-80 s CPU on one core
     python benchmarks/bench_demo_loop.py --epochs 5 --compile
@@ -48,7 +50,7 @@ def timm_mini() -> torch.nn.Module:
 
 
 def simple_loop(model, data, epochs: int, seed: int) -> float:
-    """The seed's loop, as a reader of the seed would write it. Returns the last validation accuracy."""
+    """The plain training loop a tutorial writes, with nothing added. Returns the last validation accuracy."""
     (xt, yt), (xv, yv) = data
     torch.manual_seed(seed)
     train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xt, yt), batch_size=32, shuffle=True)
@@ -117,11 +119,11 @@ def whole_demo(epochs: int, seed: int) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=60, help="epochs per run (the seed: 60)")
+    p.add_argument("--epochs", type=int, default=60, help="epochs per run (the mini experiment: 60)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads for every run")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the shuffling")
     p.add_argument("--compile", action="store_true", help="add a run of vitlab + fit under torch.compile")
-    p.add_argument("--demo", action="store_true", help="time the whole demo (both runs) instead; see above")
+    p.add_argument("--demo", action="store_true", help="time the whole demo (both runs) instead: one line per timed run and the speed-ups, not the demo's own output")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = p.parse_args(argv)
     if args.demo:

@@ -15,7 +15,7 @@ augmentation and the same number of epochs:
    fine-tuned with the staged recipe (`vitlab finetune --checkpoint`): head only for 2 epochs, then
    everything with layer decay 0.75. Pre-training time is reported separately.
 
-The seeds' claim (seed 004 section 6.2, paper Section 4.2): with little data, a ViT from scratch
+The claim (paper Sections 3.2 and 4.2): with little data, a ViT from scratch
 trails a CNN; pre-training on more data closes the gap. The strokes are a small, honest stand-in
 for "more data": nothing here is downloaded.
 """

@@ -18,7 +18,7 @@ bf16 feature error (~1%) into 4-8% on the logits; at --ridge 1 (the default) it 
     python benchmarks/bf16_accuracy.py --model vit_base_patch16_224 --n-test 128     # ~10 min on 2 cores
     python benchmarks/bf16_accuracy.py --model vit_tiny_patch16_224 --n-test 64      # ~1 min
 
-Targets (issue 7, item 3): per-image relative L2 error of the logits <= 2%, same top-1 on >= 99%.
+Targets: per-image relative L2 error of the logits <= 2%, same top-1 on >= 99%.
 """
 
 from __future__ import annotations

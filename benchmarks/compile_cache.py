@@ -7,6 +7,8 @@ AOTAutograd's cache counters (a hit means the kernels were loaded, not generated
 
     python benchmarks/compile_cache.py --model vit_small_patch16_224 --batch-size 32 --precision fp32
     python benchmarks/compile_cache.py --model vit_small_patch16_224 --batch-size 32 --train
+
+Cost: several minutes on a 2-core CPU, most of it the first process's compile.
 """
 
 from __future__ import annotations

@@ -259,7 +259,7 @@ def test_patch_embedding_pca_recovers_planted_filters():
 
 
 # ----------------------------------------------------------------------------------------------------
-# Seed 000's boundary claim
+# The mini experiment's boundary claim
 
 
 def test_boundary_attention_share():

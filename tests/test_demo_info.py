@@ -78,7 +78,7 @@ def test_demo_writes_metrics_figures_weights_and_summary(demo_run):
         assert acc == pytest.approx(run["final_val_acc"], abs=1e-6)
         b = run["boundary_attention"]
         assert b["uniform"] == pytest.approx(2 / 8) and 0.0 < b["share"] < 1.0
-    # the seed's claim, already after 3 epochs: position embedding solves it, without it ~chance
+    # the mini experiment's claim, already after 3 epochs: position embedding solves it, without it ~chance
     assert summary["runs"]["learned"]["final_val_acc"] >= 0.9
     assert summary["runs"]["none"]["final_val_acc"] <= 0.6
     hidden = [p.name for p in out.iterdir() if p.name.startswith(".")]
@@ -161,7 +161,7 @@ def test_info_vit_b16(capsys):
     assert "197 tokens" in text
     assert "17.56 GMACs" in text and "35.13 GFLOPs" in text  # the 17.6 GMACs the paper's tables count
     assert "analytic / counted = 1.0000" in text
-    assert "304,326,632" in text  # ViT-L/16 in the seed's table
+    assert "304,326,632" in text  # ViT-L/16 in the paper's Table 1
     assert "196" in text and "784" in text and "15.9x the attention products" in text
 
 
@@ -189,7 +189,7 @@ def test_analytic_flops_match_flop_counter(name, overrides, meta):
         assert analytic.flops == pytest.approx(counted, rel=0.01)
     else:
         # on CPU the fused kernel (_scaled_dot_product_flash_attention_for_cpu) is invisible to
-        # FlopCounterMode in torch 2.14 (paper.md pitfall 8): then exactly QK^T and AV are missing
+        # FlopCounterMode in torch 2.14: then exactly QK^T and AV are missing
         assert counted in (analytic.flops, analytic.flops - 2 * analytic.attention_macs)
     if name == "vit_base_patch16_224" and not overrides:
         assert analytic.macs / 1e9 == pytest.approx(17.56, abs=0.01)

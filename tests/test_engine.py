@@ -74,7 +74,7 @@ def _loaders(n_train=512, n_val=256, seed=0):
 
 
 def test_short_training_run_learns_dataset_x():
-    """The seed's configuration (AdamW, lr 3e-3, batch 32), shortened to 8 epochs of 512 images.
+    """The mini experiment's configuration (AdamW, lr 3e-3, batch 32), shortened to 8 epochs of 512 images.
 
     At 3 epochs some initialisations are still at chance (they leave the 50% plateau at epoch 2 to 5);
     8 epochs reached 100% for each of the 6 seeds tried."""

@@ -4,7 +4,8 @@ the token norms of "Vision Transformers Need Registers" (Darcet et al. 2023).
 Everything here reads the model's explicit attention path (`softmax(q k^T / sqrt(d))`, Appendix A
 Eq. 5-7) per call, through `model.forward_features(x, return_attention=[...])`. The model's default
 fast path (fused `scaled_dot_product_attention`) is never switched off and nothing global changes, so
-the maps survive fused attention (the first pitfall of ../shared/docs/paper.md).
+the maps survive fused attention (a fused kernel never materialises the attention matrix, which is
+why hooks on it often return nothing).
 
 Memory: one layer's attention is B x h x T^2 floats (T = prefix tokens + N patches), 16 MB per image for ViT-B/16 at 384
 (577 tokens, 12 heads), 192 MB for all twelve layers. `iter_attention` therefore runs the images in
@@ -25,7 +26,7 @@ Functions
 - `attention_distance(attn, ...)` / `mean_attention_distance(model, images)`  (Figure 7, right)
 - `position_embedding_similarity(model)`  (Figure 7, centre)
 - `patch_embedding_pcs(model, k=28)`  (Figure 7, left)
-- `boundary_attention_share(model, images)`  (seed 000's claim about the demo model on dataset X)
+- `boundary_attention_share(model, images)`  (the mini experiment's claim about the demo model on dataset X)
 - `token_norms(model, images)`  (Darcet et al. 2023: high-norm patch tokens, and the registers that take them)
 """
 
@@ -300,7 +301,7 @@ def attention_rollout(
         A~_l  = (A_l + I) / rowsum(A_l + I)           the residual connection of Eq. 2, rows sum to 1
         R     = A~_l @ R                              R starts as the identity
     Rows are renormalised with keepdim, over the keys (the last axis): the common bug divides a
-    (B, T, T) matrix by a (B, T) sum, which broadcasts along the wrong axis (../shared/docs/paper.md, item 2).
+    (B, T, T) matrix by a (B, T) sum, which broadcasts along the wrong axis.
     """
     if isinstance(attentions, dict):
         attentions = [attentions[k] for k in sorted(attentions)]
@@ -506,7 +507,7 @@ def patch_embedding_pcs(model: nn.Module, k: int = 28) -> tuple[torch.Tensor, to
 
 
 # ----------------------------------------------------------------------------------------------------
-# Seed 000's claim: does the demo model's CLS token look at the boundary between the halves?
+# The mini experiment's claim: does the demo model's CLS token look at the boundary between the halves?
 
 
 @dataclass(frozen=True)
@@ -551,8 +552,9 @@ def boundary_attention_share(
     columns: Sequence[int] | None = None,
     batch_size: int | None = 256,
 ) -> BoundaryShare:
-    """Seed 000 claims the trained demo model's CLS token attends to what separates the classes; on
-    dataset X that is the vertical boundary between the bright and the dark half. This measures it.
+    """The mini experiment claims the trained demo model's CLS token attends to what separates the
+    classes; on dataset X that is the vertical boundary between the bright and the dark half. This
+    measures it.
 
     The last layer's CLS->patch attention (for a model without class token, the mean of the patch
     rows) is renormalised over the patches, averaged over heads and images, and summed over the

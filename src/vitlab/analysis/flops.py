@@ -1,6 +1,7 @@
 """What a ViT costs: parameters per component, FLOPs per image, training memory (`vitlab info`).
 
-Counting conventions (the seed's "FLOPs miscounted" pitfall, ../shared/docs/paper.md item 8):
+Counting conventions (FLOP counts of ViTs are often miscounted: MACs called FLOPs, the attention
+products skipped, fused attention kernels not seen by counters):
 - A MAC is one multiply-accumulate; FLOPs = 2 x MACs. torchvision and fvcore print MACs and call
   them "GFLOPS"; `torch.utils.flop_counter.FlopCounterMode` prints FLOPs. Both are given here.
 - Counted: every matrix product, the two attention products QK^T and AV included (each T^2 d per head,
@@ -18,8 +19,8 @@ Per image, with T = N + 1 tokens, D width, M MLP width, L layers, K classes (Eq.
     head                 D * K                            Eq. 4
 
 ViT-B/16 at 224 comes to 17.56 GMACs (the paper's tables count the same; torchvision prints "17.56").
-The attention products grow as T^2 D while everything else grows as T D^2: this is the seed's
-O(N^2 D) point, and `patch_size_tradeoff` makes it concrete.
+The attention products grow as T^2 D while everything else grows as T D^2: self-attention is
+O(N^2 D) in the number of patches, and `patch_size_tradeoff` makes it concrete.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from vitlab.models.registry import get_config, get_variant
 from vitlab.models.vit import ViTConfig, VisionTransformer
 
 BYTES_FP32 = 4
-# The seed's table (seed 000 section 3.2 = the paper's Table 1), with the paper's rounded sizes.
+# The paper's Table 1 (Base, Large, Huge), with the paper's rounded sizes.
 SEED_TABLE = (("ViT-Base", "vit_base_patch16_224", "86M"), ("ViT-Large", "vit_large_patch16_224", "307M"),
               ("ViT-Huge", "vit_huge_patch14_224", "632M"))
 
@@ -258,11 +259,11 @@ def measure_saved_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor
 
 
 # ----------------------------------------------------------------------------------------------------
-# The seed's points, made concrete
+# Table 1 and the O(N^2 D) cost of attention, made concrete
 
 
 def seed_table() -> list[dict]:
-    """Base / Large / Huge as in the seed's table (the paper's Table 1), parameters counted here."""
+    """Base / Large / Huge as in the paper's Table 1, parameters counted here."""
     rows = []
     for label, name, paper in SEED_TABLE:
         cfg = get_config(name)
@@ -273,7 +274,7 @@ def seed_table() -> list[dict]:
 
 
 def patch_size_tradeoff(cfg: ViTConfig, img_size: int = 224, patches: tuple[int, int] = (16, 8)) -> list[dict]:
-    """The seed's O(N^2 D) point: the same width and depth at `img_size` with two patch sizes.
+    """Self-attention's O(N^2 D) cost: the same width and depth at `img_size` with two patch sizes.
     Halving P gives 4x the patches, ~16x the attention products and ~4x everything else."""
     rows = []
     for P in patches:
@@ -305,7 +306,7 @@ def _bytes(n: float) -> str:
 def info_report(name: str, *, img_size: int | None = None, patch_size: int | None = None,
                 batch_size: int = 64, dim: int | None = None, depth: int | None = None,
                 heads: int | None = None) -> str:
-    """The text of `vitlab info NAME`: parameters, tokens, FLOPs, memory, the seed's table and the
+    """The text of `vitlab info NAME`: parameters, tokens, FLOPs, memory, the paper's Table 1 and the
     patch-size trade-off. Every size is checked before anything is built."""
     for arg, value in (("img_size", img_size), ("patch_size", patch_size), ("batch_size", batch_size),
                        ("dim", dim), ("depth", depth), ("heads", heads)):
@@ -355,7 +356,7 @@ def info_report(name: str, *, img_size: int | None = None, patch_size: int | Non
               f"  total                   {_bytes(mem.total):>12}",
               f"  + attention matrices    {_bytes(mem.attention_matrices):>12}  "
               f"if the explicit path keeps softmax(QK^T/sqrt(d)): L x h x T^2 floats per image", ""]
-    lines.append("The seed's table (paper Table 1), parameters counted at 224 px with 1000 classes")
+    lines.append("The paper's Table 1, parameters counted at 224 px with 1000 classes")
     lines.append(f"  {'model':<10}{'layers':>7}{'D':>6}{'MLP':>6}{'heads':>6}{'params':>14}{'paper':>7}")
     for r in seed_table():
         lines.append(f"  {r['model']:<10}{r['layers']:>7}{r['dim']:>6}{r['mlp']:>6}{r['heads']:>6}"

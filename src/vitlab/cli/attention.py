@@ -2,7 +2,7 @@
 
 For each image: a grid of heatmap overlays (`<stem>_<method>.png`: rows = layers, columns = heads
 or the fused heads), the final map at the image's resolution (`<stem>_<method>_overlay.png`), and
-`attention.csv` with the patch each map peaks at. Seed 000 section 5.3, seed 004 section 7.4.
+`attention.csv` with the patch each map peaks at.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def register(subparsers) -> None:
         "attention",
         help="draw where a ViT attends on images (CLS attention or rollout)",
         description="Heatmaps of the attention of the token the classifier reads (the class token, or "
-        "the mean of the patch tokens for GAP models) to every patch, from the explicit attention path, "
+        "the mean of the patch tokens for models that pool by averaging them) to every patch, from the explicit attention path, "
         "upsampled and blended on the image; or attention rollout (Abnar & Zuidema 2020).",
     )
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders of images")

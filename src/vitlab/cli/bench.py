@@ -23,12 +23,13 @@ QUICK_MODEL = "vit_mini_x"
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "bench",
-        help="speed (images/s, FLOP/s, MFU) next to timm, timm compiled and ONNX Runtime; peak memory",
+        help="speed (images/s, FLOP/s, share of the machine's matmul rate) next to timm, timm compiled and "
+        "ONNX Runtime; peak memory",
         description=(
             "Measures the machine's matmul rate (2048^3, fp32 and bf16), then inference (and with --train, "
             "training-step) images/s of each model on vitlab's path and on each peer of --against, the same "
             "weights, inputs, precision and threads, run alternately: warm-up, then the median of --repeats. "
-            "MFU = achieved FLOP/s over the matmul rate of the same precision. Compile times and the images "
+            "MFU (model FLOP utilisation) = achieved FLOP/s over the matmul rate of the same precision. Compile times and the images "
             "after which compiling pays are printed below the table. --memory measures peak resident memory "
             "instead."
         ),

@@ -12,7 +12,8 @@ from vitlab.train.recipe import RECIPES
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "demo",
-        help="the mini experiment: vit_mini_x on dataset X, with and without position embedding",
+        help="the mini experiment: vit_mini_x on dataset X (synthetic images, left or right half brighter), "
+        "with and without position embedding",
         description="Train vit_mini_x (patch 4, D=32, 4 heads, 2 blocks, MLP 64) on dataset X (2000/500 "
         "synthetic 32x32 images: left half brighter vs mirrored) with AdamW, lr 3e-3, batch 32; then the same "
         "run with pos_embed='none'. Prints progress and a table of validation accuracies, and writes metrics "

@@ -1,5 +1,5 @@
 """`vitlab info MODEL`: parameters per component, tokens, FLOPs per image, training memory, the
-seed's Base/Large/Huge table and the O(N^2 D) cost of smaller patches (vitlab.analysis.flops)."""
+paper's Base/Large/Huge table (Table 1) and the O(N^2 D) cost of smaller patches (vitlab.analysis.flops)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`vitlab predict IMAGE... --pretrained SOURCE`: the top-k classes of each image.
 
-Seed 004, section 7.2: load pretrained weights *with their preprocessing* and print the top 5. The
+Load pretrained weights *with their preprocessing* and print the top 5. The
 preprocessing (resize, crop, interpolation, mean/std) comes from the weights' source; see
 vitlab.data.preprocess. A bad image is one line `error: FILE: ...` on stderr; the other images are
 still predicted, and the exit code is 2 if any image failed.

@@ -30,7 +30,8 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
     d.add_argument("--data", metavar="DIR", help="image folder: DIR/train/<class>/*, DIR/val/<class>/*, or DIR/<class>/*")
     d.add_argument("--dataset", choices=tuple(BUNDLED), help="a bundled dataset instead of --data: fashion-mnist "
                    "(70,000 grey 28x28 photos, 10 classes; Debian's dataset-fashion-mnist package, --root, $VITLAB_DATA, or "
-                   "a download), digits (scikit-learn's, 10 classes) or x (dataset X of the mini experiment, 2 classes)")
+                   "a download), digits (scikit-learn's, 10 classes) or x (dataset X of the mini experiment: 2,000 / 500 synthetic 32x32 images, left or right half "
+                   "brighter, 2 classes)")
     d.add_argument("--root", metavar="DIR", help="the folder with Fashion-MNIST's idx files (.gz or not; default: "
                    "$VITLAB_DATA, vitlab's cache folder, /usr/share/datasets/fashion-mnist, else a download)")
     d.add_argument("--train-size", type=int, default=None, metavar="N",
@@ -48,14 +49,14 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
     r.add_argument("--batch-size", type=int, default=preset.batch_size, metavar="B",
                    help="batch per process (global batch = B x processes x --grad-accum)")
     r.add_argument("--lr", type=float, default=preset.lr, help="peak learning rate (of the head, with layer decay)"
-                   + ("; seed 004: 1e-5 to 1e-4 for pretrained weights" if finetune else ""))
+                   + ("; 1e-5 to 1e-4 is usual for pretrained weights" if finetune else ""))
     r.add_argument("--weight-decay", type=float, default=preset.weight_decay, metavar="W", help="AdamW weight decay (matrices only)")
     r.add_argument("--warmup-epochs", type=float, default=preset.warmup_epochs, metavar="E",
                    help="linear warmup at the start of each stage, then cosine")
     r.add_argument("--min-lr-ratio", type=float, default=preset.min_lr_ratio, metavar="F", help="cosine floor as a fraction of --lr")
     r.add_argument("--clip-grad", type=float, default=preset.clip_grad, metavar="C", help="gradient norm clipping (0 = off)")
     r.add_argument("--freeze-epochs", type=int, default=preset.freeze_epochs, metavar="K",
-                   help="stage 1: train only the head for K epochs (seed 004 section 7.3)")
+                   help="stage 1: train only the head for K epochs")
     r.add_argument("--unfreeze", default=preset.unfreeze, metavar="last:N|all",
                    help="stage 2: train the last N blocks (+ final norm and head), or all")
     r.add_argument("--layer-decay", type=float, default=preset.layer_decay, metavar="D",
@@ -108,7 +109,8 @@ def register(subparsers) -> None:
         help="train a ViT or the CNN baseline from scratch on an image folder or a bundled dataset",
         description="Train from random weights (a vitlab ViT or resnet_mini) on --data DIR or --dataset "
         "fashion-mnist|digits|x, "
-        "with the one training engine: AdamW, warmup+cosine, clipping, augmentation, MixUp/CutMix, EMA, "
+        "with the one training engine: AdamW, warmup+cosine, clipping, augmentation, MixUp/CutMix, a moving "
+        "average of the weights (--ema), "
         "checkpoints every epoch (--resume), metrics, figures and summary.json. Runs under torchrun too.",
         formatter_class=DefaultsFormatter,
     )

@@ -1,5 +1,5 @@
-"""Datasets: the seed's synthetic dataset X, bundled real digits, Fashion-MNIST, image folders; data kept in
-memory as uint8 tensors and augmented per batch (memory.py)."""
+"""Datasets: the synthetic dataset X of the mini experiment, bundled real digits, Fashion-MNIST, image
+folders; data kept in memory as uint8 tensors and augmented per batch (memory.py)."""
 
 from vitlab.data.synthetic import make_dataset_x
 

@@ -6,7 +6,7 @@ decoded once into a uint8 tensor (N, C, H, W). An epoch then costs no decoding a
 is gathered from that tensor on the training device, augmented as a batch, and normalised there.
 
 The augmentation is per image, as in timm's pipeline (random resized crop -> flip -> colour jitter ->
-RandAugment/TrivialAugment -> normalise -> random erasing; seed 004 section 6.3), but drawn and applied
+RandAugment/TrivialAugment -> normalise -> random erasing), but drawn and applied
 for the whole batch at once where torchvision has the batched operation:
 
     random resized crop   torchvision's box sampling (area scale, log-uniform aspect ratio, 10 tries,

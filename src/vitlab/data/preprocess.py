@@ -1,7 +1,7 @@
 """Eval preprocessing from a model's `pretrained_cfg`, and opening any image file as RGB.
 
-Seed 004, section 7.2: "if you load official pretrained weights, load their preprocessing too; do not
-write your own normalisation values" -- a mismatch silently costs accuracy (vision_transformer#39:
+Pretrained weights must be loaded with their own preprocessing, not with normalisation values written
+by hand: a mismatch silently costs accuracy (vision_transformer#39:
 83.41% vs 85.08% top-1 from the resize alone). Each weight source resizes and normalises its own way:
 
     source                     resize                          crop               mean / std

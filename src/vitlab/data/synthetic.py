@@ -1,4 +1,4 @@
-"""Dataset X, the synthetic task of seed 000 section 5.1.
+"""Dataset X, the synthetic task of the mini experiment (`vitlab demo`).
 
 32x32x3 images in two classes: class A (label 0) has its left half brighter than its right half,
 class B (label 1) is the mirror image; Gaussian noise is added to every pixel. The task is easy for
@@ -60,5 +60,5 @@ def make_dataset_x(
 def dataset_x_splits(
     n_train: int = 2000, n_val: int = 500, *, seed: int = 0, **kwargs
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """The seed's split: 2000 training and 500 validation images, drawn with different seeds."""
+    """The mini experiment's split: 2000 training and 500 validation images, drawn with different seeds."""
     return make_dataset_x(n_train, seed=seed, **kwargs), make_dataset_x(n_val, seed=seed + 10_000, **kwargs)

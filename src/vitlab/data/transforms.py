@@ -2,14 +2,14 @@
 model's pretrained_cfg. These are the per-image transforms of data read from disk every epoch; data kept
 in memory gets the same augmentation on whole batches (vitlab.data.memory.BatchTransform).
 
-Seed 004 section 6.3: "random crop, flip and colour jitter are standard; MixUp and CutMix matter
-especially for ViT" (they have no convolutional prior, so they need the data to teach invariances).
+Random crop, flip and colour jitter are standard; MixUp and CutMix matter especially for a ViT (it
+has no convolutional prior, so the data must teach it the invariances).
 The order follows timm's training pipeline: crop -> flip -> colour -> RandAugment/TrivialAugment on
 the PIL image, then to a normalised tensor, then RandomErasing on the tensor. MixUp/CutMix act on a
 whole batch (`mix_transform`), after the loader, and turn the labels into soft targets.
 
 Eval preprocessing is `vitlab.data.preprocess.eval_transform(model.pretrained_cfg)`: the resize, crop and
-normalisation the weights were trained with (seed 004 section 7.2).
+normalisation the weights were trained with.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Top-k predictions for image files, with the preprocessing of the weights' source (seed 004, 7.2).
+"""Top-k predictions for image files, with the preprocessing of the weights' source.
 
     model = vitlab.create_model("vit_base_patch16_224", pretrained="hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")
     results = predict_files(model, ["cat.jpg"], topk=5)

@@ -2,8 +2,8 @@
 
 Every model `create_model` returns carries one as `model.pretrained_cfg`. Its preprocessing fields are
 what `vitlab.data.preprocess.eval_transform` applies, because each weight source resized, cropped and
-normalised its training images its own way and a mismatch silently costs accuracy (seed 004 section
-7.2; vision_transformer#39: 83.41% vs 85.08% top-1 from the resize alone). timm keeps the same record
+normalised its training images its own way and a mismatch silently costs accuracy
+(vision_transformer#39: 83.41% vs 85.08% top-1 from the resize alone). timm keeps the same record
 (`timm.models._pretrained.PretrainedCfg`); this one adds what vitlab learned while loading the weights
 (the head's state, notes on dropped parts).
 """
@@ -17,7 +17,7 @@ HEAD_STATES = ("random", "loaded", "zero", "absent", "new", "none")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
-# Eval preprocessing per weight source (../shared/docs/paper.md, "Preprocessing differs per weight source"),
+# Eval preprocessing per weight source (each source trained with its own mean/std, resize and crop),
 # as each source's own library does it. crop_mode "squash" resizes both sides to input_size / crop_pct;
 # "center" resizes the short side, then crops. The registry's named models and the weight formats use these.
 PREPROCESSING = {

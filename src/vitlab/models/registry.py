@@ -1,8 +1,8 @@
 """Named model variants, as data: each a configuration and the source its numbers come from.
 
 Sizes: Table 1 of the paper (Base, Large, Huge); Tiny and Small from DeiT (Touvron et al. 2021,
-Table 1), which the paper's code base adopted. `vit_mini_x` is the configuration of the mini
-experiment of the ViT notes this project started from (seed 000, section 5.1). A ViT name reads
+Table 1), which the paper's code base adopted. `vit_mini_x` is the model of the mini experiment
+(`vitlab demo`: a tiny ViT on the synthetic dataset X). A ViT name reads
 `vit_{size}_patch{P}_{resolution}`, as in timm. The CNN baselines (`resnet_*`) are here too, so that
 one registry answers "which models are there" for every command.
 
@@ -97,7 +97,7 @@ FAMILY: dict[str, Variant] = {
                                          "vit_base_patch16_224_miil", "miil", qkv_bias=False),
     "vit_medium_patch16_gap_256": Variant(
         ViTConfig(**TIMM_GAP, fc_norm=False, qkv_bias=False, layer_scale=1e-6),
-        "timm's ViT-Medium, GAP after the final LN; timm vit_medium_patch16_gap_256",
+        "timm's ViT-Medium, the mean of the patch tokens after the final LayerNorm; timm vit_medium_patch16_gap_256",
         TIMM_GAP_PREPROCESSING),
     "vit_medium_patch16_reg4_gap_256": Variant(
         ViTConfig(**TIMM_GAP, reg_tokens=4, no_embed_class=True, layer_scale=1e-5),
@@ -112,10 +112,10 @@ VARIANTS: dict[str, Variant] = {
     "vit_large_patch16_384": _vit("large", 16, 384),
     "vit_huge_patch14_224": _vit("huge", 14, 224),
     **FAMILY,
-    # Seed 000, section 5.1: 32x32x3 images, patch 4 (64 patches), D=32, 4 heads, 2 blocks, MLP 64, 2 classes.
+    # The mini experiment: 32x32x3 images, patch 4 (64 patches), D=32, 4 heads, 2 blocks, MLP 64, 2 classes.
     "vit_mini_x": Variant(
         ViTConfig(img_size=32, patch_size=4, dim=32, depth=2, heads=4, mlp_dim=64, num_classes=2),
-        "the mini experiment (seed 000 section 5.1), on dataset X",
+        "the mini experiment, on dataset X",
     ),
     # A small ViT for 32 px data (digits, shapes): 0.2M parameters, comparable to resnet_mini.
     "vit_mini": Variant(

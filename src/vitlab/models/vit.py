@@ -687,7 +687,8 @@ class VisionTransformer(nn.Module):
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """As nn.Module.load_state_dict, but a position table of the wrong length gets a message that
-        says what was expected, what was found and how to fix it (the seed's pitfall number one)."""
+        says what was expected, what was found and how to fix it (a common error when a checkpoint
+        trained at another resolution is loaded)."""
         if self.pos_embed is not None and "pos_embed" in state_dict:
             found = tuple(state_dict["pos_embed"].shape)
             expected = tuple(self.pos_embed.shape)

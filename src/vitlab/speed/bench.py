@@ -504,6 +504,7 @@ def format_table(result: dict) -> str:
         f"median of {result['repeats']} repeats after {result['warmup']} warm-up; paths run alternately",
         f"matmul {result['matmul_size']}^3: fp32 {rates['fp32'] / 1e9:.1f} GFLOP/s, bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s",
         f"vitlab's measured kernel choices: {result['calibration']}",
+        "MFU (model FLOP utilisation): the row's GFLOP/s over the matmul rate above of the same precision",
         "",
         f"{'model':<24}{'mode':<11}{'prec':<6}{'batch':>5}  {'path':<14}{'img/s':>9}{'GFLOP/s':>9}{'MFU':>7}"
         f"{'vs best peer':>14}  how",

@@ -1,4 +1,4 @@
-"""The troubleshooting table of seed 000 (section 6.1), checked against a run's metrics.
+"""A troubleshooting table for training runs, checked against a run's metrics.
 
     symptom                        likely cause                        what to try
     loss does not fall             lr too large or too small;          change the lr; check the inputs
@@ -7,9 +7,9 @@
     NaN / inf loss                 lr too large, bad data              stop, keep the last good checkpoint
     validation oscillates          too little data                     stronger augmentation, smaller lr
                                                                        (or a CNN)
-    train far above val            overfitting (seed 004 8.2)          MixUp/crop augmentation, fewer epochs
-    small dataset does badly       no pre-training (seed 000 6.1,      pretrained weights, or the CNN
-                                   seed 004 6.1: "ViT needs data")     baseline
+    train far above val            overfitting                         MixUp/crop augmentation, fewer epochs
+    small dataset does badly       no pre-training (a ViT has no       pretrained weights, or the CNN
+                                   convolutional prior: it needs data) baseline
 
 `diagnose(rows, ...)` returns the rows of the table that apply, each a `Finding` with the evidence in
 numbers; the trainer prints them at the end (and the NaN one as soon as it happens).
@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Below this many training images a ViT from scratch is "small data" (seed 000 4.1: "if your task
-# has only tens of thousands of images, ViT from scratch will probably not win").
+# Below this many training images a ViT from scratch is "small data": on tens of thousands of images
+# or fewer, a ViT trained from scratch will probably not beat a CNN.
 SMALL_DATASET = 10_000
 
 
@@ -46,7 +46,7 @@ def nan_loss(epoch: int, value: float, checkpoint: str | None) -> Finding:
 
 
 def tiny_from_scratch(n_train: int, model_name: str) -> Finding | None:
-    """A ViT trained from random weights on a small folder: seed 000 6.1, last row of the table."""
+    """A ViT trained from random weights on a small folder: the last row of the table."""
     if n_train >= SMALL_DATASET or model_name.startswith("resnet"):
         return None
     return Finding(

@@ -1,8 +1,11 @@
 """Training on several processes or machines: the same command under torchrun.
 
-    torchrun --nproc_per_node=4 -m vitlab finetune --data DIR ...          # one machine, 4 processes
-    torchrun --nnodes=2 --node_rank=R --master_addr=HOST --master_port=29500 \\
-             --nproc_per_node=8 -m vitlab finetune --data DIR ...          # two machines
+    # one machine, 4 processes
+    torchrun --nproc-per-node 4 -m vitlab finetune --data runs/digits --checkpoint runs/digits_vit \\
+        --batch-size 16 --out runs/digits_ft_4p
+    # two machines, 8 processes each; R = 0 on HOST, 1 on the other; --out on a shared file system
+    torchrun --nnodes 2 --node-rank R --master-addr HOST --master-port 29500 --nproc-per-node 8 \\
+        -m vitlab finetune --data runs/digits --checkpoint runs/digits_vit --batch-size 16 --out runs/digits_ft_16p
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `setup` reads them (the
 standard env:// rendezvous) and joins the process group: NCCL when the processes train on GPUs, gloo

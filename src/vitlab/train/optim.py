@@ -115,7 +115,7 @@ def staged_warmup_cosine(
     """Warmup then cosine within each stage (stage_steps = optimizer steps per stage).
 
     Stage 2 of fine-tuning unfreezes blocks whose AdamW moments start from zero, so it warms up
-    again (seed 004 section 6.3: "warm up with a small lr, then cosine"). With one stage: warmup, then cosine.
+    again. With one stage: warmup, then cosine.
     """
     bounds = [0]
     for n in stage_steps:

@@ -1,10 +1,10 @@
 """`Recipe`: how a model is trained, every field of which changes the numbers a run gives, and the
 named presets the commands take their defaults from (a default lives here, never in argparse alone).
 
-    RECIPES["mini"]       the mini experiment of the ViT notes (seed 000 section 5.3): AdamW, lr 3e-3,
+    RECIPES["mini"]       the mini experiment (vit_mini_x on dataset X): AdamW, lr 3e-3,
                           batch 32, 60 epochs; `vitlab demo`
     RECIPES["scratch"]    a ViT or the CNN baseline from random weights on a small dataset; `vitlab train`
-    RECIPES["finetune"]   the seeds' staged fine-tuning (seed 004 sections 6.3, 7.3): a small lr, the head
+    RECIPES["finetune"]   staged fine-tuning of pretrained weights: a small lr, the head
                           alone for 2 epochs, then everything with layer-wise lr decay; `vitlab finetune`
 
 `vitlab.train.engine.fit` applies the optimisation (AdamW, warmup + cosine, clipping, label
@@ -36,11 +36,11 @@ class Recipe:
     grad_accum: int = 1
     precision: str = "fp32"  # or "bf16" autocast
     seed: int = 0  # the split, the shuffles, the augmentation, the initial weights
-    # staged fine-tuning (seed 004 section 7.3)
+    # staged fine-tuning
     freeze_epochs: int = 0  # stage 1: only the head trains for this many epochs
     unfreeze: str = "all"  # stage 2: "all", "head" or "last:N" blocks (+ final norm and head)
     layer_decay: float = 1.0  # block i of L gets lr x layer_decay^(L+1-i); 1 = off
-    # augmentation and regularisation (seed 004 section 6.3)
+    # augmentation and regularisation
     augment: bool = True  # random crops etc.; False: training images are preprocessed like validation ones
     hflip: bool | None = None  # None: on for folders and Fashion-MNIST, off for digits and X (a flip changes their class)
     crop_scale: float = 0.35  # RandomResizedCrop keeps between this and all of the image area
@@ -100,13 +100,13 @@ class Recipe:
 
 
 RECIPES: dict[str, Recipe] = {
-    # Seed 000 section 5.3: AdamW, lr 3e-3, batch 32, 60 epochs; a 5-epoch warmup, cosine, clipping at 1.
+    # The mini experiment: AdamW, lr 3e-3, batch 32, 60 epochs; a 5-epoch warmup, cosine, clipping at 1.
     # The images are tensors already (dataset X), with no augmentation.
     "mini": Recipe(epochs=60, batch_size=32, lr=3e-3, warmup_epochs=5.0, augment=False),
     # From random weights: a larger lr than fine-tuning, a longer warmup, every layer trains.
     "scratch": Recipe(epochs=30, lr=1e-3, warmup_epochs=3.0),
-    # Seed 004 section 7.3: "a small learning rate (1e-5 to 1e-4)", "first freeze everything but the head for a
-    # few epochs ... then unfreeze"; layer decay 0.75 as BEiT/timm fine-tune ViTs.
+    # Pretrained weights: a small learning rate (1e-5 to 1e-4), the head alone for the first few epochs,
+    # then everything; layer decay 0.75 as BEiT/timm fine-tune ViTs.
     "finetune": Recipe(epochs=10, lr=1e-4, warmup_epochs=1.0, freeze_epochs=2, layer_decay=0.75),
 }
 

@@ -6,7 +6,7 @@ bundled dataset, a model from any source, a Recipe, a run folder; under torchrun
     run(TrainJob(data="my_photos", model="vit_tiny_patch16_224", pretrained="weights.safetensors", img_size=64,
                  recipe=RECIPES["finetune"], out="runs/ft"))
 
-Fine-tuning (seed 004 section 7.3): the model gets a new zero-initialised head for the folder's
+Fine-tuning: the model gets a new zero-initialised head for the folder's
 classes (paper Section 3.2), then `fit` trains it with the recipe's stages. Training from scratch is
 the same run with a model of random weights and a one-stage recipe; on a bundled dataset such a model
 is built for the images as they are (Fashion-MNIST: 28x28, one grey channel), unless `img_size` says

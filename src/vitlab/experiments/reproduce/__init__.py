@@ -1,20 +1,20 @@
 """`vitlab reproduce`: the paper's claims, tested at laptop scale on real images, in one report.
 
-Read the paper thin, then thick (seed 000): each claim below becomes an `Experiment`, a set of
+Each claim below becomes an `Experiment`, a set of
 training runs over seeds, a table of mean +- std, a figure, and a verdict computed from the numbers
 by a rule fixed before any full run's result was seen (`VERDICT RULES` in `verdicts.py`, each claim's
 rule in its module):
 
-    1 x_pos_embed   seed 000 s5: dataset X >= 95% val acc; without position embedding, chance
+    1 x_pos_embed   the mini experiment: dataset X >= 95% val acc; without position embedding, chance
     2 pos_embed     Table 8 on Fashion-MNIST: none clearly worse; learned 1-D / 2-D / sin-cos 2-D / relative close
     3 cls_vs_gap    Appendix D.3: class token = global average pooling, each at its own lr
     4 patch_size    Section 3.1: patches of 7, 4, 2 pixels: longer sequences, more compute, more accuracy
     5 data_scale    Figures 3-4: the CNN wins on 1,000 images; the gap closes by 60,000
-    6 pretrain      seed 004 s6: pre-train on Fashion-MNIST, fine-tune on 500 digits, beat scratch
+    6 pretrain      Section 3.2: pre-train on Fashion-MNIST, fine-tune on 500 digits, beat scratch
     7 hybrid        Section 3.1 / Figure 5: a conv stem helps the ViT on small data
     8 attention     Figure 7 on the ViT trained on all 60,000: attention distance grows with depth; 2-D position
                     embeddings; the embedding filters
-    9 recipe        DeiT / seed 004 s6.3: MixUp/CutMix, RandAugment and stochastic depth matter more for a ViT on
+    9 recipe        DeiT: MixUp/CutMix, RandAugment and stochastic depth matter more for a ViT on
                     small data than for a CNN
 
 Claims 2-9 share one Fashion-MNIST setup (`claims/shared.py`): one ViT, one CNN, one optimiser, and

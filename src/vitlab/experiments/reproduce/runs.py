@@ -216,7 +216,8 @@ def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: 
 
 def forward_flops(model: nn.Module, x: torch.Tensor) -> int:
     """FLOPs of one forward pass (2 per multiply-add), attention matmuls included: counted on the
-    explicit attention path, since counters miss fused SDPA kernels (paper.md, user issue 8)."""
+    explicit attention path, since FLOP counters (torch's FlopCounterMode among them) do not see inside
+    the fused attention kernels."""
     model.eval()
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         if isinstance(model, VisionTransformer):

@@ -1,4 +1,4 @@
-"""Claim 1, seed 000's mini experiment: on dataset X the mini ViT reaches >= 95% validation accuracy, and
+"""Claim 1, the mini experiment (`vitlab demo`): on dataset X the mini ViT reaches >= 95% validation accuracy, and
 without a position embedding it stays at chance."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def _x_data(scale: Scale) -> dict:
 
 
 def _plan_x(scale: Scale) -> list[RunSpec]:
-    # Seed 000 s5.3: AdamW, lr 3e-3, batch 32 (60 epochs in the seed; 10 here, 2 in --quick).
+    # The mini experiment's recipe: AdamW, lr 3e-3, batch 32 (60 epochs in `vitlab demo`; 10 here, 2 in --quick).
     return [
         run_spec(_x_data(scale), "vit_mini_x", overrides={"pos_embed": pe}, epochs=2 if scale.quick else 10,
                  lr=3e-3, batch_size=32, seed=s)
@@ -34,12 +34,12 @@ def _analyze_x(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         near(acc["none"], 0.5, 0.05, what="val acc without position embedding - 50% (chance)"),
     )
     fig = bar_figure(fig_dir / "claim1_x_pos_embed.png", ["learned 1-D", "none"], [acc["learned"], acc["none"]],
-                     "Dataset X (seed 000): position embedding", hlines={"chance": 0.5, "95%": 0.95}, full_axis=True)
+                     "Dataset X: position embedding", hlines={"chance": 0.5, "95%": 0.95}, full_axis=True)
     spec0 = by["learned"][0]
     return Outcome(
         setup=(f"Dataset X (2,000 train / 500 val, 32x32, two classes); `vit_mini_x` (P=4, D=32, 4 heads, 2 blocks, "
                f"MLP 64, {res[spec0]['params']:,} params); AdamW lr 3e-3, batch 32, warmup 1 epoch then cosine, "
-               f"{spec0.epochs} epochs (the seed trains 60; it converges long before)."),
+               f"{spec0.epochs} epochs (`vitlab demo` trains 60; it converges long before)."),
         header=["position embedding", "val acc % (mean +- std)", "per seed"],
         rows=[[pe, _ms(acc[pe]), ", ".join(f"{100 * a:.1f}" for a in acc[pe])] for pe in ("learned", "none")],
         verdict=verdict, figures=[fig],
@@ -49,10 +49,10 @@ def _analyze_x(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
 
 
 EXPERIMENT = Experiment(
-    1, "x_pos_embed", "Seed 000's mini experiment: dataset X needs the position embedding",
+    1, "x_pos_embed", "The mini experiment: dataset X needs the position embedding",
     "On dataset X (left half bright vs right half bright), the mini ViT reaches a validation accuracy above "
     "95%; with the position embedding removed, accuracy drops (to chance: without positions the two classes "
     "are the same set of patches).",
-    "seed 000, sections 5.1-5.3", "reproduced if the mean val acc with a learned 1-D position embedding is "
+    "the mini experiment (`vitlab demo`)", "reproduced if the mean val acc with a learned 1-D position embedding is "
     ">= 95% and the mean without one is within 5 points of 50% (chance) [at_least, near]", _plan_x, _analyze_x,
 )

@@ -52,7 +52,7 @@ EXPERIMENT = Experiment(
     5, "data_scale", "Data scale: ViT vs CNN from scratch (Figures 3-4)",
     "On small datasets a ResNet beats a ViT of comparable size (its inductive biases: locality, translation "
     "equivariance); as the dataset grows the gap closes, and with enough data the ViT overtakes.",
-    "paper Section 4.2, Figures 3 and 4; seed 000 section 4.1; seed 004 section 6.1",
+    "paper Section 4.2, Figures 3 and 4",
     "reproduced if the CNN beats the ViT at the smallest N (greater, margin 0) and the CNN - ViT gap at the "
     "smallest N exceeds the gap at the full 60,000 (greater on the per-seed gaps, margin 0)", _plan, _analyze,
 )

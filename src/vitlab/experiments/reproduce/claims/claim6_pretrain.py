@@ -1,4 +1,4 @@
-"""Claim 6, seed 004 s6: pre-trained on a large dataset (claim 5's ViT on all 60,000 Fashion-MNIST
+"""Claim 6, Section 3.2: pre-trained on a large dataset (claim 5's ViT on all 60,000 Fashion-MNIST
 images), then fine-tuned on 500 handwritten digits, a ViT beats the same ViT trained on the digits from
 scratch."""
 
@@ -68,6 +68,6 @@ EXPERIMENT = Experiment(
     6, "pretrain", "Pre-train, then fine-tune on a small real dataset",
     "Pre-train on a large dataset, replace the head and fine-tune on the small task: better than training "
     "the same ViT from scratch on the small task.",
-    "seed 004 section 6.2; paper Section 3.2",
+    "paper Section 3.2",
     "reproduced if fine-tuned beats from scratch, each at its best lr (greater, margin 0)", _plan, _analyze,
 )

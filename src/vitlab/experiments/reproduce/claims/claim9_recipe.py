@@ -1,4 +1,4 @@
-"""Claim 9, seed 004 s6.3 and DeiT: on small data a ViT needs its regularisation recipe (MixUp/CutMix,
+"""Claim 9, DeiT: on small data a ViT needs its regularisation recipe (MixUp/CutMix,
 RandAugment, stochastic depth) far more than a CNN does. The same two models with and without the recipe,
 on 4,000 and on all 60,000 Fashion-MNIST training images."""
 
@@ -43,7 +43,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     epochs = dict(points(scale))
     return Outcome(
         setup=(f"{describe_setup(scale)} Epochs: {', '.join(f'{epochs[n]} at N={n:,}' for n in _ns(scale))}. The recipe "
-               "(DeiT's, seed 004 section 6.3), added to the plain flips: RandAugment (2 ops, magnitude 9), MixUp "
+               "(DeiT's), added to the plain flips: RandAugment (2 ops, magnitude 9), MixUp "
                "(alpha 0.8) or CutMix (alpha 1.0) on each batch (one of the two, even odds), and for the ViT stochastic "
                "depth 0.1 (the CNN baseline's BasicBlocks have no drop path). The same models, optimiser and budget "
                "with and without it; the runs without it are claim 5's."),
@@ -60,10 +60,10 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
 
 
 EXPERIMENT = Experiment(
-    9, "recipe", "The regularisation recipe matters more for a ViT on small data (DeiT; seed 004 s6.3)",
+    9, "recipe", "The regularisation recipe matters more for a ViT on small data (DeiT)",
     "On small data a ViT needs its regularisation recipe (MixUp/CutMix, RandAugment, stochastic depth) far more "
     "than a CNN does; with enough data it needs it less.",
-    "seed 004 section 6.3; DeiT (Touvron et al. 2021) Section 6 and Table 8; paper Section 4.2",
+    "DeiT (Touvron et al. 2021) Section 6 and Table 8; paper Section 4.2",
     "reproduced if, at 4,000 training images, the recipe raises the ViT's accuracy (greater, margin 0) and raises it "
     "more than the CNN's (greater on the per-seed gains, margin 0), and the ViT's gain at 4,000 exceeds its gain at "
     "60,000 (greater on the per-seed gains, margin 0)", _plan, _analyze,

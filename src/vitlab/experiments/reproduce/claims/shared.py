@@ -9,7 +9,7 @@ grid of claim 5, whose runs claims 2, 3, 4, 6, 7, 8 and 9 reuse as their baselin
               training then cosine, gradient clipping at 1; the same for every arm of a comparison
     plain     random horizontal flips (a mirrored garment is the same garment)
     regularised  plain + RandAugment (2 ops, magnitude 9) + MixUp 0.8 / CutMix 1.0 + stochastic depth 0.1
-              (the ViT's; the CNN baseline has no residual branches to drop): DeiT's recipe, seed 004 s6.3
+              (the ViT's; the CNN baseline has no residual branches to drop): DeiT's recipe
     grid      training sets nested by seed (the first N of one permutation of the 60,000), each N trained for
               more steps than the one below it; validation on the 10,000 test images
 """
