@@ -49,6 +49,7 @@ class FolderScan:
     val_split: float | None = None
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
     images: dict[str, Image.Image] = field(default_factory=dict)  # decoded RGB images, when small enough
+    given: str = ""  # the folder as the user named it (relative, ~), for messages
 
     def counts(self, part: str) -> list[int]:
         samples = self.train if part == "train" else self.val
@@ -63,7 +64,7 @@ class FolderScan:
         how = {"train/val": "train/ and val/", "in-memory": "in memory"}.get(self.layout)
         how = how or f"one folder, seeded stratified val split {self.val_split:g}"
         width = max(5, *(len(c) for c in self.classes))
-        lines = [f"{self.root}: {len(self.classes)} classes, {len(self.train)} train / {len(self.val)} val images ({how})",
+        lines = [f"{self.given or self.root}: {len(self.classes)} classes, {len(self.train)} train / {len(self.val)} val images ({how})",
                  f"  {'class':<{width}}  {'train':>6}  {'val':>5}"]
         lines += [f"  {c:<{width}}  {t:>6}  {v:>5}" for c, t, v in zip(self.classes, tr, va)]
         return "\n".join(lines)
@@ -93,7 +94,7 @@ def scan_folder(
     """
     # Absolute, but not resolved: a folder reached through a symlink keeps its name, and every file's
     # path is `root` joined with its place in the folder (the run's data fingerprint relies on it).
-    root = Path(os.path.abspath(Path(root).expanduser()))
+    given, root = str(root), Path(os.path.abspath(Path(root).expanduser()))
     if not root.exists():
         raise VitlabError(f"data {root}: no such folder", arg="data")
     if not root.is_dir():
@@ -173,13 +174,13 @@ def scan_folder(
         val = [(p, index[c]) for c in classes for p in good["val"][c]]
         if not val:
             raise VitlabError(f"data {root}: val/ has no readable image; put images in {root / 'val'}/<class>/", arg="data")
-        return FolderScan(root, layout, classes, train, val, None, skipped, images)
+        return FolderScan(root, layout, classes, train, val, None, skipped, images, given)
 
     frac = DEFAULT_VAL_SPLIT if val_split is None else val_split
     labels = torch.tensor([label for _, label in train])
     tr_idx, va_idx = stratified_split(labels, frac, seed=seed, names=classes)  # refuses a class left with no training image
     return FolderScan(root, layout, classes, [train[i] for i in tr_idx.tolist()], [train[i] for i in va_idx.tolist()],
-                      frac, skipped, images)
+                      frac, skipped, images, given)
 
 
 def _is_hidden(name: str) -> bool:
