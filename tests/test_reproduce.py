@@ -5,6 +5,7 @@ and a second run served from the cache)."""
 from __future__ import annotations
 
 import csv
+import json
 import re
 
 import pytest
@@ -147,6 +148,9 @@ def test_second_run_reads_the_cache(quick_report, capsys):
     assert sorted((quick_report / "cache" / "runs").glob("*/result.json")) == results
     md = (quick_report / "report.md").read_text()
     assert "## 1." in md and "## 8." in md and "## 2." not in md  # --only selects the report's claims
+    trained = json.loads((quick_report / "cache" / "invocation.json").read_text())  # the time of the training run
+    assert trained["trained"] > 0 and trained["elapsed_s"] > 0
+    assert "all read from the cache" in md and f"the {trained['trained']} trained by an earlier invocation" in md
 
 
 def test_unknown_experiment_or_two_scales_is_a_one_line_error(tmp_path, capsys):

@@ -36,15 +36,19 @@ def _intro(meta: dict) -> list[str]:
     default_seeds = 2 if meta["scale"] == "quick" else 3
     command = ("vitlab reproduce" + SCALE_FLAG[meta["scale"]]
                + (f" --seeds {meta['seeds']}" if meta["seeds"] != default_seeds else "") + " --out DIR")
-    load = meta.get("estimate_load_s", meta["estimate_s"])
-    at_load = f", {_duration(load)} at the machine's load then" if load > 1.15 * meta["estimate_s"] else ""
+    timing = meta.get("trained_by", meta)  # the invocation that trained the runs
+    load = timing.get("estimate_load_s", timing["estimate_s"])
+    at_load = f", {_duration(load)} at the machine's load then" if load > 1.15 * timing["estimate_s"] else ""
+    took = (f"{meta['trained']} trained in this invocation, the rest read from the cache); this invocation took "
+            if "trained_by" not in meta else
+            f"all read from the cache, this invocation took {_duration(meta['elapsed_s'])}; the {timing['trained']} "
+            f"trained by an earlier invocation); that one took ")
     return [
         f"Made by `{command}`.",
         "",
         f"Scale: **{SCALE_TEXT[meta['scale']]}**; {meta['seeds']} seeds per configuration; device `{meta['device']}`; "
-        f"torch {meta['torch']}; {meta['runs']} training runs ({meta['trained']} trained in this invocation, the rest read "
-        f"from the cache); this invocation took {_duration(meta['elapsed_s'])} with {meta['workers']} worker(s) (estimate "
-        f"printed at start: {_duration(meta['estimate_s'])}{at_load}); the runs' own training times add up to "
+        f"torch {meta['torch']}; {meta['runs']} training runs ({took}{_duration(timing['elapsed_s'])} with "
+        f"{timing['workers']} worker(s) (estimate printed at start: {_duration(timing['estimate_s'])}{at_load}); the runs' own training times add up to "
         f"{_duration(meta['train_s'])} (one thread each on CPU, measured when each run was trained).",
         "",
         "Every number is a validation accuracy after the last epoch (no early stopping, no picking the best epoch), "

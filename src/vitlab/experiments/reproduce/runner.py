@@ -5,6 +5,7 @@ figures/*.png."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from concurrent.futures import as_completed
@@ -189,6 +190,14 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
             "estimate_s": total, "estimate_load_s": loaded, "elapsed_s": elapsed, "torch": torch.__version__,
             "workers": n_workers,
             "train_s": sum(cache.result(s)["train_time_s"] for s in runs)}
+    # The time of the invocation that trained the runs outlives it: a later one that only reads the cache
+    # (to redraw the report) still reports how long the training took.
+    trained_by = out / "cache" / "invocation.json"
+    if todo:
+        write_text(trained_by, json.dumps({k: meta[k] for k in ("trained", "elapsed_s", "estimate_s", "estimate_load_s",
+                                                                 "workers")}))
+    elif trained_by.is_file():
+        meta["trained_by"] = json.loads(trained_by.read_text())
     write_text(out / "report.md", render_markdown(outcomes, meta))
     write_text(out / "report.html", render_html(outcomes, meta, out))
     compiled = sum(any(line.startswith("fast path: compiled") for line in cache.result(s).get("fast_path", []))
