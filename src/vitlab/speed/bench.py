@@ -495,6 +495,12 @@ def run_bench(
             "rows": [asdict(r) for r in rows], "notes": list(dict.fromkeys(notes))}
 
 
+def _home_relative(path: str) -> str:
+    """`path` with the home folder written as ~ (a table pasted elsewhere names no one's home)."""
+    home = str(Path.home())
+    return "~" + path[len(home):] if path.startswith(home + os.sep) else path
+
+
 def format_table(result: dict) -> str:
     """The human-readable table of `run_bench`'s result."""
     rates = result["matmul_flops"]
@@ -503,7 +509,7 @@ def format_table(result: dict) -> str:
         f"torch {m['torch']} on {m['device']} ({m['cpu']}), {m['threads']} thread(s), {result['clock']} clock; "
         f"median of {result['repeats']} repeats after {result['warmup']} warm-up; paths run alternately",
         f"matmul {result['matmul_size']}^3: fp32 {rates['fp32'] / 1e9:.1f} GFLOP/s, bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s",
-        f"vitlab's measured kernel choices: {result['calibration']}",
+        f"vitlab's measured kernel choices: {_home_relative(result['calibration'])}",
         "MFU (model FLOP utilisation): the row's GFLOP/s over the matmul rate above of the same precision",
         "",
         f"{'model':<24}{'mode':<11}{'prec':<6}{'batch':>5}  {'path':<14}{'img/s':>9}{'GFLOP/s':>9}{'MFU':>7}"

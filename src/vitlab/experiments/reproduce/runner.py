@@ -202,7 +202,8 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
     write_text(out / "report.html", render_html(outcomes, meta, out))
     compiled = sum(any(line.startswith("fast path: compiled") for line in cache.result(s).get("fast_path", []))
                    for s in todo)
-    log(f"fast path: {fast_path}: {compiled} of {len(todo)} run(s) trained compiled (the others repaid no compile)")
+    if todo:
+        log(f"fast path: {fast_path}: {compiled} of {len(todo)} run(s) trained compiled (the others repaid no compile)")
     log(f"wrote {out / 'report.md'} and report.html ({_duration(elapsed)}; {len(todo)} run(s) trained)")
     for e, o in outcomes:
         log(f"  claim {e.number} {e.name:12s} {o.verdict.status}")
