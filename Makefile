@@ -14,7 +14,7 @@ demo: $(STAMP)
 	$(VENV)/bin/vitlab demo $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q $(ARGS)
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile $(ARGS)
 
 # benchmarks/bench_core.py: 10+ minutes on a 2-core CPU; `make bench ARGS=--quick` is a smoke run of about a minute
 bench: $(STAMP)
