@@ -26,6 +26,14 @@ def _save(fig, path: Path) -> Path:
     return save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
+def _log_x(ax, values, labels: list[str], xlabel: str) -> None:
+    """A log x axis with a tick (and its label) at each value, no minor ticks."""
+    ax.set_xscale("log")
+    ax.set_xticks(list(values), labels)
+    ax.minorticks_off()
+    ax.set_xlabel(xlabel)
+
+
 def _zoom(values: Sequence[Sequence[float]]) -> tuple[float, float]:
     """y limits (%) around the bars, their error bars and their dots: accuracies on one dataset differ by
     points, not tens of points, so the axis starts below the lowest rather than at 0."""
@@ -113,10 +121,7 @@ def lr_figure(path: Path, lrs: Sequence[float], acc: dict) -> Path:
         m, s = _errorbar_pct([acc[(pool, lr)] for lr in lrs])
         ax.errorbar(lrs, m, yerr=s, marker="o" if pool == "cls" else "s", linestyle="-" if pool == "cls" else "--",
                     capsize=3, label=label)
-    ax.set_xscale("log")
-    ax.set_xticks(list(lrs), [f"{lr:g}" for lr in lrs])
-    ax.minorticks_off()
-    ax.set_xlabel("learning rate")
+    _log_x(ax, lrs, [f"{lr:g}" for lr in lrs], "learning rate")
     ax.set_ylabel("validation accuracy (%)")
     ax.set_title("Class token vs GAP, learning-rate sweep (Fashion-MNIST)", fontsize=10)
     ax.legend(fontsize=8)
@@ -157,10 +162,7 @@ def scale_figure(path: Path, ns: Sequence[int], acc: dict, models: Sequence[tupl
     for (model, label), color in zip(models, (ORANGE, BLUE)):
         m, s = _errorbar_pct([acc[(model, n)] for n in ns])
         ax.errorbar(ns, m, yerr=s, marker="o", capsize=3, label=label, color=color)
-    ax.set_xscale("log")
-    ax.set_xticks(list(ns), [f"{n:,}" for n in ns])
-    ax.minorticks_off()
-    ax.set_xlabel("training images N (log)")
+    _log_x(ax, ns, [f"{n:,}" for n in ns], "training images N (log)")
     ax.set_ylabel("validation accuracy (%)")
     ax.set_title("ViT vs CNN from scratch on Fashion-MNIST", fontsize=10)
     ax.legend(fontsize=8)
@@ -170,10 +172,7 @@ def scale_figure(path: Path, ns: Sequence[int], acc: dict, models: Sequence[tupl
     m, s = _errorbar_pct(gaps)
     ax.errorbar(ns, m, yerr=s, marker="o", capsize=3, color=GREEN)
     ax.axhline(0, color="grey", linewidth=1)
-    ax.set_xscale("log")
-    ax.set_xticks(list(ns), [f"{n:,}" for n in ns])
-    ax.minorticks_off()
-    ax.set_xlabel("training images N (log)")
+    _log_x(ax, ns, [f"{n:,}" for n in ns], "training images N (log)")
     ax.set_ylabel("CNN - ViT (points)")
     ax.set_title("The CNN's lead: the paper has it shrink as N grows", fontsize=10)
     fig.tight_layout()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
-from vitlab.experiments.reproduce.claims.shared import CHANCE, VIT, describe_setup, fashion_run, n_mid
+from vitlab.experiments.reproduce.claims.shared import CHANCE, VIT, by_arm, describe_setup, fashion_run, n_mid
 from vitlab.experiments.reproduce.figures import bar_figure
 from vitlab.experiments.reproduce.runs import RunSpec
 from vitlab.experiments.reproduce.verdicts import MARGIN, TOL, _ms, _stats, close, combine, greater
@@ -22,9 +22,7 @@ def _plan(scale: Scale) -> list[RunSpec]:
 
 
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
-    runs = _plan(scale)
-    k = len(scale.seeds)
-    by = {pe: runs[i * k : (i + 1) * k] for i, pe in enumerate(PE_KINDS)}
+    by = by_arm(_plan(scale), PE_KINDS, len(scale.seeds))
     acc = {pe: res.acc(by[pe]) for pe in PE_KINDS}
     kinds = PE_KINDS[1:]
     means = {pe: _stats(acc[pe])[0] for pe in kinds}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
-from vitlab.experiments.reproduce.claims.shared import CHANCE, VIT, describe_setup, fashion_run, n_small
+from vitlab.experiments.reproduce.claims.shared import CHANCE, VIT, by_arm, describe_setup, fashion_run, n_small
 from vitlab.experiments.reproduce.figures import lr_figure
 from vitlab.experiments.reproduce.runs import RunSpec
 from vitlab.experiments.reproduce.verdicts import MARGIN, TOL, _ms, _stats, close
@@ -26,9 +26,10 @@ def _plan(scale: Scale) -> list[RunSpec]:
 
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     runs = _plan(scale)
-    lrs, k = _lrs(scale), len(scale.seeds)
+    lrs = _lrs(scale)
     keys = [(p, lr) for p in POOLS for lr in lrs]
-    acc = {key: res.acc(runs[i * k : (i + 1) * k]) for i, key in enumerate(keys)}
+    by = by_arm(runs, keys, len(scale.seeds))
+    acc = {key: res.acc(by[key]) for key in keys}
     best = {p: max(lrs, key=lambda lr: _stats(acc[(p, lr)])[0]) for p in POOLS}
     verdict = close(acc[("cls", best["cls"])], acc[("mean", best["mean"])], TOL,
                     what=f"class token (lr {best['cls']:g}) - GAP (lr {best['mean']:g}), each at its best lr",
@@ -43,7 +44,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         rows=[[p, f"{lr:g}", _ms(acc[(p, lr)]), "best" if lr == best[p] else ""] for p, lr in keys],
         verdict=verdict, figures=[fig],
         csv_header=["pool", "lr", "seed", "val_acc"],
-        csv_rows=[[p, lr, r.seed, res[r]["val_acc"]] for i, (p, lr) in enumerate(keys) for r in runs[i * k : (i + 1) * k]],
+        csv_rows=[[p, lr, r.seed, res[r]["val_acc"]] for p, lr in keys for r in by[(p, lr)]],
         notes=(f"Best learning rate here: class token {best['cls']:g}, GAP {best['mean']:g}. Paper (Appendix D.3, "
                "Figure 9): the two pool equally well once each has its own learning rate, and GAP at the class "
                "token's learning rate does much worse (the rates themselves, about 8e-4 and 3e-4, are recalled, not "

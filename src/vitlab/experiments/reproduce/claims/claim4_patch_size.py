@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vitlab.analysis.flops import count_macs
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
-from vitlab.experiments.reproduce.claims.shared import VIT, describe_setup, fashion_run, n_small
+from vitlab.experiments.reproduce.claims.shared import VIT, by_arm, describe_setup, fashion_run, n_small
 from vitlab.experiments.reproduce.figures import patch_figure
 from vitlab.experiments.reproduce.runs import RunSpec, dataset, forward_flops, inference_ms, transforms
 from vitlab.experiments.reproduce.verdicts import NOT_REPRODUCED, REPRODUCED, Verdict, _ms, _stats, combine, greater
@@ -21,9 +21,7 @@ def _plan(scale: Scale) -> list[RunSpec]:
 
 
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
-    runs = _plan(scale)
-    k = len(scale.seeds)
-    by = {p: runs[i * k : (i + 1) * k] for i, p in enumerate(PATCHES)}
+    by = by_arm(_plan(scale), PATCHES, len(scale.seeds))
     acc = {p: res.acc(by[p]) for p in PATCHES}
     models = {p: res.model(by[p][0]) for p in PATCHES}
     flops = {p: count_macs(models[p].cfg).flops for p in PATCHES}  # analytic, Eq. 1-4 and Appendix A
@@ -42,7 +40,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     parts = [cost] + [greater(acc[b], acc[a], 0.0, what=f"acc(P={b}) - acc(P={a})") for a, b in halvings]
     fig = patch_figure(fig_dir / "claim4_patch_size.png", PATCHES, acc, flops, train_ms)
     b16, b32 = (count_macs(get_config(f"vit_base_patch{p}_224")).macs / 1e9 for p in (16, 32))
-    spec0 = runs[0]
+    spec0 = by[PATCHES[0]][0]
     return Outcome(
         setup=(f"{describe_setup(scale)} {spec0.n_train:,} training images, {spec0.epochs} epochs; patch size P in "
                f"{{7, 4, 2}} (sequence (28/P)^2 + 1), everything else identical. FLOPs: one forward pass of one image, "

@@ -53,6 +53,11 @@ def n_full(scale: Scale) -> int:
     return points(scale)[-1][0]
 
 
+def by_arm(runs: list[RunSpec], arms: list, k: int) -> dict:
+    """A plan of `k` seeds per arm, in arm order, split into {arm: its k runs}."""
+    return {arm: runs[i * k : (i + 1) * k] for i, arm in enumerate(arms)}
+
+
 def fashion_data(n: int, scale: Scale) -> dict:
     return {"name": "fashion-mnist", "n_train": n, "n_val": 250 if scale.quick else 10_000, "img_size": 28,
             "channels": 1}
