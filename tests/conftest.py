@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from vitlab.data import fashion_mnist
 from vitlab.errors import VitlabError
@@ -40,3 +41,13 @@ def fashion(private_cache) -> Path:
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture
+def one_thread():
+    """Two shared cores: one intra-op thread is faster here and the same in the subprocesses (the test
+    files that train ask for it)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -34,13 +34,7 @@ from vitlab.weights.checkpoint import save_checkpoint
 TINY = dict(img_size=16, dim=32, depth=2, heads=2, mlp_dim=64)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two shared cores: one intra-op thread is faster here and the same in the subprocesses."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one intra-op thread
 
 
 def _env() -> dict:

@@ -35,12 +35,7 @@ from vitlab.weights import checkpoint as ckpt
 SMALL = ["--model", "vit_mini", "--img-size", "16", "--epochs", "1", "--batch-size", "16", "--device", "cpu"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one intra-op thread
 
 
 @pytest.fixture(scope="module")

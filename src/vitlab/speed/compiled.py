@@ -12,8 +12,8 @@ How a model is compiled:
 last, smaller batch of a run) to the uncompiled model instead of compiling a second graph for it.
 
 A second process does not compile again: inductor keeps what it compiled on disk (its FX graph
-cache, and AOTAutograd's cache for training, both on by default, under /tmp/torchinductor_<user>
-unless TORCHINDUCTOR_CACHE_DIR says otherwise), so the next run of the same model, precision and
+cache, and AOTAutograd's cache for training, both on by default, in torchinductor_<user> under the
+system's temporary folder unless TORCHINDUCTOR_CACHE_DIR says otherwise), so the next run of the same model, precision and
 batch shape loads the kernels instead of generating and building them.
 
 When to compile is measured, not guessed from the model's size: compiling costs tens of seconds to
