@@ -23,7 +23,6 @@ from vitlab.data.fashion_mnist import (
     load_fashion_mnist,
     locate,
     nested_subset,
-    write_fashion_mnist_folder,
 )
 from vitlab.errors import VitlabError
 

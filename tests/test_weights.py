@@ -9,14 +9,13 @@ architectures to keep the suite fast; the named widths, heads and patch sizes ar
 from __future__ import annotations
 
 import builtins
-import json
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from vitlab import create_model
 from vitlab.errors import VitlabError
