@@ -131,21 +131,54 @@ def test_packed_bf16_linears_give_the_autocast_products_and_logits_as_close_to_f
         assert _rel_err(got.float(), ref).max() <= 1.25 * _rel_err(autocast.float(), ref).max() + 1e-3
 
 
+@pytest.mark.skipif(not cpu_inference.mkl_packing_available("fp32"), reason="this torch build has no MKL")
+def test_mkl_packed_linear_is_nn_linear_for_every_row_count():
+    """MKL's packed GEMM (what inductor's freezing uses for fp32) runs nn.Linear's arithmetic: the same
+    products to float rounding, for the row count it was packed for and for others, 2-D or 3-D."""
+    lin = torch.nn.Linear(96, 288)
+    packed = cpu_inference.PackedLinear(lin, torch.float32, 34, library="mkl")
+    for shape in ((34, 96), (5, 96), (2, 17, 96), (1, 1, 96)):
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape)))
+        with torch.inference_mode():
+            torch.testing.assert_close(packed(x), lin(x), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="MKL packs fp32 weights"):
+        cpu_inference.PackedLinear(lin, torch.float32, 34, gelu="none", library="mkl")
+
+
+def test_a_choice_measured_among_other_candidates_is_measured_again(tmp_path):
+    """A kernel added since a choice was measured (MKL's packed product, say) gets its chance: the old
+    answer is not reused; one set by hand (no timings) or measured among the same candidates is."""
+    cal = Calibration(tmp_path / "cal.json")
+    cal.put("k", {"choice": "plain", "seconds": {"plain": 1.0, "packed": 1.1}})
+    cal.put("hand", {"choice": "packed", "seconds": {}})
+    assert cal.known("k", ["plain", "packed"]) == "plain" and cal.known("hand", ["plain", "packed", "new"]) == "packed"
+    assert cal.known("k", ["plain", "packed", "new"]) is None
+    calls = []
+    choice = cal.choose("k", {"plain": lambda: calls.append("plain") or time.sleep(0.003),
+                              "packed": lambda: calls.append("packed") or time.sleep(0.003),
+                              "new": lambda: calls.append("new")})
+    assert choice == "new" and "new" in calls
+    assert set(Calibration(tmp_path / "cal.json").get("k")["seconds"]) == {"plain", "packed", "new"}
+
+
 @pytest.mark.skipif(not cpu_inference.supported("fp32"), reason="this torch build has no oneDNN")
 def test_packed_fp32_linears_match_the_plain_model_and_pack_only_where_measured_faster(tmp_path):
     """In fp32 oneDNN's product replaces MKL's: another summation order, the same logits to ~1e-6. A layer
     is packed only where this machine's calibration says packing pays at its shape."""
     model = _small_model(dim=96, heads=3).eval()
     rows = 5 * 17
+    mkl = "packed-mkl" if cpu_inference.mkl_packing_available("fp32") else "plain"
     cal = _calibration(tmp_path, **{f"infer-linear/fp32/t1/{rows}x96x288": "packed",  # qkv
                                     f"infer-linear/fp32/t1/{rows}x96x96": "plain",  # proj
                                     f"infer-linear+gelu-none/fp32/t1/{rows}x96x384": "packed",  # fc1, GELU fused
-                                    f"infer-linear/fp32/t1/{rows}x384x96": "plain",  # fc2
+                                    f"infer-linear/fp32/t1/{rows}x384x96": mkl,  # fc2
                                     f"infer-linear/fp32/t1/{rows}x96x10": "plain"})  # head
     packed = copy.deepcopy(model)
-    assert cpu_inference.pack_for_cpu_inference(packed, "fp32", rows, cal=cal) == 2 * 2
+    assert cpu_inference.pack_for_cpu_inference(packed, "fp32", rows, cal=cal) == 2 * (2 + (mkl != "plain"))
     assert isinstance(packed.blocks[1].attn.qkv, cpu_inference.PackedLinear)
     assert type(packed.blocks[1].attn.proj) is torch.nn.Linear and packed.blocks[1].mlp.fc1.post_op == "gelu"
+    if mkl != "plain":
+        assert packed.blocks[1].mlp.fc2.library == "mkl" and packed.blocks[1].attn.qkv.library == "onednn"
     x = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
         expected, got = model(x), packed(x)
@@ -507,7 +540,10 @@ def test_inference_runner_reports_its_path_and_keeps_the_logits(tmp_path):
     packed = sum(isinstance(m, cpu_inference.PackedLinear) for m in runner.eager.modules())
     assert runner.describe().startswith("not compiled: turned off; ")
     assert f"{packed} of 9 Linear weights packed" in runner.describe()
-    assert packed == sum(e["choice"] == "packed" for k, e in cal.entries.items() if k.startswith("infer-linear/"))
+    chosen = {e["choice"] for k, e in cal.entries.items() if k.startswith("infer-linear")}  # per shape
+    kinds = {"packed" if m.library == "onednn" else "packed-mkl" for m in runner.eager.modules()
+             if isinstance(m, cpu_inference.PackedLinear)}
+    assert kinds <= chosen and bool(packed) == bool(chosen - {"plain"})
     assert not any(isinstance(m, cpu_inference.PackedLinear) for m in model.modules())  # the model itself: unpacked
     assert runner.measure.uncompiled and not runner.measure.compiled
 

@@ -151,20 +151,29 @@ class Calibration:
         except OSError:
             pass  # a read-only home: the choice is still used for this process
 
+    def known(self, key: str, names) -> str | None:
+        """The remembered choice for `key` among the candidates `names`, or None when there is none or it
+        was measured among other candidates (a kernel added since: measure again)."""
+        entry = self.entries.get(key)
+        if entry is None or entry.get("choice") not in names:
+            return None
+        measured = entry.get("seconds") or {}
+        return entry["choice"] if not measured or set(measured) == set(names) else None
+
     def choose(self, key: str, candidates: dict[str, Callable[[], object]], *, repeats: int = 3) -> str:
         """The fastest candidate for `key` (the first one is the default; see `pick`), measured once.
 
         Measuring holds a lock on the file: processes started together (a pool of training runs) take
         turns, and those after the first read its answer, so every process of a machine makes the same
         choice (and none is timed while another measures)."""
-        entry = self.entries.get(key)
-        if entry is not None and entry.get("choice") in candidates:
-            return entry["choice"]
+        if self.known(key, candidates) is not None:
+            return self.entries[key]["choice"]
         with self._locked():
             entry = self._read().get(key)
-            if entry is not None and entry.get("choice") in candidates:
+            if entry is not None:
                 self.entries[key] = entry
-                return entry["choice"]
+                if self.known(key, candidates) is not None:
+                    return entry["choice"]
             with torch.no_grad():
                 seconds = _fastest_repeat(candidates, repeats=repeats)
             choice = pick(seconds)

@@ -85,8 +85,9 @@ class InferenceRunner:
         if self.decision.compile:
             self.compiled = C.CompiledModel(self.model, mode="inference", method=self.method)
         elif cpu_inference.supported(precision, device):
-            # packed in a copy: the original stays unpacked in case compiling is chosen after the first batch
-            self.eager = copy.deepcopy(self.model) if fast == "auto" else self.model
+            # packed in a copy: the caller's model stays as it is (and unpacked, in case compiling is chosen
+            # after the first batch)
+            self.eager = copy.deepcopy(self.model)
             n = cpu_inference.pack_for_cpu_inference(self.eager, precision, self.batch_size * _tokens(model),
                                                      cal=self.cal)
             self.notes.append(f"{n} of {cpu_inference.linear_count(self.eager)} Linear weights packed")
