@@ -143,14 +143,19 @@ def sample_image(folder: str | Path, name: str = "chelsea") -> Path:
 def load_test(url: str, image: str | Path, *, model: tuple[str, str] | None = None, clients: int = 8, rounds: int = 5,
               server: Server | None = None, timeout: float = 300.0) -> dict:
     """`clients` sessions send `image` at the same moment, `rounds` times. `model` = (kind, value) is
-    loaded in each session first (the server keeps one copy). Returns the latencies, the answers
+    loaded in each session first (the server keeps one copy), and the rounds start once the server has
+    readied its top-k copy (steady state). Returns the latencies, the answers
     counted, and the server's memory after each round."""
     from gradio_client import Client, handle_file  # noqa: PLC0415  the optional extra
 
     sessions = [Client(url, verbose=False, download_files=False) for _ in range(clients)]
     if model is not None:
         for c in sessions:
-            c.predict(model[0], model[1], api_name="/load_model")
+            info = c.predict(model[0], model[1], api_name="/load_model")[2]
+        deadline = time.monotonic() + timeout
+        while "being readied" in str(info) and time.monotonic() < deadline:  # the server's warm-up, in the background
+            time.sleep(0.5)
+            info = sessions[0].predict(model[0], model[1], api_name="/load_model")[2]
     latencies: list[float] = []
     answers, errors, rss = 0, [], []
     lock = threading.Lock()

@@ -80,6 +80,23 @@ def test_the_top5_has_the_numbers_of_vitlab_predict(store, mini, images, capsys)
     assert html.count('class="vl-row"') == 5 and look.format_prob(ours[0]["predictions"][0]["prob"]) in html
 
 
+def test_the_top5_moves_to_a_readied_copy_after_warm_up_and_the_attention_keeps_the_model(mini, images):
+    """`vitlab serve` readies a copy of each model in the background (the kernels measured fastest here
+    for one image); the top-k moves to it once it is ready, with the same probabilities to ~1e-6, while
+    the model as built stays for the attention maps. `--fast-path off` keeps the model as built."""
+    fast = ModelStore(device="cpu", fast_path="eager").load(ModelSource(checkpoint=str(mini)))
+    off = ModelStore(device="cpu", fast_path="off").load(ModelSource(checkpoint=str(mini)))
+    assert fast.ready.wait(120) and off.ready.wait(120)
+    assert fast.for_topk() is not fast.model and fast.path.startswith("not compiled (how long a server runs")
+    assert "Linear weights packed" in fast.path and f"top-k path: {fast.path}" in fast.describe()
+    assert not any("Packed" in type(m).__name__ for m in fast.model.modules())  # the model as built, untouched
+    assert off.for_topk() is off.model and off.path == "the model as built (--fast-path off)"
+    for a, b in zip(look.predict(fast, images), look.predict(off, images)):
+        assert [p["index"] for p in a["predictions"]] == [p["index"] for p in b["predictions"]]
+        np.testing.assert_allclose([p["prob"] for p in a["predictions"]], [p["prob"] for p in b["predictions"]],
+                                   atol=1e-5)
+
+
 @pytest.mark.parametrize("flags", [
     dict(method="cls", layer=1, head="2", alpha=0.3, upsample="nearest"),
     dict(method="cls", layer="last", head="max", alpha=0.6, upsample="bilinear"),

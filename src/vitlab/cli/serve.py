@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from vitlab.cli._common import DefaultsFormatter, add_device, add_model_source, add_precision, add_threads
+from vitlab.cli._common import DefaultsFormatter, add_device, add_fast_path, add_model_source, add_precision, add_threads
 from vitlab.errors import VitlabError, check_range
 from vitlab.serve.models import ModelSource, ModelStore
 from vitlab.serve.page import CSS, build_page, check_gradio, require_gradio, save_samples, theme
@@ -49,6 +49,10 @@ def register(subparsers) -> None:
     add_device(p)
     add_precision(p)
     add_threads(p)
+    add_fast_path(p, help="the top-k's path, readied in the background after a model loads (the model as built "
+                  "answers until then): auto and eager: the kernels measured fastest here for one image at a time; "
+                  "compile: also torch.compile for one image (tens of seconds per model); off: the model as built. "
+                  "The attention maps always use the model as built")
     p.set_defaults(func=run)
 
 
@@ -76,6 +80,12 @@ def _stop_on_sigterm():
         signal.signal(signal.SIGTERM, before)
 
 
+def _say_path(loaded) -> None:
+    """Print the top-k's path once the model's readied copy is ready."""
+    loaded.ready.wait()
+    print(f"vitlab serve: top-k path: {loaded.path}", flush=True)
+
+
 def run(args) -> int:
     check_range("max_upload_mb", args.max_upload_mb, low=1, integer=True)
     check_range("port", args.port, low=1, high=65535, integer=True, optional=True)
@@ -86,7 +96,8 @@ def run(args) -> int:
     check_gradio()  # before loading a model for nothing
     if args.threads:
         torch.set_num_threads(args.threads)
-    store = ModelStore(device=args.device, precision=args.precision, capacity=args.max_models)
+    store = ModelStore(device=args.device, precision=args.precision, capacity=args.max_models,
+                       fast_path=args.fast_path)
     key = None
     if args.model or args.pretrained or args.checkpoint:
         loaded = store.load(ModelSource(model=args.model, pretrained=args.pretrained, checkpoint=args.checkpoint,
@@ -113,6 +124,8 @@ def run(args) -> int:
         where = "this machine only" if args.host in ("127.0.0.1", "localhost", "::1") else f"listening on {args.host}"
         print(f"vitlab serve: http://{host}:{port}/ ({where}; model: {key or 'none yet, choose one in the page'}; "
               f"runs from {args.runs}/). Ctrl-C stops it.", flush=True)
+        if key is not None:
+            threading.Thread(target=_say_path, args=(loaded,), daemon=True).start()
         with _stop_on_sigterm():
             try:
                 while page.is_running:

@@ -59,6 +59,7 @@ def predict_files(
     batch_size: int = 16,
     img_size: int | tuple[int, int] | None = None,
     fast_path: str = "auto",
+    prepared: nn.Module | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """Predict every file in `paths`, in order. Each result is
@@ -68,7 +69,8 @@ def predict_files(
     `fast_path` (`vitlab.speed.fastpath`): "auto" runs the batches on the fastest path measured on this
     machine (packed Linear weights, torch.compile where the run repays it; the same logits to ~1e-5),
     "off" the model as it is. The model itself is left unpacked; its attention kernel may be set.
-    `log` gets one line saying the path taken.
+    `prepared`: a copy of `model` readied already (`vitlab serve`'s, from `fastpath.serving_model`), which
+    then computes the logits as it is, whatever `fast_path` says. `log` gets one line saying the path taken.
     """
     dev = check_options(topk=topk, batch_size=batch_size, device=device, precision=precision)
     pcfg = model.pretrained_cfg
@@ -87,8 +89,8 @@ def predict_files(
         )
     model = model.to(dev).eval()
     paths = [str(p) for p in paths]
-    runner = InferenceRunner(model, precision=precision, batch_size=batch_size, images=len(paths), device=dev,
-                             fast=fast_path)
+    runner = InferenceRunner(prepared if prepared is not None else model, precision=precision, batch_size=batch_size,
+                             images=len(paths), device=dev, fast="off" if prepared is not None else fast_path)
     transform = eval_transform(pcfg, img_size or model.cfg.img_size)
     names = class_names(model)
     results: dict[str, dict] = {}

@@ -5,10 +5,10 @@ Each one goes through the same library code as its command, with the same argume
 the command line show the same numbers for the same image: `predict_files` (the weights' own
 preprocessing, the softmax in fp32), `explain` + `plots.final_overlay` (the picture `vitlab attention`
 writes as <stem>_<method>_overlay.png), `plots.write_figure7`, `plots.write_token_norms`. The page
-runs each model as built (`fast_path="off"`), as `vitlab predict` does for a single batch; over many
-images `vitlab predict` may take a packed or compiled path (`vitlab.speed.fastpath`), which moves a
-probability by ~1e-6. The page keeps one copy of each model, which the attention maps, Figure 7 and
-the token norms need as it is.
+computes the top-k with the model's readied copy once it is ready (`LoadedModel.for_topk`: packed
+kernels, or compiled, `vitlab.speed.fastpath.serving_model`), as `vitlab predict` does over many
+images, which moves a probability by ~1e-6 at most; the attention maps, Figure 7 and the token norms
+use the model as built, which they need as it is.
 
 Files are named by their base name in messages (an upload lives under a temporary folder, but the
 user knows it by its name).
@@ -49,7 +49,7 @@ def predict(loaded: LoadedModel, paths: list[str | Path], *, topk: int = 5) -> l
     "index", "label", "prob"}, ...]} or {"file": name, "error": message}. A model without a trained
     head is a VitlabError (predictions would be meaningless)."""
     results = predict_files(loaded.model, paths, topk=topk, device=loaded.device, precision=loaded.precision,
-                            batch_size=16, fast_path="off")
+                            batch_size=16, prepared=loaded.for_topk())
     for r, path in zip(results, paths):
         r["file"] = Path(path).name
         if "error" in r:

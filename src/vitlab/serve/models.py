@@ -6,6 +6,11 @@ A `ModelSource` is the flags of `vitlab predict` (`--model`, `--pretrained` | `-
 built through `vitlab.create_model`. A source that fails to load raises a VitlabError and changes
 nothing: the models already loaded stay loaded. At most `capacity` models are kept; the one used
 longest ago is dropped first (and loaded again if it is asked for again).
+
+A loaded model answers at once, as built; in the background a copy of it is readied for the top-k
+(`vitlab.speed.fastpath.serving_model`: the kernels measured fastest here for one image at a time,
+and compiled with `--fast-path compile`), and takes over the top-k when it is ready. The attention
+maps, Figure 7 and the token norms always use the model as built (they read its attention).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from vitlab.errors import VitlabError, check_range
 from vitlab.models.factory import check_source, create_model
 from vitlab.models.vit import VisionTransformer, count_parameters
 from vitlab.runtime import check_precision, resolve_device
+from vitlab.speed.fastpath import check_fast_path, serving_model
 
 KINDS = ("checkpoint", "pretrained", "model")  # what the page's "load" box can name, as the flags
 
@@ -79,6 +85,25 @@ class LoadedModel:
     device: torch.device
     precision: str
     notes: list[str] = field(default_factory=list)  # load warnings: a new head, dropped parts
+    fast_path: str = "off"
+    served: nn.Module | None = None  # the copy readied for the top-k, once it is ready
+    path: str = "the model as built (a faster copy is being readied)"  # the top-k's path, in words
+    ready: threading.Event = field(default_factory=threading.Event)
+
+    def warm_up(self) -> None:
+        """Ready the top-k's copy (`serving_model`); the page keeps answering with the model as built until
+        then, and for good if readying fails (the reason is shown as its path)."""
+        try:
+            self.served, self.path = serving_model(self.model, precision=self.precision, device=self.device,
+                                                   fast=self.fast_path)
+        except Exception as e:  # a kernel this machine lacks: the model as built still answers
+            self.path = f"the model as built (readying a faster copy failed: {type(e).__name__}: {e})"
+        finally:
+            self.ready.set()
+
+    def for_topk(self) -> nn.Module:
+        """What computes the top-k now: the readied copy, or the model as built until it is ready."""
+        return self.served if self.served is not None else self.model
 
     @property
     def is_vit(self) -> bool:
@@ -98,6 +123,7 @@ class LoadedModel:
             f"parameters, {cfg.num_classes} classes; on {self.device}, {self.precision}",
             f"weights: `{pcfg.source}` ({pcfg.format} layout)",
             f"preprocessing: {describe(pcfg)}",
+            f"top-k path: {self.path}",
         ]
         lines += [f"warning: {n}" for n in self.notes]
         return "  \n".join(lines)
@@ -106,10 +132,12 @@ class LoadedModel:
 class ModelStore:
     """The loaded models, one copy each, keyed by their source's label; safe to use from many threads."""
 
-    def __init__(self, *, device: str | torch.device = "auto", precision: str = "fp32", capacity: int = 3):
+    def __init__(self, *, device: str | torch.device = "auto", precision: str = "fp32", capacity: int = 3,
+                 fast_path: str = "auto"):
         check_range("capacity", capacity, low=1, integer=True)
         self.device = resolve_device(device)
         self.precision = check_precision(precision)
+        self.fast_path = check_fast_path(fast_path)
         self.capacity = capacity
         self._sources: dict[str, ModelSource] = {}  # every source the page has listed, loaded or not
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()  # least recently used first
@@ -149,7 +177,8 @@ class ModelStore:
                 model = source.create()
             model = model.to(self.device).eval().requires_grad_(False)
             loaded = LoadedModel(source=source, model=model, device=self.device, precision=self.precision,
-                                 notes=[str(w.message) for w in caught])
+                                 notes=[str(w.message) for w in caught], fast_path=self.fast_path)
+            threading.Thread(target=loaded.warm_up, name=f"vitlab-warm-up {key}", daemon=True).start()
             self._sources.setdefault(key, source)
             self._loaded[key] = loaded
             while len(self._loaded) > self.capacity:

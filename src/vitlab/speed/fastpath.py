@@ -11,8 +11,10 @@
     off       the model exactly as built: no packing, no kernel choice, no compile
 
 `InferenceRunner` runs the batches of an inference run (`vitlab predict`, `attention`, `inspect`)
-through that path; `prepare_training` readies a model for `fit`, which compiles by the same rule
-between epochs. Each describes the path it took in one line that the command prints.
+through that path; `serving_model` readies a copy for a server that answers one image at a time
+(`vitlab serve`, in the background after a model loads); `prepare_training` readies a model for
+`fit`, which compiles by the same rule between epochs. Each describes the path it took in one line
+that the command prints.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from torch import nn
 
 from vitlab.errors import VitlabError
+from vitlab.runtime import autocast
 from vitlab.speed import compiled as C
 from vitlab.speed import cpu_inference, cpu_training
 from vitlab.speed.attention import choose_attention
@@ -130,6 +133,50 @@ class InferenceRunner:
         return "; ".join([f"{compiled}: {self.decision.reason}"] + self.notes)
 
 
+class _Served(nn.Module):
+    """A server's model: batches of the compiled shape through the compiled graph, others through the
+    prepared (packed) copy."""
+
+    def __init__(self, eager: nn.Module, compiled: C.CompiledModel | None):
+        super().__init__()
+        self.eager, self.compiled = eager, compiled
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.compiled is not None and x.shape == self.compiled.shape:
+            return self.compiled(x)
+        return self.eager(x)
+
+
+def serving_model(model: nn.Module, *, precision: str, device: torch.device, fast: str = "auto",
+                  cal: Calibration | None = None) -> tuple[nn.Module, str]:
+    """A copy of `model` readied for answering one image at a time, and the path taken in words; `model`
+    itself is left as it is (the attention maps need it so). How long a server runs is not known, so
+    `auto` and `eager` take the kernels measured fastest here for a batch of one and do not compile;
+    `compile` also compiles the copy for a batch of one (with freezing), here and now, before it is
+    used; `off` returns `model`."""
+    check_fast_path(fast)
+    if fast == "off":
+        return model, "the model as built (--fast-path off)"
+    model = model.eval()
+    eager, notes = copy.deepcopy(model), []
+    if device.type == "cpu":
+        attention = choose_attention(eager, precision=precision, batch_size=1, cal=cal)
+        if attention:
+            notes.append(f"{attention} attention")
+        if cpu_inference.supported(precision, device):
+            n = cpu_inference.pack_for_cpu_inference(eager, precision, _tokens(model), cal=cal or calibration())
+            notes.append(f"{n} of {cpu_inference.linear_count(eager)} Linear weights packed")
+    if fast != "compile":
+        head = "not compiled (how long a server runs is not known; --fast-path compile compiles it)"
+        return _Served(eager, None), "; ".join([head] + notes)
+    compiled = C.CompiledModel(copy.deepcopy(model), mode="inference")
+    cfg = model.cfg
+    with torch.inference_mode(), autocast(device, precision):
+        compiled(torch.zeros(1, cfg.in_chans, *cfg.img_size, device=device))  # compiles for a batch of one
+    head = "compiled for one image at a time (torch.compile, freezing)"
+    return _Served(eager, compiled), head + (f"; other batches: {', '.join(notes)}" if notes else "")
+
+
 def prepare_training(model: nn.Module, *, precision: str, batch_size: int, fast: str = "auto",
                      cal: Calibration | None = None) -> list[str]:
     """Ready `model` (in place) for training on the fast path: on a CPU the faster library per fp32
@@ -222,4 +269,4 @@ class TrainingCompiler:
             self.compiled = None
 
 
-__all__ = ["FAST_PATHS", "check_fast_path", "InferenceRunner", "prepare_training", "TrainingCompiler"]
+__all__ = ["FAST_PATHS", "check_fast_path", "InferenceRunner", "serving_model", "prepare_training", "TrainingCompiler"]
