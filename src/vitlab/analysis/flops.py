@@ -39,7 +39,7 @@ from vitlab.models.vit import ViTConfig, VisionTransformer
 
 BYTES_FP32 = 4
 # The paper's Table 1 (Base, Large, Huge), with the paper's rounded sizes.
-SEED_TABLE = (("ViT-Base", "vit_base_patch16_224", "86M"), ("ViT-Large", "vit_large_patch16_224", "307M"),
+TABLE1 = (("ViT-Base", "vit_base_patch16_224", "86M"), ("ViT-Large", "vit_large_patch16_224", "307M"),
               ("ViT-Huge", "vit_huge_patch14_224", "632M"))
 
 
@@ -265,7 +265,7 @@ def measure_saved_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor
 def seed_table() -> list[dict]:
     """Base / Large / Huge as in the paper's Table 1, parameters counted here."""
     rows = []
-    for label, name, paper in SEED_TABLE:
+    for label, name, paper in TABLE1:
         cfg = get_config(name)
         params = sum(p.numel() for p in build_on_meta(cfg).parameters())
         rows.append({"model": label, "name": name, "layers": cfg.depth, "dim": cfg.dim, "mlp": cfg.hidden_dim,
