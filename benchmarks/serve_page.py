@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import statistics
@@ -53,6 +54,8 @@ TABS = ("Predict and look", "Inside (Figure 7)", "Runs", "Reproduce report")
 
 # ----------------------------------------------------------------------------------------------------
 # The server
+
+STATUS = re.compile(r"^(processing|queue: \S+) \| [\d.]+s$")  # Gradio's progress line in a pending output
 
 
 def offline_env() -> dict:
@@ -305,6 +308,15 @@ class Page:
     def text(self, css: str) -> str:
         found = self.find_all(css)
         return found[0].text if found else ""
+
+    def settled(self, css: str, message: str = "") -> str:
+        """The element's text once it is non-empty and Gradio shows no progress in it (its status line,
+        "processing | 0.8s" or "queue: 1/2 | 0.3s", while an event is still running)."""
+        def done() -> str | None:
+            t = self.text(css)
+            return t if t and not any(STATUS.match(line) for line in t.splitlines()) else None
+
+        return self.until(done, message or f"{css} to settle")
 
     def until(self, condition, message: str = ""):
         from selenium.common.exceptions import TimeoutException  # noqa: PLC0415

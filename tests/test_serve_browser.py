@@ -81,7 +81,7 @@ def test_the_layer_slider_redraws_the_overlay_as_vitlab_attention_does(served, t
     last = page.wait_overlay_change(before)
     page.set_slider("layer", 0)
     first = page.wait_overlay_change(last)
-    assert "layer 0" in page.text("#caption-cls")
+    assert "layer 0" in page.settled("#caption-cls")
     for layer, src in (("last", last), ("0", first)):
         out = tmp_path / layer
         assert main(["attention", str(image), "--checkpoint", str(served.mini), "--layer", layer, "--out", str(out),
@@ -114,7 +114,7 @@ def test_a_checkpoint_that_fails_to_load_is_reported_and_the_model_stays(served,
     shutil.copytree(served.mini, broken)
     (broken / "config.json").write_text('{"kind": "transformer"}')
     page.load_model("checkpoint", str(broken))
-    error = page.until(lambda: page.text("#model-error"), "the load error")
+    error = page.settled("#model-error", "the load error")
     assert error.startswith(f"error: checkpoint config {broken / 'config.json'} has model kind 'transformer'")
     assert page.find("#model input").get_attribute("value") == f"--checkpoint {served.mini}"
     image = serve_page.digit_image(served.tmp, 8)
