@@ -148,6 +148,7 @@ def test_second_run_reads_the_cache(quick_report, capsys):
     assert sorted((quick_report / "cache" / "runs").glob("*/result.json")) == results
     md = (quick_report / "report.md").read_text()
     assert "## 1." in md and "## 8." in md and "## 2." not in md  # --only selects the report's claims
+    assert "Made by `vitlab reproduce --quick --only 1,8 --out DIR`." in md  # and its command line says so
     trained = json.loads((quick_report / "cache" / "invocation.json").read_text())  # the time of the training run
     assert trained["trained"] > 0 and trained["elapsed_s"] > 0
     assert "all read from the cache" in md and f"the {trained['trained']} trained by an earlier invocation" in md

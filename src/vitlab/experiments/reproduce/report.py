@@ -35,6 +35,7 @@ SCALE_FLAG = {"quick": " --quick", "default": "", "large": " --scale large"}
 def _intro(meta: dict) -> list[str]:
     default_seeds = 2 if meta["scale"] == "quick" else 3
     command = ("vitlab reproduce" + SCALE_FLAG[meta["scale"]]
+               + (f" --only {meta['only']}" if meta.get("only") else "")
                + (f" --seeds {meta['seeds']}" if meta["seeds"] != default_seeds else "") + " --out DIR")
     timing = meta.get("trained_by", meta)  # the invocation that trained the runs
     load = timing.get("estimate_load_s", timing["estimate_s"])

@@ -189,6 +189,7 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
     meta = {"scale": scale_name, "seeds": n_seeds, "device": str(dev), "runs": len(runs), "trained": len(todo),
             "estimate_s": total, "estimate_load_s": loaded, "elapsed_s": elapsed, "torch": torch.__version__,
             "workers": n_workers,
+            "only": ",".join(str(e.number) for e in experiments) if len(experiments) < len(select(None)) else None,
             "train_s": sum(cache.result(s)["train_time_s"] for s in runs)}
     # The time of the invocation that trained the runs outlives it: a later one that only reads the cache
     # (to redraw the report) still reports how long the training took.
