@@ -166,14 +166,14 @@ class Calibration:
         Measuring holds a lock on the file: processes started together (a pool of training runs) take
         turns, and those after the first read its answer, so every process of a machine makes the same
         choice (and none is timed while another measures)."""
-        if self.known(key, candidates) is not None:
-            return self.entries[key]["choice"]
+        if (known := self.known(key, candidates)) is not None:
+            return known
         with self._locked():
-            entry = self._read().get(key)
+            entry = self._read().get(key)  # another process may have measured it meanwhile
             if entry is not None:
                 self.entries[key] = entry
-                if self.known(key, candidates) is not None:
-                    return entry["choice"]
+                if (known := self.known(key, candidates)) is not None:
+                    return known
             with torch.no_grad():
                 seconds = _fastest_repeat(candidates, repeats=repeats)
             choice = pick(seconds)
