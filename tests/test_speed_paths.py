@@ -406,6 +406,12 @@ def test_race_alternates_and_times_every_repeat():
     times = bench.race({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, warmup=1, repeats=3)
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then the order flips each repeat
     assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    # a fast call is repeated within a repeat to last min_repeat_s; the times stay per call
+    calls.clear()
+    times = bench.race({"slow": lambda: calls.append("s") or time.sleep(0.02), "fast": lambda: calls.append("f")},
+                       warmup=1, repeats=2, min_repeat_s=0.02)
+    assert calls.count("s") == 1 + 2 and calls.count("f") > 10 * (1 + 2)
+    assert all(t >= 0.02 for t in times["slow"]) and all(t < 0.005 for t in times["fast"])
 
 
 def test_timm_twin_has_the_same_weights_and_logits():

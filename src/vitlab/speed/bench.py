@@ -18,7 +18,8 @@
    The compile time of each compiled path (wall clock: the compiler's own processes count) and the
    number of images after which it pays for itself are reported beside the rows.
 
-Every number is the median of several timed repeats after warm-up. Achieved FLOP/s uses the analytic
+Every number is the median of several timed repeats after warm-up; a repeat calls a fast path several
+times over, to last at least `MIN_REPEAT_S`. Achieved FLOP/s uses the analytic
 count of `vitlab.analysis.flops.count_macs` (FLOPs = 2 x MACs; a training step counts 3x the forward:
 one product forward, two backward); MFU is that rate over the measured matmul rate of the same
 precision. No timing here is ever asserted in tests: machines differ, read the ratios.
@@ -31,6 +32,7 @@ process and reads its peak resident set size, so a measurement never inherits an
 from __future__ import annotations
 
 import copy
+import math
 import os
 import platform
 import resource
@@ -62,6 +64,7 @@ from vitlab.train.optim import build_optimizer
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PEERS = {"timm": "timm", "compile": "timm-compile", "onnxruntime": "onnxruntime"}  # --against word -> path
 PATHS = ("vitlab", "timm", "timm-compile", "onnxruntime")
+MIN_REPEAT_S = 0.5  # a repeat of a path lasts at least this long (a batch of one is called several times)
 MODES = ("inference", "train")
 
 
@@ -88,9 +91,14 @@ CLOCKS = ("wall", "cpu")
 
 
 def race(fns: dict[str, Callable[[], None]], *, warmup: int = 1, repeats: int = 5,
-         device: torch.device = torch.device("cpu"), clock: str = "wall") -> dict[str, list[float]]:
+         device: torch.device = torch.device("cpu"), clock: str = "wall",
+         min_repeat_s: float = 0.0) -> dict[str, list[float]]:
     """Seconds per call of each function, interleaved: every repeat runs each function once, and the
-    order rotates between repeats. Returns {name: [seconds per repeat]} (take the median).
+    order rotates between repeats. Returns {name: [seconds per call, one per repeat]} (take the median).
+
+    `min_repeat_s` (with a warm-up): a repeat of a function runs it as many times in a row as its (last)
+    warm-up call says it takes to last that long, so that a fast call (a batch of one) is not timed by a single
+    sample of a few tens of milliseconds, which a shared machine's hiccups decide.
 
     `clock="wall"` times elapsed seconds; `clock="cpu"` the process's CPU seconds, which on a shared
     machine leaves out the time the process spent waiting for a core (meaningful at one thread: with
@@ -100,18 +108,22 @@ def race(fns: dict[str, Callable[[], None]], *, warmup: int = 1, repeats: int = 
         raise VitlabError(f"clock must be one of {', '.join(CLOCKS)}; found {clock!r}", arg="clock")
     now = time.perf_counter if clock == "wall" else time.process_time
     names = list(fns)
+    calls = dict.fromkeys(names, 1)
     for _ in range(warmup):
         for name in names:
+            t0 = now()
             fns[name]()
-    _sync(device)
+            _sync(device)
+            calls[name] = max(1, math.ceil(min_repeat_s / max(now() - t0, 1e-9)))
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
             t0 = now()
-            fns[name]()
+            for _ in range(calls[name]):
+                fns[name]()
             _sync(device)
-            times[name].append(now() - t0)
+            times[name].append((now() - t0) / calls[name])
     return times
 
 
@@ -363,7 +375,7 @@ def bench_model(
             how["onnxruntime"] = "CPU provider, every graph optimisation"
 
     try:
-        times = race(fns, warmup=warmup, repeats=repeats, device=device, clock=clock)
+        times = race(fns, warmup=warmup, repeats=repeats, device=device, clock=clock, min_repeat_s=MIN_REPEAT_S)
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -491,7 +503,8 @@ def run_bench(
     if "onnxruntime" in against and "train" in modes:
         notes.append("onnxruntime: inference rows only (ONNX Runtime's training is another product)")
     return {"machine": machine_info(dev), "clock": clock, "matmul_size": matmul_size, "matmul_flops": rates,
-            "warmup": warmup, "repeats": repeats, "calibration": str(calibration().path),
+            "warmup": warmup, "repeats": repeats, "min_repeat_s": MIN_REPEAT_S if warmup else 0.0,
+            "calibration": str(calibration().path),
             "rows": [asdict(r) for r in rows], "notes": list(dict.fromkeys(notes))}
 
 
@@ -505,9 +518,10 @@ def format_table(result: dict) -> str:
     """The human-readable table of `run_bench`'s result."""
     rates = result["matmul_flops"]
     m = result["machine"]
+    long_repeats = f" (each at least {result['min_repeat_s']:g} s of calls)" if result.get("min_repeat_s") else ""
     lines = [
         f"torch {m['torch']} on {m['device']} ({m['cpu']}), {m['threads']} thread(s), {result['clock']} clock; "
-        f"median of {result['repeats']} repeats after {result['warmup']} warm-up; paths run alternately",
+        f"median of {result['repeats']} repeats{long_repeats} after {result['warmup']} warm-up; paths run alternately",
         f"matmul {result['matmul_size']}^3: fp32 {rates['fp32'] / 1e9:.1f} GFLOP/s, bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s",
         f"vitlab's measured kernel choices: {_home_relative(result['calibration'])}",
         "MFU (model FLOP utilisation): the row's GFLOP/s over the matmul rate above of the same precision",
