@@ -164,13 +164,12 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
         # Longest first, so that no worker is left with one long run at the end (no number depends on the order).
         first = sorted((s for s in todo if s.init is None or cache.has(s.init)), key=lambda s: -costs[s.key])
         then = [s for s in todo if s not in first]
-        for batch in (first, then):
-            if n_workers == 1:
-                for spec in batch:
-                    step = costs[spec.key] / max(spec.epochs, 1)
-                    execute_run(spec, cache, dev, on_epoch=lambda: bar.update(step), fast_path=fast_path)
-            else:
-                _run_parallel(batch, cache, dev, n_workers, lambda spec: bar.update(costs[spec.key]), fast_path)
+        if n_workers == 1:
+            for spec in first + then:
+                step = costs[spec.key] / max(spec.epochs, 1)
+                execute_run(spec, cache, dev, on_epoch=lambda: bar.update(step), fast_path=fast_path)
+        else:
+            _run_parallel([first, then], cache, dev, n_workers, lambda spec: bar.update(costs[spec.key]), fast_path)
         bar.close()
 
     fig_dir, res_dir = out / "figures", out / "results"
@@ -224,14 +223,17 @@ def _worker_run(spec: RunSpec, cache_root: str, device: str, fast_path: str) -> 
     return spec.key
 
 
-def _run_parallel(specs: Sequence[RunSpec], cache: RunCache, device: torch.device, n_workers: int,
+def _run_parallel(batches: Sequence[Sequence[RunSpec]], cache: RunCache, device: torch.device, n_workers: int,
                   done: Callable[[RunSpec], None], fast_path: str) -> None:
-    """Train `specs` in `n_workers` spawned processes (one thread each); call `done` as each finishes."""
-    if not specs:
+    """Train the runs of `batches` in `n_workers` spawned processes (one thread each), a batch after the
+    previous one has finished (its runs start from the earlier batches' weights); call `done` as each
+    finishes. One pool for all: a spawned process takes seconds to import torch."""
+    if not any(batches):
         return
     with process_pool(n_workers, threads=1) as pool:
-        futures = {pool.submit(_worker_run, spec, str(cache.cache_dir), str(device), fast_path): spec
-                   for spec in specs}
-        for future in as_completed(futures):
-            future.result()  # re-raise a worker's error here
-            done(futures[future])
+        for specs in batches:
+            futures = {pool.submit(_worker_run, spec, str(cache.cache_dir), str(device), fast_path): spec
+                       for spec in specs}
+            for future in as_completed(futures):
+                future.result()  # re-raise a worker's error here
+                done(futures[future])
