@@ -137,8 +137,9 @@ def matmul_rate(precision: str = "fp32", *, n: int = 2048, warmup: int = 2, repe
                 device: torch.device | str = "cpu", clock: str = "wall") -> float:
     """FLOP/s of an n x n x n matrix product (2 n^3 FLOPs) in `precision`: the best of `repeats`
     (the ceiling is what the machine can do; a slow repeat measures the neighbours, not the machine).
-    On a CPU with oneDNN, the faster of torch.mm and oneDNN's product with a pre-packed operand (what
-    vitlab's packed inference runs, `vitlab.speed.cpu_inference`), so that MFU stays a share of the best rate."""
+    On a CPU with oneDNN, the fastest of torch.mm and the products with a pre-packed operand that vitlab's
+    packed inference runs (`vitlab.speed.cpu_inference`: oneDNN's, and in fp32 MKL's), so that MFU stays a
+    share of the best rate."""
     device = torch.device(device)
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(n, n, generator=g).to(device, DTYPES[precision])
@@ -147,6 +148,10 @@ def matmul_rate(precision: str = "fp32", *, n: int = 2048, warmup: int = 2, repe
     if cpu_inference.supported(precision, device):
         packed = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous(), n)  # a @ b as a Linear of weight b^T
         fns["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+        if cpu_inference.mkl_packing_available(precision):
+            weight = b.T.contiguous()
+            mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight, n)
+            fns["mkl"] = lambda: torch.ops.mkl._mkl_linear(a, mkl, weight, None, n)
     times = race(fns, warmup=warmup, repeats=repeats, device=device, clock=clock)
     return 2 * n**3 / min(min(t) for t in times.values())
 
