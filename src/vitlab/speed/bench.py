@@ -353,7 +353,7 @@ def bench_model(
             prepare_training(base, precision=precision, batch_size=batch_size)
         else:
             base.set_fused_attention(all(b.attn.fused for b in eager.blocks))
-        fns["vitlab-compiled"] = fn_of(torch.compile(base, **C.compile_options(mode)))
+        fns["vitlab-compiled"] = fn_of(C.compile_model(base, mode))
         compile_s["vitlab-compiled"] = _first_call_s(fns["vitlab-compiled"], device)
 
     # the peers
@@ -362,8 +362,7 @@ def bench_model(
         fns["timm"] = fn_of(twin)
         how["timm"] = "as shipped"
     if "timm-compile" in against:
-        options = {} if train else {"options": {"freezing": True}}
-        fns["timm-compile"] = fn_of(torch.compile(copy.deepcopy(twin), **options))
+        fns["timm-compile"] = fn_of(C.compile_model(copy.deepcopy(twin), mode))
         how["timm-compile"] = "torch.compile" + ("" if train else " with freezing")
         compile_s["timm-compile"] = _first_call_s(fns["timm-compile"], device)
     tmp = None

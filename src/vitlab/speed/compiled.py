@@ -1,11 +1,15 @@
 """torch.compile for vitlab's models, and whether it pays for a given run.
 
-How a model is compiled:
-- inference: `torch.compile(model, dynamic=False, options={"freezing": True})`. Freezing (inductor's
-  `freezing` option, what its documentation recommends for CPU inference) turns the weights into
-  constants, so inductor packs each Linear weight for oneDNN once, as `vitlab.speed.cpu_inference`
-  does by hand, and fuses the element-wise work around the products (bias, GELU, residual adds,
-  LayerNorm) into a few C++ loops;
+How a model is compiled (`compile_model`):
+- inference: `torch.compile(model, dynamic=False)`, called with inductor's `freezing` on
+  (`torch._inductor.config.patch(freezing=True)` around every call, so that a recompile freezes too).
+  Freezing, what inductor's documentation recommends for CPU inference, turns the weights into
+  constants, so inductor packs each Linear weight once (MKL's packed GEMM in fp32, oneDNN's in bf16),
+  as `vitlab.speed.cpu_inference` does by hand, and fuses the element-wise work around the products
+  (bias, GELU, residual adds, LayerNorm) into a few C++ loops. It must be the config, not
+  `torch.compile(..., options={"freezing": True})`: dynamo reads the flag when it traces, to hand the
+  weights to inductor as constants, and the options reach only inductor. With the options alone (this
+  module's way until it was measured) the graph keeps the weights as inputs and nothing is packed;
 - training: `torch.compile(model, dynamic=False)`: forward and backward graphs (AOTAutograd), the
   weights left as inputs since they change every step.
 `dynamic=False` keeps one graph per batch shape; `CompiledModel` sends a call of another shape (the
@@ -45,11 +49,25 @@ FIRST_COMPILE_S = 120.0  # the compile time assumed before any compile was measu
 MODES = ("inference", "train")
 
 
-def compile_options(mode: str) -> dict:
-    """torch.compile's arguments for `mode` ("inference" or "train"): see the module docstring."""
+class _Frozen:
+    """A compiled inference function, called with inductor's freezing on (see the module docstring)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        with torch._inductor.config.patch(freezing=True):
+            return self.fn(*args, **kwargs)
+
+
+def compile_model(fn, mode: str):
+    """`fn` (a module or a method) compiled for `mode` ("inference", with freezing, or "train"); see the
+    module docstring. Run an inference one under torch.no_grad or torch.inference_mode: freezing
+    applies to graphs without gradients."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}; found {mode!r}")
-    return {"dynamic": False, "options": {"freezing": True}} if mode == "inference" else {"dynamic": False}
+    compiled = torch.compile(fn, dynamic=False)
+    return _Frozen(compiled) if mode == "inference" else compiled
 
 
 def signature(model: nn.Module) -> str:
@@ -63,7 +81,8 @@ def record_key(model: nn.Module, *, mode: str, precision: str, batch_size: int, 
                extra: str = "") -> str:
     """The calibration key of a compile measurement: what was compiled, how, and on what."""
     where = threads_tag() if torch.device(device).type == "cpu" else str(device)
-    return f"compile/{mode}/{signature(model)}{extra}/{precision}/b{batch_size}/{where}"
+    frozen = "-frozen" if mode == "inference" else ""  # records of the unfrozen compiles of before are not read
+    return f"compile/{mode}{frozen}/{signature(model)}{extra}/{precision}/b{batch_size}/{where}"
 
 
 class CompiledModel(nn.Module):
@@ -73,7 +92,7 @@ class CompiledModel(nn.Module):
     def __init__(self, model: nn.Module, *, mode: str, method: str = "forward"):
         super().__init__()
         self.model, self.method = model, method
-        self.compiled = torch.compile(model if method == "forward" else getattr(model, method), **compile_options(mode))
+        self.compiled = compile_model(model if method == "forward" else getattr(model, method), mode)
         self.shape: torch.Size | None = None
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
@@ -149,5 +168,5 @@ def decide(cal: Calibration, key: str, *, items: int, uncompiled_s: float | None
                           f"{'at most' if pays else 'more than'} {FIRST_COMPILE_SHARE:.0%} of the run's ~{run_s:,.0f} s")
 
 
-__all__ = ["CompiledModel", "Decision", "Measurement", "decide", "compile_options", "record_key", "signature",
+__all__ = ["CompiledModel", "Decision", "Measurement", "decide", "compile_model", "record_key", "signature",
            "longest_compile", "FIRST_COMPILE_SHARE", "FIRST_COMPILE_S"]
