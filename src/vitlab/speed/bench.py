@@ -146,10 +146,10 @@ def matmul_rate(precision: str = "fp32", *, n: int = 2048, warmup: int = 2, repe
     b = torch.randn(n, n, generator=g).to(device, DTYPES[precision])
     fns = {"mm": lambda: torch.mm(a, b)}
     if cpu_inference.supported(precision, device):
-        packed = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous(), n)  # a @ b as a Linear of weight b^T
+        weight = b.T.contiguous()  # a @ b as a Linear of weight b^T
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, n)
         fns["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
         if cpu_inference.mkl_packing_available(precision):
-            weight = b.T.contiguous()
             mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight, n)
             fns["mkl"] = lambda: torch.ops.mkl._mkl_linear(a, mkl, weight, None, n)
     times = race(fns, warmup=warmup, repeats=repeats, device=device, clock=clock)

@@ -124,8 +124,8 @@ class Calibration:
 
     `choose(key, candidates)` returns the remembered choice for `key`, or measures the candidates,
     remembers the result and returns it. Keys name what was measured (the operation, its shape, the
-    precision, the thread count); values are {"choice": name, "seconds": {name: s}, "rounds": 1 or 2}. Other records
-    (compile times, images/s of a compiled model) go through `get` / `put`.
+    precision, the thread count); values are {"choice": name, "seconds": {name: s}, "rounds": 1 or 2}.
+    Other records (compile times, images/s of a compiled model) go through `get` / `put`.
     """
 
     def __init__(self, path: str | Path):
