@@ -575,7 +575,8 @@ def test_inference_runner_reports_its_path_and_keeps_the_logits(tmp_path):
     assert runner.measure.uncompiled and not runner.measure.compiled
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+@pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()),
+                    reason="inductor packs fp32 Linear weights with oneDNN and MKL; this torch build lacks one")
 def test_inference_compile_freezes_the_weights():
     """`compile_model(..., "inference")` freezes for real: inductor gets the weights as constants and packs each
     Linear weight (with torch.compile's options={"freezing": True} alone it packs none: dynamo never sees the
