@@ -20,7 +20,7 @@ from PIL import Image
 
 import vitlab.models.vit as vm
 from vitlab.runtime import num_threads
-from vitlab.speed import bench, calibration, compiled, cpu_inference, cpu_training, fastpath
+from vitlab.speed import bench, calibration, compiled, cpu_inference, cpu_training, fastpath, pieces
 from vitlab.speed.attention import choose_attention
 from vitlab.speed.calibration import Calibration
 from vitlab.train.engine import TensorLoader, fit
@@ -575,22 +575,76 @@ def test_inference_runner_reports_its_path_and_keeps_the_logits(tmp_path):
     assert runner.measure.uncompiled and not runner.measure.compiled
 
 
+def test_a_batch_in_pieces_gives_the_whole_batch_outputs_and_attention():
+    """`in_pieces` joins the pieces' outputs along the batch: logits, and forward_features' (features, [attention
+    per layer]), the same to 1e-5 as the whole batch in one pass."""
+    model = _small_model().eval()
+    x = torch.randn(7, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(pieces.in_pieces(model, x, 3), model(x), rtol=1e-5, atol=1e-5)  # 3 + 3 + 1
+        feats, attns = model.forward_features(x, return_attention=[0, 1])
+        got_feats, got_attns = pieces.in_pieces(model.forward_features, x, 2, return_attention=[0, 1])
+    torch.testing.assert_close(got_feats, feats, rtol=1e-5, atol=1e-5)
+    assert len(got_attns) == 2 and all(g.shape == a.shape == (7, 4, 17, 17) for g, a in zip(got_attns, attns))
+    for g, a in zip(got_attns, attns):
+        torch.testing.assert_close(g, a, rtol=1e-5, atol=1e-5)
+    assert pieces.candidate_sizes(32) == [32, 16, 8, 4, 2, 1] and pieces.candidate_sizes(6) == [6, 4, 2, 1]
+    assert pieces.candidate_sizes(1) == [1]
+
+
+def test_pieces_are_chosen_per_image_by_measurement_and_remembered(tmp_path):
+    """The size is measured on one block at each candidate (the batch first, the default), scored per image, kept
+    in the calibration and read back; a model that is not a ViT, or a batch of one, runs whole batches."""
+    cal = Calibration(tmp_path / "cal.json")
+    # scoring per item: the default does 4 items in 40 ms (10 ms each), the other 1 in 20 ms: the default stays,
+    # where per call (20 < 40 ms) the other would win
+    sleeps = {"4": 0.04, "1": 0.02}
+    assert cal.choose("per-item", {k: (lambda s=s: time.sleep(s)) for k, s in sleeps.items()},
+                      items={"4": 4, "1": 1}) == "4"
+    assert cal.get("per-item")["seconds"]["4"] == pytest.approx(0.01, rel=0.5)
+    model = _small_model().eval()
+    size = pieces.choose_pieces(model, precision="fp32", batch_size=8, cal=cal)
+    (key, entry), = [(k, e) for k, e in cal.entries.items() if k.startswith("infer-pieces/")]
+    assert size == int(entry["choice"]) and set(entry["seconds"]) == {"8", "4", "2", "1"}
+    assert key == "infer-pieces/fp32/t1/b8xn17xd64xh4xm256"
+    cal.put(key, {"choice": "2", "seconds": {"8": 1.0, "4": 1.0, "2": 0.5, "1": 1.0}})
+    assert pieces.choose_pieces(model, precision="fp32", batch_size=8, cal=cal) == 2  # remembered, not measured
+    assert pieces.choose_pieces(model, precision="fp32", batch_size=1, cal=cal) == 1
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))
+    assert pieces.choose_pieces(cnn, precision="fp32", batch_size=8, cal=cal) == 8
+    # a run takes the remembered size: said in its path, the same logits, its compile keyed apart
+    x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        runner = fastpath.InferenceRunner(model, precision="fp32", batch_size=8, images=16,
+                                          device=torch.device("cpu"), fast="eager", cal=cal)
+        got = torch.cat([runner(b) for b in x.split(8)])
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+    assert runner.pieces == 2 and "2 images at a time" in runner.describe()
+    key = runner.measure.key
+    assert key.startswith("compile/inference-frozen-cpp/VisionTransformer-") and "-pieces2/fp32/b8/" in key
+
+
 @pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()),
                     reason="inductor packs fp32 Linear weights with oneDNN and MKL; this torch build lacks one")
 def test_inference_compile_freezes_the_weights():
     """`compile_model(..., "inference")` freezes for real: inductor gets the weights as constants and packs each
     Linear weight (with torch.compile's options={"freezing": True} alone it packs none: dynamo never sees the
-    flag). The graph is not read from inductor's FX graph cache, so that the packing happens here and is counted
-    (its compiled kernels may come from the disk cache)."""
+    flag), and the code that calls the kernels is inductor's C++ wrapper, not Python (`cpp_wrapper=False`, the
+    bench's compiled-timm peer: Python). The graph is not read from inductor's FX graph cache, so that the
+    packing happens here and is counted (its compiled kernels may come from the disk cache)."""
     from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
 
     mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).eval()
     x = torch.randn(8, 32, generator=torch.Generator().manual_seed(0))
-    counters.clear()
-    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
-        got = compiled.compile_model(mlp, "inference")(x)
-        torch.testing.assert_close(got, mlp(x), rtol=1e-5, atol=1e-5)
-    assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] == 2
+    for cpp_wrapper in (True, False):
+        counters.clear()
+        torch._dynamo.reset()
+        with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+            got, (code,) = run_and_get_code(compiled.compile_model(mlp, "inference", cpp_wrapper=cpp_wrapper), x)
+            torch.testing.assert_close(got, mlp(x), rtol=1e-5, atol=1e-5)
+        assert counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] == 2
+        assert ("CppWrapperCodeCache" in code) == cpp_wrapper and ("def call(" in code) != cpp_wrapper
 
 
 def test_compiled_inference_equals_eager_and_its_compile_is_remembered(tmp_path):
@@ -610,16 +664,16 @@ def test_compiled_inference_equals_eager_and_its_compile_is_remembered(tmp_path)
         assert runner.compiled is None  # nothing measured for this model: the first batch is timed uncompiled
         got = torch.cat([runner(b) for b in x.split(2)])  # 2 uncompiled, then 2 + 2 + 2 compiled, 1 uncompiled
     runner.finish()
-    assert runner.describe().startswith("compiled (torch.compile, freezing): compile time not measured for this "
-                                        "model here: expected ~0 s, at most 10% of the run's")
+    assert runner.describe().startswith("compiled (torch.compile, freezing, C++ wrapper): compile time not "
+                                        "measured for this model here: expected ~0 s, at most 10% of the run's")
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    assert runner.compiled.shape == (2, 3, 16, 16) and len(runner.measure.compiled) == 2
+    assert runner.compiled.shape == (runner.pieces, 3, 16, 16) and len(runner.measure.compiled) == 2
     record = cal.get(runner.measure.key)
     assert set(record) == {"compile_s", "compiled_s", "uncompiled_s"} and record["compiled_s"] > 0
     cal.put(runner.measure.key, {"compile_s": 1.0, "compiled_s": 1e-3, "uncompiled_s": 1.0})
     again = fastpath.InferenceRunner(model, precision="fp32", batch_size=2, images=9, device=torch.device("cpu"),
                                      cal=cal)
-    assert again.compiled is not None and again.describe().startswith("compiled (torch.compile, freezing): "
+    assert again.compiled is not None and again.describe().startswith("compiled (torch.compile, freezing, C++ wrapper): "
                                                                       "measured here")
     cal.put(runner.measure.key, {"compile_s": 1.0, "compiled_s": 1.0, "uncompiled_s": 1e-3})
     assert fastpath.InferenceRunner(model, precision="fp32", batch_size=2, images=9, device=torch.device("cpu"),

@@ -59,6 +59,7 @@ from vitlab.speed import cpu_inference
 from vitlab.speed.attention import choose_attention
 from vitlab.speed.calibration import calibration, cpu_model
 from vitlab.speed.fastpath import check_fast_path, prepare_training
+from vitlab.speed.pieces import choose_pieces, in_pieces
 from vitlab.train.optim import build_optimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -335,17 +336,24 @@ def bench_model(
 
     # vitlab, as its commands run it: the kernels measured fastest here (and compiled, measured below)
     eager = copy.deepcopy(ours).train(train)
+    pieces = batch_size  # images per forward pass (vitlab.speed.pieces)
     if fast_path == "off":
         how["vitlab"] = "the model as built"
     elif train:
         how["vitlab"] = ", ".join(prepare_training(eager, precision=precision, batch_size=batch_size)) or "as built"
     else:
-        said = [f"{a} attention" for a in [choose_attention(eager, precision=precision, batch_size=batch_size)] if a]
+        pieces = choose_pieces(eager, precision=precision, batch_size=batch_size)
+        said = [f"{pieces} images at a time"] if pieces < batch_size else []
+        said += [f"{a} attention" for a in [choose_attention(eager, precision=precision, batch_size=pieces)] if a]
         if cpu_inference.supported(precision, device):
-            n = cpu_inference.pack_for_cpu_inference(eager, precision, batch_size * tokens)
+            n = cpu_inference.pack_for_cpu_inference(eager, precision, pieces * tokens)
             said.append(f"{n}/{cpu_inference.linear_count(eager)} Linear weights packed")
         how["vitlab"] = ", ".join(said) or "as built"
-    fns["vitlab"] = fn_of(eager)
+
+    def vitlab_fn(model: Callable) -> Callable[[], None]:
+        return fn_of(model if pieces == batch_size else lambda x: in_pieces(model, x, pieces))
+
+    fns["vitlab"] = vitlab_fn(eager)
     vitlab_compiled = fast_path in ("auto", "compile") and "timm-compile" in against or fast_path == "compile"
     if vitlab_compiled:
         base = copy.deepcopy(ours).train(train)
@@ -353,7 +361,7 @@ def bench_model(
             prepare_training(base, precision=precision, batch_size=batch_size)
         else:
             base.set_fused_attention(all(b.attn.fused for b in eager.blocks))
-        fns["vitlab-compiled"] = fn_of(C.compile_model(base, mode))
+        fns["vitlab-compiled"] = vitlab_fn(C.compile_model(base, mode))
         compile_s["vitlab-compiled"] = _first_call_s(fns["vitlab-compiled"], device)
 
     # the peers
@@ -362,7 +370,7 @@ def bench_model(
         fns["timm"] = fn_of(twin)
         how["timm"] = "as shipped"
     if "timm-compile" in against:
-        fns["timm-compile"] = fn_of(C.compile_model(copy.deepcopy(twin), mode))
+        fns["timm-compile"] = fn_of(C.compile_model(copy.deepcopy(twin), mode, cpp_wrapper=False))
         how["timm-compile"] = "torch.compile" + ("" if train else " with freezing")
         compile_s["timm-compile"] = _first_call_s(fns["timm-compile"], device)
     tmp = None
@@ -389,14 +397,16 @@ def bench_model(
         # compiling measured: remember it for the commands' decisions; vitlab's path is the faster one
         cs = max(0.0, compile_s["vitlab-compiled"] - per_image["vitlab-compiled"] * batch_size)
         unit = batch_size if train else 1  # training records are per step, inference per image
-        C.Measurement(C.record_key(ours, mode=mode, precision=precision, batch_size=batch_size, device=device),
+        extra = f"-pieces{pieces}" if pieces < batch_size else ""  # as InferenceRunner keys it
+        C.Measurement(C.record_key(ours, mode=mode, precision=precision, batch_size=batch_size, device=device,
+                                   extra=extra),
                       uncompiled=[per_image["vitlab"] * unit], compiled=[per_image["vitlab-compiled"] * unit],
                       compile_s=cs).save(calibration())
         compile_s["vitlab"] = cs
         compile_s["vitlab-saved"] = per_image["vitlab"] - per_image["vitlab-compiled"]
         if fast_path == "compile" or per_image["vitlab-compiled"] < per_image["vitlab"]:
             times["vitlab"] = times["vitlab-compiled"]
-            how["vitlab"] = (f"compiled (torch.compile{'' if train else ' with freezing'}); uncompiled "
+            how["vitlab"] = (f"compiled (torch.compile{'' if train else ' with freezing, C++ wrapper'}); uncompiled "
                              f"({how['vitlab']}): {per_image['vitlab'] ** -1:.2f} img/s")
         else:
             how["vitlab"] += (f"; not compiled (compiled: {per_image['vitlab-compiled'] ** -1:.2f} img/s after a "

@@ -164,9 +164,11 @@ class Calibration:
         measured = entry.get("seconds") or {}
         return entry["choice"] if not measured or set(measured) == set(names) else None
 
-    def choose(self, key: str, candidates: dict[str, Callable[[], object]], *, repeats: int = 3) -> str:
+    def choose(self, key: str, candidates: dict[str, Callable[[], object]], *, repeats: int = 3,
+               items: dict[str, int] | None = None) -> str:
         """The fastest candidate for `key` (the first one is the default; see `pick`), measured once (and
-        confirmed by a second round when it is not the default; see the module docstring).
+        confirmed by a second round when it is not the default; see the module docstring). `items`: how
+        many items (images) each candidate's call does, when they differ; it is then scored per item.
 
         Measuring holds a lock on the file: processes started together (a pool of training runs) take
         turns, and those after the first read its answer, so every process of a machine makes the same
@@ -179,11 +181,16 @@ class Calibration:
                 self.entries[key] = entry
                 if (known := self.known(key, candidates)) is not None:
                     return known
+            per = items or {}
+
+            def measure() -> dict[str, float]:
+                return {name: s / per.get(name, 1) for name, s in _fastest_repeat(candidates, repeats=repeats).items()}
+
             with torch.no_grad():
-                seconds = _fastest_repeat(candidates, repeats=repeats)
+                seconds = measure()
                 rounds = 1
                 if pick(seconds) != next(iter(candidates)):  # departing from the default: measure once more
-                    again = _fastest_repeat(candidates, repeats=repeats)
+                    again = measure()
                     seconds = {name: min(s, again[name]) for name, s in seconds.items()}
                     rounds = 2
             choice = pick(seconds)

@@ -6,7 +6,9 @@ How a model is compiled (`compile_model`):
   Freezing, what inductor's documentation recommends for CPU inference, turns the weights into
   constants, so inductor packs each Linear weight once (MKL's packed GEMM in fp32, oneDNN's in bf16),
   as `vitlab.speed.cpu_inference` does by hand, and fuses the element-wise work around the products
-  (bias, GELU, residual adds, LayerNorm) into a few C++ loops. It must be the config, not
+  (bias, GELU, residual adds, LayerNorm) into a few C++ loops; with `cpp_wrapper`, the code that calls
+  those kernels and the products is C++ too, not Python (inductor's "C++ wrapper": ViT-S/16 in bf16 at
+  batch 1, ~32 ms a call, ran 1.06x with it on an Intel Xeon). It must be the config, not
   `torch.compile(..., options={"freezing": True})`: dynamo reads the flag when it traces, to hand the
   weights to inductor as constants, and the options reach only inductor. With the options alone (this
   module's way until it was measured) the graph keeps the weights as inputs and nothing is packed;
@@ -50,24 +52,26 @@ MODES = ("inference", "train")
 
 
 class _Frozen:
-    """A compiled inference function, called with inductor's freezing on (see the module docstring)."""
+    """A compiled inference function, called with inductor's freezing on (and its C++ wrapper, unless
+    `cpp_wrapper` is False); see the module docstring."""
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, cpp_wrapper: bool = True):
+        self.fn, self.cpp_wrapper = fn, cpp_wrapper
 
     def __call__(self, *args, **kwargs):
-        with torch._inductor.config.patch(freezing=True):
+        with torch._inductor.config.patch(freezing=True, cpp_wrapper=self.cpp_wrapper):
             return self.fn(*args, **kwargs)
 
 
-def compile_model(fn, mode: str):
+def compile_model(fn, mode: str, *, cpp_wrapper: bool = True):
     """`fn` (a module or a method) compiled for `mode` ("inference", with freezing, or "train"); see the
-    module docstring. Run an inference one under torch.no_grad or torch.inference_mode: freezing
-    applies to graphs without gradients."""
+    module docstring. `cpp_wrapper=False` compiles an inference graph as plain `torch.compile` with
+    freezing does (`vitlab bench`'s compiled-timm peer). Run an inference one under torch.no_grad or
+    torch.inference_mode: freezing applies to graphs without gradients."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}; found {mode!r}")
     compiled = torch.compile(fn, dynamic=False)
-    return _Frozen(compiled) if mode == "inference" else compiled
+    return _Frozen(compiled, cpp_wrapper) if mode == "inference" else compiled
 
 
 def signature(model: nn.Module) -> str:
@@ -81,7 +85,7 @@ def record_key(model: nn.Module, *, mode: str, precision: str, batch_size: int, 
                extra: str = "") -> str:
     """The calibration key of a compile measurement: what was compiled, how, and on what."""
     where = threads_tag() if torch.device(device).type == "cpu" else str(device)
-    frozen = "-frozen" if mode == "inference" else ""  # records of the unfrozen compiles of before are not read
+    frozen = "-frozen-cpp" if mode == "inference" else ""  # records of the compiles of before are not read
     return f"compile/{mode}{frozen}/{signature(model)}{extra}/{precision}/b{batch_size}/{where}"
 
 

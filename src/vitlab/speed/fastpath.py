@@ -4,7 +4,8 @@
 
     auto      (default) the kernels measured fastest here (`vitlab.speed.calibration`): packed Linear
               weights for inference where they pay, the faster library per training product, the faster
-              attention kernel; and torch.compile where the run repays the compile
+              attention kernel, a batch run a few images at a time where that is faster
+              (`vitlab.speed.pieces`); and torch.compile where the run repays the compile
               (`vitlab.speed.compiled.decide`)
     compile   always compile (but a run of a single batch)
     eager     the measured kernels, never compile
@@ -32,6 +33,7 @@ from vitlab.speed import compiled as C
 from vitlab.speed import cpu_inference, cpu_training
 from vitlab.speed.attention import choose_attention
 from vitlab.speed.calibration import Calibration, calibration
+from vitlab.speed.pieces import choose_pieces, in_pieces
 
 FAST_PATHS = ("auto", "compile", "eager", "off")
 
@@ -52,10 +54,12 @@ class InferenceRunner:
     `batch_size` (call it like the model, under the caller's autocast; then `finish()`).
 
     - one batch in all: the model as it is (preparing anything would cost more than it saves);
-    - on a CPU, the attention kernel and, per Linear layer, packed or not, as measured here;
+    - on a CPU, how many images of a batch to run at a time (`vitlab.speed.pieces`), the attention
+      kernel and, per Linear layer, packed or not, as measured here;
     - compiled when `decide` says the run repays it: at once if a compile of this model was measured
       here before, else after the first batch, timed uncompiled, shows how long the run will be. The
-      compiled graph takes batches of the first compiled shape; a smaller last batch runs uncompiled.
+      compiled graph takes inputs of the first compiled shape (a batch, or a piece of one); a smaller
+      last batch or piece runs uncompiled.
     """
 
     def __init__(self, model: nn.Module, *, precision: str, batch_size: int, images: int,
@@ -65,6 +69,7 @@ class InferenceRunner:
         self.fast = check_fast_path(fast)
         self.cal = cal or calibration()
         self.batch_size = min(batch_size, max(images, 1))
+        self.pieces = self.batch_size  # images per forward pass (`vitlab.speed.pieces`): the batch unless measured
         self.done = 0
         self.eager: nn.Module = self.model
         self.compiled: C.CompiledModel | None = None
@@ -79,7 +84,13 @@ class InferenceRunner:
                               " (one batch: preparing a faster path would cost more than it saves)"))
             return
         if device.type == "cpu":
-            attention = choose_attention(self.model, precision=precision, batch_size=self.batch_size, cal=self.cal)
+            self.pieces = choose_pieces(self.model, precision=precision, batch_size=self.batch_size, cal=self.cal)
+            if self.pieces < self.batch_size:
+                self.notes.append(f"{self.pieces} images at a time")
+                self.measure.key = C.record_key(model, mode="inference", precision=precision,  # another graph
+                                                batch_size=self.batch_size, device=device,
+                                                extra=f"-pieces{self.pieces}")
+            attention = choose_attention(self.model, precision=precision, batch_size=self.pieces, cal=self.cal)
             if attention:
                 self.notes.append(f"{attention} attention")
         self.decision = C.decide(self.cal, self.measure.key, items=images, uncompiled_s=None,
@@ -91,7 +102,7 @@ class InferenceRunner:
             # packed in a copy: the caller's model stays as it is (and unpacked, in case compiling is chosen
             # after the first batch)
             self.eager = copy.deepcopy(self.model)
-            n = cpu_inference.pack_for_cpu_inference(self.eager, precision, self.batch_size * _tokens(model),
+            n = cpu_inference.pack_for_cpu_inference(self.eager, precision, self.pieces * _tokens(model),
                                                      cal=self.cal)
             self.notes.append(f"{n} of {cpu_inference.linear_count(self.eager)} Linear weights packed")
 
@@ -99,7 +110,7 @@ class InferenceRunner:
         full = x.shape[0] == self.batch_size
         on_graph = self.compiled is not None and full
         t0 = time.perf_counter()
-        out = self.compiled(x, **kwargs) if on_graph else getattr(self.eager, self.method)(x, **kwargs)
+        out = in_pieces(self.compiled if on_graph else getattr(self.eager, self.method), x, self.pieces, **kwargs)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
@@ -129,7 +140,7 @@ class InferenceRunner:
         """The path taken, in one line."""
         if self.decision is None:
             return "; ".join(self.notes)
-        compiled = "compiled (torch.compile, freezing)" if self.compiled is not None else "not compiled"
+        compiled = "compiled (torch.compile, freezing, C++ wrapper)" if self.compiled is not None else "not compiled"
         return "; ".join([f"{compiled}: {self.decision.reason}"] + self.notes)
 
 
@@ -173,7 +184,7 @@ def serving_model(model: nn.Module, *, precision: str, device: torch.device, fas
     cfg = model.cfg
     with torch.inference_mode(), autocast(device, precision):
         compiled(torch.zeros(1, cfg.in_chans, *cfg.img_size, device=device))  # compiles for a batch of one
-    head = "compiled for one image at a time (torch.compile, freezing)"
+    head = "compiled for one image at a time (torch.compile, freezing, C++ wrapper)"
     return _Served(eager, compiled), head + (f"; other batches: {', '.join(notes)}" if notes else "")
 
 
