@@ -593,8 +593,9 @@ def test_a_batch_in_pieces_gives_the_whole_batch_outputs_and_attention():
 
 
 def test_pieces_are_chosen_per_image_by_measurement_and_remembered(tmp_path):
-    """The size is measured on one block at each candidate (the batch first, the default), scored per image, kept
-    in the calibration and read back; a model that is not a ViT, or a batch of one, runs whole batches."""
+    """The size is measured on the model at each candidate (the batch first, the default), scored per image, kept
+    in the calibration and read back; a run too short to repay the measurement, a model that is not a ViT, or a
+    batch of one, runs whole batches."""
     cal = Calibration(tmp_path / "cal.json")
     # scoring per item: the default does 4 items in 40 ms (10 ms each), the other 1 in 20 ms: the default stays,
     # where per call (20 < 40 ms) the other would win
@@ -603,10 +604,13 @@ def test_pieces_are_chosen_per_image_by_measurement_and_remembered(tmp_path):
                       items={"4": 4, "1": 1}) == "4"
     assert cal.get("per-item")["seconds"]["4"] == pytest.approx(0.01, rel=0.5)
     model = _small_model().eval()
-    size = pieces.choose_pieces(model, precision="fp32", batch_size=8, cal=cal)
+    short = pieces.measuring_cost(8) * 10 - 1  # a run too short to repay measuring: whole batches, nothing kept
+    assert pieces.choose_pieces(model, precision="fp32", batch_size=8, cal=cal, images=short) == 8
+    assert not any(k.startswith("infer-pieces/") for k in cal.entries)
+    size = pieces.choose_pieces(model, precision="fp32", batch_size=8, cal=cal, images=short + 1)
     (key, entry), = [(k, e) for k, e in cal.entries.items() if k.startswith("infer-pieces/")]
     assert size == int(entry["choice"]) and set(entry["seconds"]) == {"8", "4", "2", "1"}
-    assert key == "infer-pieces/fp32/t1/b8xn17xd64xh4xm256"
+    assert key == f"infer-pieces/{compiled.signature(model)}/fp32/t1/b8"
     cal.put(key, {"choice": "2", "seconds": {"8": 1.0, "4": 1.0, "2": 0.5, "1": 1.0}})
     assert pieces.choose_pieces(model, precision="fp32", batch_size=8, cal=cal) == 2  # remembered, not measured
     assert pieces.choose_pieces(model, precision="fp32", batch_size=1, cal=cal) == 1

@@ -118,15 +118,14 @@ def _gelu_after(parent: nn.Module, name: str) -> str | None:
 
 
 def pack_for_cpu_inference(model: nn.Module, precision: str = "fp32", rows: int | None = None, *,
-                           measure: bool = True, cal: Calibration | None = None, choose_at: int | None = None) -> int:
+                           measure: bool = True, cal: Calibration | None = None) -> int:
     """Replace (in place) each nn.Linear of `model` by a PackedLinear (oneDNN's or MKL's) where that is
     faster on this machine at `rows` rows per product (batch x tokens), and put `model` in eval mode. A
     ViT MLP's first layer packed for oneDNN takes its GELU into the same kernel (its `act` becomes an
     Identity). Returns how many Linear layers were packed. Run a bf16-packed model under bf16 autocast, as before.
 
     `measure=False` packs every Linear for oneDNN without asking (the product's layout is then chosen by
-    oneDNN for `rows`, or for any rows if None). `choose_at`: each layer's kind is the one measured at this
-    many rows instead (packed for `rows` all the same). `cal`: the measurements to use (default: this machine's).
+    oneDNN for `rows`, or for any rows if None). `cal`: the measurements to use (default: this machine's).
     Raises if oneDNN cannot do it here (check `supported()` first).
     """
     if not supported(precision):
@@ -141,7 +140,7 @@ def pack_for_cpu_inference(model: nn.Module, precision: str = "fp32", rows: int 
             if type(child) is not nn.Linear:
                 continue
             gelu = _gelu_after(parent, name)
-            kind = fastest_product(child, precision, choose_at or rows, cal, gelu) if measure else "packed"
+            kind = fastest_product(child, precision, rows, cal, gelu) if measure else "packed"
             if kind == "packed-mkl":
                 setattr(parent, name, PackedLinear(child, DTYPES[precision], rows, library="mkl"))
             elif kind == "packed":

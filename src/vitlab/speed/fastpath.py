@@ -84,7 +84,8 @@ class InferenceRunner:
                               " (one batch: preparing a faster path would cost more than it saves)"))
             return
         if device.type == "cpu":
-            self.pieces = choose_pieces(self.model, precision=precision, batch_size=self.batch_size, cal=self.cal)
+            self.pieces = choose_pieces(self.model, precision=precision, batch_size=self.batch_size, cal=self.cal,
+                                        images=images)
             if self.pieces < self.batch_size:
                 self.notes.append(f"{self.pieces} images at a time")
                 self.measure.key = C.record_key(model, mode="inference", precision=precision,  # another graph

@@ -10,9 +10,13 @@ batch's to float rounding (tested: 1e-5 in fp32).
 On an Intel Xeon with AMX (one thread, 32 images, torch 2.14), pieces of 4 ran ViT-S/16 1.13x and
 ViT-B/16 1.11x faster than the whole batch in fp32, compiled with freezing, and ViT-S/16 1.24x on
 the packed uncompiled model; in bf16, pieces of 8-16 ran ViT-S/16 1.03-1.11x. How much, and at what
-size, depends on the CPU's caches and kernels, so the size is measured here (`choose_pieces`): one
-encoder block at each candidate size (the batch itself, the default, and the powers of two below it),
-scored per image, once per shape, precision and thread count (`vitlab.speed.calibration`).
+size, depends on the CPU's caches and kernels, so the size is measured here (`choose_pieces`): the
+model's forward pass at each candidate size (the batch itself, the default, and the powers of two
+below it), scored per image, once per model, precision, batch and thread count
+(`vitlab.speed.calibration`). One encoder block timed alone does not tell: with its few MB of weights
+and activations warm in a large cache, it found the whole batch as fast for ViT-B/16 in fp32, where
+the whole model ran pieces of 4-8 1.11x faster. Nor does a copy whose weights are packed for the whole
+batch's rows (MKL's packed GEMM takes the row count): it favours the whole batch.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from vitlab.models.vit import VisionTransformer
 from vitlab.runtime import autocast
 from vitlab.speed import cpu_inference
 from vitlab.speed.calibration import Calibration, calibration, threads_tag
+from vitlab.speed.compiled import FIRST_COMPILE_SHARE, signature
 
 
 def _cat(outputs: list):
@@ -57,43 +62,49 @@ def candidate_sizes(batch_size: int) -> list[int]:
     return [batch_size] + powers[::-1]
 
 
-def choose_pieces(model: nn.Module, *, precision: str, batch_size: int, cal: Calibration | None = None) -> int:
+def measuring_cost(batch_size: int) -> int:
+    """The most images `choose_pieces` runs to measure: two rounds of a warm-up and three repeats, over
+    every candidate size."""
+    return 2 * 4 * sum(candidate_sizes(batch_size))
+
+
+def choose_pieces(model: nn.Module, *, precision: str, batch_size: int, cal: Calibration | None = None,
+                  images: int | None = None) -> int:
     """How many images of a batch of `batch_size` to run through `model` at a time for inference on this
-    CPU: the batch itself unless fewer measured faster here (see the module docstring). The block is timed
-    as the model will run it: with the model's attention kernel, and its Linear weights packed (each of the
-    kind measured fastest at the whole batch's rows). A model that is not a ViT on the CPU runs whole
-    batches."""
+    CPU: the batch itself unless fewer measured faster here (see the module docstring). Measured on a copy
+    of the model with its attention kernel and its Linear weights packed (by oneDNN, in a layout for any
+    number of rows, so that no size is favoured by the weights' layout), a forward pass of random images
+    at each size, scored per image; the answer is kept.
+
+    `images`: the run's length. A size never measured here is measured only when that costs at most
+    `FIRST_COMPILE_SHARE` of the run (`measuring_cost`); a shorter run takes whole batches. A model that is
+    not a ViT on the CPU runs whole batches."""
     if (not isinstance(model, VisionTransformer) or batch_size <= 1
             or next(model.parameters()).device.type != "cpu"):
         return batch_size
     cal = cal or calibration()
     c = model.cfg
-    tokens = c.num_patches + c.num_prefix_tokens
     sizes = candidate_sizes(batch_size)
-    key = (f"infer-pieces/{precision}/{threads_tag()}/b{batch_size}xn{tokens}xd{c.dim}xh{c.heads}"
-           f"xm{c.hidden_dim}")
+    key = f"infer-pieces/{signature(model)}/{precision}/{threads_tag()}/b{batch_size}"
     names = [str(s) for s in sizes]
     known = cal.known(key, names)
     if known is not None:
         return int(known)
-    block = copy.deepcopy(model.blocks[0]).eval()
-    generator = torch.Generator().manual_seed(0)
-    candidates = {}
-    for size in sizes:
-        piece = copy.deepcopy(block)
-        if cpu_inference.supported(precision):
-            # each Linear of the kind measured fastest at the batch's rows (a measurement the whole batch
-            # needs anyway), packed for the piece's: one measurement per layer, not one per candidate
-            cpu_inference.pack_for_cpu_inference(piece, precision, size * tokens, cal=cal,
-                                                 choose_at=batch_size * tokens)
-        z = torch.randn(size, tokens, c.dim, generator=generator)  # (size, p+N, D)
+    if images is not None and images * FIRST_COMPILE_SHARE < measuring_cost(batch_size):
+        return batch_size
+    measured = copy.deepcopy(model).eval()
+    if cpu_inference.supported(precision):  # packed for any row count: no size favoured by the weights' layout
+        cpu_inference.pack_for_cpu_inference(measured, precision, measure=False)
+    x = torch.randn(batch_size, c.in_chans, *c.img_size, generator=torch.Generator().manual_seed(0))
 
-        def run(piece=piece, z=z) -> None:
+    def run(size: int):  # one piece of `size` images, scored per image
+        def fn() -> None:
             with torch.inference_mode(), autocast(torch.device("cpu"), precision):
-                piece(z)
+                measured(x[:size])
 
-        candidates[str(size)] = run
-    return int(cal.choose(key, candidates, items=dict(zip(names, sizes))))
+        return fn
+
+    return int(cal.choose(key, {name: run(size) for name, size in zip(names, sizes)}, items=dict(zip(names, sizes))))
 
 
-__all__ = ["choose_pieces", "in_pieces", "candidate_sizes"]
+__all__ = ["choose_pieces", "in_pieces", "candidate_sizes", "measuring_cost"]
