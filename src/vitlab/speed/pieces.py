@@ -72,7 +72,7 @@ def choose_pieces(model: nn.Module, *, precision: str, batch_size: int, cal: Cal
                   images: int | None = None) -> int:
     """How many images of a batch of `batch_size` to run through `model` at a time for inference on this
     CPU: the batch itself unless fewer measured faster here (see the module docstring). Measured on a copy
-    of the model with its attention kernel and its Linear weights packed (by oneDNN, in a layout for any
+    of the model with the attention kernel it has now and its Linear weights packed (by oneDNN, for any
     number of rows, so that no size is favoured by the weights' layout), a forward pass of random images
     at each size, scored per image; the answer is kept.
 
