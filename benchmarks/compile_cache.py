@@ -3,7 +3,9 @@
 Two fresh processes in turn compile the same model as vitlab compiles it (`vitlab.speed.compiled`:
 freezing for inference, none for training) into one new, empty inductor cache folder; each prints the
 wall seconds of its first call (the compile, and one call), of a second call, and inductor's and
-AOTAutograd's cache counters (a hit means the kernels were loaded, not generated and built).
+AOTAutograd's cache counters (a hit means the graph was loaded, not generated and built; a frozen
+inference graph is never a hit: its packed weights do not pickle, so inductor bypasses the FX graph
+cache, and the second process reuses only the C++ kernels already built on disk).
 
     python benchmarks/compile_cache.py --model vit_small_patch16_224 --batch-size 32 --precision fp32
     python benchmarks/compile_cache.py --model vit_small_patch16_224 --batch-size 32 --train

@@ -634,8 +634,9 @@ def test_inference_compile_freezes_the_weights():
     """`compile_model(..., "inference")` freezes for real: inductor gets the weights as constants and packs each
     Linear weight (with torch.compile's options={"freezing": True} alone it packs none: dynamo never sees the
     flag), and the code that calls the kernels is inductor's C++ wrapper, not Python (`cpp_wrapper=False`, the
-    bench's compiled-timm peer: Python). The graph is not read from inductor's FX graph cache, so that the
-    packing happens here and is counted (its compiled kernels may come from the disk cache)."""
+    bench's compiled-timm peer: Python). The FX graph cache is off, so that the packing happens here and is
+    counted even in a torch that learns to cache frozen graphs (2.14 bypasses it for them: packed weights do
+    not pickle); its compiled kernels may come from the disk cache."""
     from torch._dynamo.utils import counters
     from torch._inductor.utils import run_and_get_code
 
