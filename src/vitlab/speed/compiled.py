@@ -8,7 +8,8 @@ How a model is compiled (`compile_model`):
   as `vitlab.speed.cpu_inference` does by hand, and fuses the element-wise work around the products
   (bias, GELU, residual adds, LayerNorm) into a few C++ loops; with `cpp_wrapper`, the code that calls
   those kernels and the products is C++ too, not Python (inductor's "C++ wrapper": ViT-S/16 at batch 1
-  ran 1.04x in bf16, ~20 ms a call, and 1.02x in fp32 with it, on an Intel Xeon). It must be the config, not
+  ran 1.02-1.06x with it on an Intel Xeon, a gain near the noise; `benchmarks/compiled_variants.py`).
+  It must be the config, not
   `torch.compile(..., options={"freezing": True})`: dynamo reads the flag when it traces, to hand the
   weights to inductor as constants, and the options reach only inductor. With the options alone (this
   module's way until it was measured) the graph keeps the weights as inputs and nothing is packed;

@@ -7,16 +7,20 @@ its input from there. Run in pieces of a few images, the same layers work on a f
 the cache. Each image meets the same products on the same weights, so the outputs are the whole
 batch's to float rounding (tested: 1e-5 in fp32).
 
-On an Intel Xeon with AMX (one thread, 32 images, torch 2.14), pieces of 4 ran ViT-S/16 1.13x and
-ViT-B/16 1.11x faster than the whole batch in fp32, compiled with freezing, and ViT-S/16 1.24x on
-the packed uncompiled model; in bf16, pieces of 8-16 ran ViT-S/16 1.03-1.11x. How much, and at what
+On an Intel Xeon with AMX (one thread, 32 images, torch 2.14), pieces of 4 ran ViT-S/16 1.11-1.17x
+and ViT-B/16 1.09x faster than the whole batch in fp32, compiled with freezing
+(`benchmarks/compiled_variants.py`), and ViT-S/16 1.24x on the packed uncompiled model (each piece size
+packed for its rows); in bf16, pieces of 8-16 ran ViT-S/16 1.03-1.11x. How much, and at what
 size, depends on the CPU's caches and kernels, so the size is measured here (`choose_pieces`): the
 model's forward pass at each candidate size (the batch itself, the default, and the powers of two
 below it), scored per image, once per model, precision, batch and thread count
 (`vitlab.speed.calibration`). One encoder block timed alone does not tell: with its few MB of weights
 and activations warm in a large cache, it found the whole batch as fast for ViT-B/16 in fp32, where
-the whole model ran pieces of 4-8 1.11x faster. Nor does a copy whose weights are packed for the whole
-batch's rows (MKL's packed GEMM takes the row count): it favours the whole batch.
+the whole model ran pieces of 4-8 1.09x faster. Nor does a copy whose weights are packed for the whole
+batch's rows (MKL's packed GEMM takes the row count): it favours the whole batch. The measurement here,
+on the uncompiled model, still sees smaller gains than the compiled graph gets (2-5% for ViT-S/16
+fp32, within its noise, where the compiled graph gained 1.17x), so it can keep the whole batch where
+pieces would pay; measuring on the compiled graph would cost a compile per candidate.
 """
 
 from __future__ import annotations
