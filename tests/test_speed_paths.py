@@ -678,8 +678,8 @@ def test_compiled_inference_equals_eager_and_its_compile_is_remembered(tmp_path)
     cal.put(runner.measure.key, {"compile_s": 1.0, "compiled_s": 1e-3, "uncompiled_s": 1.0})
     again = fastpath.InferenceRunner(model, precision="fp32", batch_size=2, images=9, device=torch.device("cpu"),
                                      cal=cal)
-    assert again.compiled is not None and again.describe().startswith("compiled (torch.compile, freezing, C++ wrapper): "
-                                                                      "measured here")
+    assert again.compiled is not None
+    assert again.describe().startswith("compiled (torch.compile, freezing, C++ wrapper): measured here")
     cal.put(runner.measure.key, {"compile_s": 1.0, "compiled_s": 1.0, "uncompiled_s": 1e-3})
     assert fastpath.InferenceRunner(model, precision="fp32", batch_size=2, images=9, device=torch.device("cpu"),
                                     cal=cal).compiled is None  # measured slower here: not compiled

@@ -397,9 +397,8 @@ def bench_model(
         # compiling measured: remember it for the commands' decisions; vitlab's path is the faster one
         cs = max(0.0, compile_s["vitlab-compiled"] - per_image["vitlab-compiled"] * batch_size)
         unit = batch_size if train else 1  # training records are per step, inference per image
-        extra = f"-pieces{pieces}" if pieces < batch_size else ""  # as InferenceRunner keys it
         C.Measurement(C.record_key(ours, mode=mode, precision=precision, batch_size=batch_size, device=device,
-                                   extra=extra),
+                                   pieces=pieces),
                       uncompiled=[per_image["vitlab"] * unit], compiled=[per_image["vitlab-compiled"] * unit],
                       compile_s=cs).save(calibration())
         compile_s["vitlab"] = cs

@@ -87,8 +87,11 @@ def signature(model: nn.Module) -> str:
 
 
 def record_key(model: nn.Module, *, mode: str, precision: str, batch_size: int, device: torch.device | str = "cpu",
-               extra: str = "") -> str:
-    """The calibration key of a compile measurement: what was compiled, how, and on what."""
+               extra: str = "", pieces: int | None = None) -> str:
+    """The calibration key of a compile measurement: what was compiled, how, and on what (`pieces`: the
+    images per forward pass of a batch run in pieces, `vitlab.speed.pieces`; another graph)."""
+    if pieces is not None and pieces < batch_size:
+        extra += f"-pieces{pieces}"
     where = threads_tag() if torch.device(device).type == "cpu" else str(device)
     frozen = "-frozen-cpp" if mode == "inference" else ""  # records of the compiles of before are not read
     return f"compile/{mode}{frozen}/{signature(model)}{extra}/{precision}/b{batch_size}/{where}"

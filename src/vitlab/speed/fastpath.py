@@ -89,8 +89,7 @@ class InferenceRunner:
             if self.pieces < self.batch_size:
                 self.notes.append(f"{self.pieces} images at a time")
                 self.measure.key = C.record_key(model, mode="inference", precision=precision,  # another graph
-                                                batch_size=self.batch_size, device=device,
-                                                extra=f"-pieces{self.pieces}")
+                                                batch_size=self.batch_size, device=device, pieces=self.pieces)
             attention = choose_attention(self.model, precision=precision, batch_size=self.pieces, cal=self.cal)
             if attention:
                 self.notes.append(f"{attention} attention")
