@@ -44,6 +44,7 @@ import hashlib
 import json
 import statistics
 import time
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -68,14 +69,32 @@ class _Frozen:
             return self.fn(*args, **kwargs)
 
 
+def _own_code(method):
+    """`method` (a bound method) running a copy of its function's code object.
+
+    Dynamo keeps the graphs it compiles on the code object it traced, so every compile of one model
+    class (every `VisionTransformer.forward`) shares that code's cache, and after `cache_size_limit` of
+    them (8) it stops compiling that code and runs it uncompiled, without an error: the ninth ViT
+    compiled in one process (a `vitlab bench` table of more than eight rows, the runs of `vitlab
+    reproduce`) ran as it was built (measured, torch 2.14: a "compile" of 0.1 s). A code object of its
+    own gives each compiled model a cache of its own (the cause: pytorch/pytorch#104095). Not for torch.nn's
+    own classes (an `nn.Sequential`): dynamo calls those through a function of its own, whose cache they
+    all share still."""
+    f = method.__func__
+    own = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    own.__kwdefaults__, own.__qualname__ = f.__kwdefaults__, f.__qualname__
+    return types.MethodType(own, method.__self__)
+
+
 def compile_model(fn, mode: str, *, cpp_wrapper: bool = True):
     """`fn` (a module or a method) compiled for `mode` ("inference", with freezing, or "train"); see the
-    module docstring. `cpp_wrapper=False` compiles an inference graph as plain `torch.compile` with
-    freezing does (`vitlab bench`'s compiled-timm peer). Run an inference one under torch.no_grad or
-    torch.inference_mode: freezing applies to graphs without gradients."""
+    module docstring. A module is compiled through its `forward`, on a code object of its own
+    (`_own_code`); its hooks are not run. `cpp_wrapper=False` compiles an inference graph as plain
+    `torch.compile` with freezing does (`vitlab bench`'s compiled-timm peer). Run an inference one under
+    torch.no_grad or torch.inference_mode: freezing applies to graphs without gradients."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}; found {mode!r}")
-    compiled = torch.compile(fn, dynamic=False)
+    compiled = torch.compile(_own_code(fn.forward if isinstance(fn, nn.Module) else fn), dynamic=False)
     return _Frozen(compiled, cpp_wrapper) if mode == "inference" else compiled
 
 
