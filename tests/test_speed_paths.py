@@ -628,6 +628,65 @@ def test_pieces_are_chosen_per_image_by_measurement_and_remembered(tmp_path):
     assert key.startswith("compile/inference-frozen-cpp/VisionTransformer-") and "-pieces2/fp32/b8/" in key
 
 
+def test_compiled_piece_size_is_measured_on_the_graph_by_halving_and_a_compiling_run_takes_it(tmp_path):
+    """`choose_compiled_pieces` (what `vitlab bench` runs on its compiled model): the batch, then halves while
+    a half is faster per image; each size's first call (its compile) is timed; the answer is kept and read
+    back without calling the graph. A run that compiles takes that size when its compile record says
+    compiling pays; one that does not compile keeps the size measured uncompiled. Here a stand-in for the
+    compiled graph sleeps 1.0, 0.6 and 0.8 ms per image at pieces of 8, 4 and 2."""
+    cal = Calibration(tmp_path / "cal.json")
+    model = _small_model().eval()
+    per_image = {8: 1.0e-3, 4: 0.6e-3, 2: 0.8e-3, 1: 0.5e-3}  # 1 would be fastest, but 2 stops the halving
+    calls = []
+
+    def graph(x):
+        calls.append(len(x))
+        time.sleep(per_image[len(x)] * len(x))
+
+    size, first = pieces.choose_compiled_pieces(graph, model, precision="fp32", batch_size=8, cal=cal)
+    assert size == 4 and set(calls) == {8, 4, 2} and set(first) == {8, 4, 2}
+    assert first[8] == pytest.approx(8e-3, rel=0.5)
+    assert pieces.known_compiled_pieces(model, precision="fp32", batch_size=8, cal=cal) == 4
+    calls.clear()
+    assert pieces.choose_compiled_pieces(graph, model, precision="fp32", batch_size=8, cal=cal) == (4, {})
+    assert calls == []
+    cal.put(f"infer-pieces/{compiled.signature(model)}/fp32/t1/b8", {"choice": "8", "seconds": {}})
+    key = compiled.record_key(model, mode="inference", precision="fp32", batch_size=8, pieces=4)
+    cal.put(key, {"compile_s": 1e-3, "compiled_s": 1e-4, "uncompiled_s": 1.0})
+    runner = fastpath.InferenceRunner(model, precision="fp32", batch_size=8, images=64, device=torch.device("cpu"),
+                                      cal=cal)
+    assert runner.compiled is not None and runner.pieces == 4 and runner.measure.key == key
+    assert "4 images at a time" in runner.describe()
+    eager = fastpath.InferenceRunner(model, precision="fp32", batch_size=8, images=64, device=torch.device("cpu"),
+                                     fast="eager", cal=cal)
+    assert eager.compiled is None and eager.pieces == 8
+
+
+def test_every_compile_has_a_graph_cache_of_its_own():
+    """Dynamo keeps compiled graphs on the traced code object and stops compiling one that has
+    `cache_size_limit` of them, running it uncompiled without a word; `compile_model` gives each model a code
+    object of its own, so models compiled past the limit (here 1) are compiled, and each gives its own outputs."""
+    from torch._dynamo.utils import counters
+
+    class MLP(torch.nn.Module):  # a model class of one's own (dynamo wraps torch.nn's own forwards in its own
+        def __init__(self):  # function, whose cache all of them share)
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(32, 16), torch.nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.fc2(F.gelu(self.fc1(x)))
+
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch._dynamo.config.patch(cache_size_limit=1):
+        for seed in range(3):
+            torch.manual_seed(seed)
+            mlp = MLP().eval()
+            torch.testing.assert_close(compiled.compile_model(mlp, "inference")(x), mlp(x), rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 3
+
+
 @pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()),
                     reason="inductor packs fp32 Linear weights with oneDNN and MKL; this torch build lacks one")
 def test_inference_compile_freezes_the_weights():

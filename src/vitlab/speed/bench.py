@@ -59,7 +59,7 @@ from vitlab.speed import cpu_inference
 from vitlab.speed.attention import choose_attention
 from vitlab.speed.calibration import calibration, cpu_model
 from vitlab.speed.fastpath import check_fast_path, prepare_training
-from vitlab.speed.pieces import choose_pieces, in_pieces
+from vitlab.speed.pieces import choose_compiled_pieces, choose_pieces, in_pieces
 from vitlab.train.optim import build_optimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -350,19 +350,30 @@ def bench_model(
             said.append(f"{n}/{cpu_inference.linear_count(eager)} Linear weights packed")
         how["vitlab"] = ", ".join(said) or "as built"
 
-    def vitlab_fn(model: Callable) -> Callable[[], None]:
-        return fn_of(model if pieces == batch_size else lambda x: in_pieces(model, x, pieces))
+    def vitlab_fn(model: Callable, size: int) -> Callable[[], None]:
+        return fn_of(model if size == batch_size else lambda x: in_pieces(model, x, size))
 
-    fns["vitlab"] = vitlab_fn(eager)
+    fns["vitlab"] = vitlab_fn(eager, pieces)
     vitlab_compiled = fast_path in ("auto", "compile") and "timm-compile" in against or fast_path == "compile"
+    compiled_pieces = batch_size  # images per call of the compiled graph, measured on it
     if vitlab_compiled:
         base = copy.deepcopy(ours).train(train)
         if train:
             prepare_training(base, precision=precision, batch_size=batch_size)
         else:
             base.set_fused_attention(all(b.attn.fused for b in eager.blocks))
-        fns["vitlab-compiled"] = vitlab_fn(C.compile_model(base, mode))
-        compile_s["vitlab-compiled"] = _first_call_s(fns["vitlab-compiled"], device)
+        compiled = C.compile_model(base, mode)
+        first_calls = {}
+        if not train and fast_path != "off" and device.type == "cpu" and batch_size > 1:
+            compiled_pieces, first_calls = choose_compiled_pieces(compiled, base, precision=precision,
+                                                                  batch_size=batch_size)
+        fns["vitlab-compiled"] = vitlab_fn(compiled, compiled_pieces)
+        if compiled_pieces in first_calls:  # compiled while its size was measured: the compile and one piece
+            compile_s["vitlab-compiled"] = first_calls[compiled_pieces]
+            first_images = compiled_pieces
+        else:
+            compile_s["vitlab-compiled"] = _first_call_s(fns["vitlab-compiled"], device)
+            first_images = batch_size
 
     # the peers
     twin = timm_twin(ours).train(train) if any(p.startswith("timm") for p in against) else None
@@ -395,18 +406,20 @@ def bench_model(
 
     if "vitlab-compiled" in times:
         # compiling measured: remember it for the commands' decisions; vitlab's path is the faster one
-        cs = max(0.0, compile_s["vitlab-compiled"] - per_image["vitlab-compiled"] * batch_size)
+        cs = max(0.0, compile_s["vitlab-compiled"] - per_image["vitlab-compiled"] * first_images)
         unit = batch_size if train else 1  # training records are per step, inference per image
         C.Measurement(C.record_key(ours, mode=mode, precision=precision, batch_size=batch_size, device=device,
-                                   pieces=pieces),
+                                   pieces=compiled_pieces),
                       uncompiled=[per_image["vitlab"] * unit], compiled=[per_image["vitlab-compiled"] * unit],
                       compile_s=cs).save(calibration())
         compile_s["vitlab"] = cs
         compile_s["vitlab-saved"] = per_image["vitlab"] - per_image["vitlab-compiled"]
         if fast_path == "compile" or per_image["vitlab-compiled"] < per_image["vitlab"]:
             times["vitlab"] = times["vitlab-compiled"]
-            how["vitlab"] = (f"compiled (torch.compile{'' if train else ' with freezing, C++ wrapper'}); uncompiled "
-                             f"({how['vitlab']}): {per_image['vitlab'] ** -1:.2f} img/s")
+            how_compiled = "torch.compile" + ("" if train else ", freezing, C++ wrapper") + (
+                f", {compiled_pieces} images at a time" if compiled_pieces < batch_size else "")
+            how["vitlab"] = (f"compiled ({how_compiled}); uncompiled ({how['vitlab']}): "
+                             f"{per_image['vitlab'] ** -1:.2f} img/s")
         else:
             how["vitlab"] += (f"; not compiled (compiled: {per_image['vitlab-compiled'] ** -1:.2f} img/s after a "
                               f"{cs:.0f} s compile)")

@@ -119,6 +119,24 @@ def pick(seconds: dict[str, float]) -> str:
     return best if seconds[best] < (1 - MARGIN) * seconds[default] else default
 
 
+def measure(candidates: dict[str, Callable[[], object]], *, repeats: int = 3,
+            items: dict[str, int] | None = None) -> dict:
+    """The candidates timed (`_fastest_repeat`, per item when `items` says how many each call does) and the
+    one to use (`pick`), confirmed by a second round when it is not the first, the default (see the module
+    docstring): {"choice": name, "seconds": {name: s}, "rounds": 1 or 2}."""
+    per = items or {}
+
+    def once() -> dict[str, float]:
+        return {name: s / per.get(name, 1) for name, s in _fastest_repeat(candidates, repeats=repeats).items()}
+
+    with torch.no_grad():
+        seconds, rounds = once(), 1
+        if pick(seconds) != next(iter(candidates)):  # departing from the default: measure once more
+            again = once()
+            seconds, rounds = {name: min(s, again[name]) for name, s in seconds.items()}, 2
+    return {"choice": pick(seconds), "seconds": seconds, "rounds": rounds}
+
+
 class Calibration:
     """The measured choices of one machine, backed by a JSON file (see the module docstring).
 
@@ -181,21 +199,9 @@ class Calibration:
                 self.entries[key] = entry
                 if (known := self.known(key, candidates)) is not None:
                     return known
-            per = items or {}
-
-            def measure() -> dict[str, float]:
-                return {name: s / per.get(name, 1) for name, s in _fastest_repeat(candidates, repeats=repeats).items()}
-
-            with torch.no_grad():
-                seconds = measure()
-                rounds = 1
-                if pick(seconds) != next(iter(candidates)):  # departing from the default: measure once more
-                    again = measure()
-                    seconds = {name: min(s, again[name]) for name, s in seconds.items()}
-                    rounds = 2
-            choice = pick(seconds)
-            self.put(key, {"choice": choice, "seconds": seconds, "rounds": rounds})
-        return choice
+            entry = measure(candidates, repeats=repeats, items=items)
+            self.put(key, entry)
+        return entry["choice"]
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -249,4 +255,5 @@ def threads_tag() -> str:
     return f"t{torch.get_num_threads()}"
 
 
-__all__ = ["Calibration", "calibration", "cache_file", "cache_root", "cpu_model", "machine_key", "pick", "MARGIN"]
+__all__ = ["Calibration", "calibration", "measure", "cache_file", "cache_root", "cpu_model", "machine_key", "pick",
+           "MARGIN"]

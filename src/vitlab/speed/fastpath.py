@@ -33,7 +33,7 @@ from vitlab.speed import compiled as C
 from vitlab.speed import cpu_inference, cpu_training
 from vitlab.speed.attention import choose_attention
 from vitlab.speed.calibration import Calibration, calibration
-from vitlab.speed.pieces import choose_pieces, in_pieces
+from vitlab.speed.pieces import choose_pieces, in_pieces, known_compiled_pieces
 
 FAST_PATHS = ("auto", "compile", "eager", "off")
 
@@ -83,18 +83,26 @@ class InferenceRunner:
             self.notes.append("the model as built" + ("" if fast == "off" else
                               " (one batch: preparing a faster path would cost more than it saves)"))
             return
+        choice = True if fast == "compile" else (False if fast == "eager" else None)
         if device.type == "cpu":
-            self.pieces = choose_pieces(self.model, precision=precision, batch_size=self.batch_size, cal=self.cal,
-                                        images=images)
-            if self.pieces < self.batch_size:
-                self.notes.append(f"{self.pieces} images at a time")
-                self.measure.key = C.record_key(model, mode="inference", precision=precision,  # another graph
-                                                batch_size=self.batch_size, device=device, pieces=self.pieces)
+            self._set_pieces(choose_pieces(self.model, precision=precision, batch_size=self.batch_size, cal=self.cal,
+                                           images=images))
             attention = choose_attention(self.model, precision=precision, batch_size=self.pieces, cal=self.cal)
             if attention:
                 self.notes.append(f"{attention} attention")
-        self.decision = C.decide(self.cal, self.measure.key, items=images, uncompiled_s=None,
-                                 choice=True if fast == "compile" else (False if fast == "eager" else None))
+        self.decision = C.decide(self.cal, self.measure.key, items=images, uncompiled_s=None, choice=choice)
+        # the piece size measured on the compiled graph (by `vitlab bench`), when compiling in it pays
+        on_graph = (known_compiled_pieces(self.model, precision=precision, batch_size=self.batch_size, cal=self.cal)
+                    if device.type == "cpu" and fast != "eager" else None)
+        if on_graph not in (None, self.pieces):
+            key = C.record_key(model, mode="inference", precision=precision, batch_size=self.batch_size,
+                               device=device, pieces=on_graph)
+            decision = C.decide(self.cal, key, items=images, uncompiled_s=None, choice=choice)
+            if decision.compile:
+                self.decision = decision
+                self._set_pieces(on_graph)
+        if self.pieces < self.batch_size:
+            self.notes.insert(0, f"{self.pieces} images at a time")
         self.waiting = fast == "auto" and not self.decision.measured
         if self.decision.compile:
             self.compiled = C.CompiledModel(self.model, mode="inference", method=self.method)
@@ -105,6 +113,11 @@ class InferenceRunner:
             n = cpu_inference.pack_for_cpu_inference(self.eager, precision, self.pieces * _tokens(model),
                                                      cal=self.cal)
             self.notes.append(f"{n} of {cpu_inference.linear_count(self.eager)} Linear weights packed")
+
+    def _set_pieces(self, pieces: int) -> None:
+        self.pieces = pieces
+        self.measure.key = C.record_key(self.model, mode="inference", precision=self.precision,  # its own graph
+                                        batch_size=self.batch_size, device=self.device, pieces=pieces)
 
     def __call__(self, x: torch.Tensor, **kwargs):
         full = x.shape[0] == self.batch_size

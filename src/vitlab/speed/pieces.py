@@ -17,15 +17,20 @@ below it), scored per image, once per model, precision, batch and thread count
 (`vitlab.speed.calibration`). One encoder block timed alone does not tell: with its few MB of weights
 and activations warm in a large cache, it found the whole batch as fast for ViT-B/16 in fp32, where
 the whole model ran pieces of 4-8 1.09x faster. Nor does a copy whose weights are packed for the whole
-batch's rows (MKL's packed GEMM takes the row count): it favours the whole batch. The measurement here,
-on the uncompiled model, still sees smaller gains than the compiled graph gets (2-5% for ViT-S/16
-fp32, within its noise, where the compiled graph gained 1.17x), so it can keep the whole batch where
-pieces would pay; measuring on the compiled graph would cost a compile per candidate.
+batch's rows (MKL's packed GEMM takes the row count): it favours the whole batch.
+
+The uncompiled model gains less from pieces than the compiled graph does (2-5% for ViT-S/16 fp32,
+within the noise of its measurement, where the compiled graph gained 1.17x), so a compiled model's
+piece size is measured on the compiled graph (`choose_compiled_pieces`), at the cost of a compile per
+size tried; `vitlab bench`, which compiles anyway, does that, and a command that compiles uses its
+answer.
 """
 
 from __future__ import annotations
 
 import copy
+import time
+from functools import partial
 from typing import Callable
 
 import torch
@@ -34,7 +39,7 @@ from torch import nn
 from vitlab.models.vit import VisionTransformer
 from vitlab.runtime import autocast
 from vitlab.speed import cpu_inference
-from vitlab.speed.calibration import Calibration, calibration, threads_tag
+from vitlab.speed.calibration import Calibration, calibration, measure, threads_tag
 from vitlab.speed.compiled import FIRST_COMPILE_SHARE, signature
 
 
@@ -111,4 +116,63 @@ def choose_pieces(model: nn.Module, *, precision: str, batch_size: int, cal: Cal
     return int(cal.choose(key, {name: run(size) for name, size in zip(names, sizes)}, items=dict(zip(names, sizes))))
 
 
-__all__ = ["choose_pieces", "in_pieces", "candidate_sizes", "measuring_cost"]
+def _compiled_key(model: nn.Module, precision: str, batch_size: int) -> str:
+    return f"infer-pieces-compiled/{signature(model)}/{precision}/{threads_tag()}/b{batch_size}"
+
+
+def known_compiled_pieces(model: nn.Module, *, precision: str, batch_size: int,
+                          cal: Calibration | None = None) -> int | None:
+    """The piece size `choose_compiled_pieces` measured here for `model`'s compiled graph, or None."""
+    entry = (cal or calibration()).get(_compiled_key(model, precision, batch_size))
+    choice = entry.get("choice") if entry else None
+    return int(choice) if choice in {str(s) for s in candidate_sizes(batch_size)} else None
+
+
+def choose_compiled_pieces(compiled: Callable, model: nn.Module, *, precision: str, batch_size: int,
+                           cal: Calibration | None = None) -> tuple[int, dict[int, float]]:
+    """How many images of a batch of `batch_size` to run at a time through `compiled`, `model` compiled for
+    inference (`vitlab.speed.compiled.compile_model`), measured on the compiled graph itself: the batch,
+    then half of it, and so on while the half runs faster per image (confirmed by a second round;
+    `calibration.measure`). Each size is a graph of its own, compiled here at its first call (tens of
+    seconds each), which is why `vitlab bench`, which compiles anyway, measures this and a command does
+    not; a command that compiles reads the answer (`known_compiled_pieces`).
+
+    Returns the size and, for each size compiled now, the seconds of its first call (the compile and one
+    piece). A size measured here before is returned at once, with nothing compiled."""
+    cal = cal or calibration()
+    key = _compiled_key(model, precision, batch_size)
+    known = known_compiled_pieces(model, precision=precision, batch_size=batch_size, cal=cal)
+    if known is not None:
+        return known, {}
+    c = model.cfg
+    x = torch.randn(batch_size, c.in_chans, *c.img_size, generator=torch.Generator().manual_seed(0))
+
+    def run(size: int) -> None:  # one piece of `size` images
+        with torch.inference_mode(), autocast(torch.device("cpu"), precision):
+            compiled(x[:size])
+
+    first: dict[int, float] = {}
+
+    def compile_at(size: int) -> None:
+        t0 = time.perf_counter()
+        run(size)
+        first[size] = time.perf_counter() - t0
+
+    # at most as many graphs as dynamo keeps for one code object (beyond, it would run uncompiled)
+    sizes = candidate_sizes(batch_size)[:torch._dynamo.config.cache_size_limit]
+    best, seconds = sizes[0], {}
+    compile_at(best)
+    for size in sizes[1:]:
+        compile_at(size)
+        entry = measure({str(best): partial(run, best), str(size): partial(run, size)},
+                        items={str(best): best, str(size): size})
+        seconds.update(entry["seconds"])
+        if entry["choice"] == str(best):
+            break
+        best = size
+    cal.put(key, {"choice": str(best), "seconds": seconds})
+    return best, first
+
+
+__all__ = ["choose_pieces", "choose_compiled_pieces", "known_compiled_pieces", "in_pieces", "candidate_sizes",
+           "measuring_cost"]
