@@ -112,15 +112,15 @@ def _fastest_repeat(fns: dict[str, Callable[[], object]], *, repeats: int, warmu
     return best
 
 
-def pick(seconds: dict[str, float]) -> str:
-    """The candidate to use: the first (the default) unless another is at least MARGIN faster."""
+def pick(seconds: dict[str, float], margin: float = MARGIN) -> str:
+    """The candidate to use: the first (the default) unless another is at least `margin` faster."""
     default = next(iter(seconds))
     best = min(seconds, key=seconds.get)
-    return best if seconds[best] < (1 - MARGIN) * seconds[default] else default
+    return best if seconds[best] < (1 - margin) * seconds[default] else default
 
 
 def measure(candidates: dict[str, Callable[[], object]], *, repeats: int = 3,
-            items: dict[str, int] | None = None) -> dict:
+            items: dict[str, int] | None = None, margin: float = MARGIN) -> dict:
     """The candidates timed (`_fastest_repeat`, per item when `items` says how many each call does) and the
     one to use (`pick`), confirmed by a second round when it is not the first, the default (see the module
     docstring): {"choice": name, "seconds": {name: s}, "rounds": 1 or 2}."""
@@ -131,10 +131,10 @@ def measure(candidates: dict[str, Callable[[], object]], *, repeats: int = 3,
 
     with torch.no_grad():
         seconds, rounds = once(), 1
-        if pick(seconds) != next(iter(candidates)):  # departing from the default: measure once more
+        if pick(seconds, margin) != next(iter(candidates)):  # departing from the default: measure once more
             again = once()
             seconds, rounds = {name: min(s, again[name]) for name, s in seconds.items()}, 2
-    return {"choice": pick(seconds), "seconds": seconds, "rounds": rounds}
+    return {"choice": pick(seconds, margin), "seconds": seconds, "rounds": rounds}
 
 
 class Calibration:
