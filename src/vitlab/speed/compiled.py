@@ -77,9 +77,9 @@ def _own_code(method):
     them (8) it stops compiling that code and runs it uncompiled, without an error: the ninth ViT
     compiled in one process (a `vitlab bench` table of more than eight rows, the runs of `vitlab
     reproduce`) ran as it was built (measured, torch 2.14: a "compile" of 0.1 s). A code object of its
-    own gives each compiled model a cache of its own (the cause: pytorch/pytorch#104095). Not for torch.nn's
-    own classes (an `nn.Sequential`): dynamo calls those through a function of its own, whose cache they
-    all share still."""
+    own gives each compiled model a cache of its own (the cache on the code: pytorch/pytorch#104095).
+    Not for torch.nn's own classes (an `nn.Sequential`): dynamo calls those through a function of its
+    own, whose cache they all share still."""
     f = method.__func__
     own = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
     own.__kwdefaults__, own.__qualname__ = f.__kwdefaults__, f.__qualname__
