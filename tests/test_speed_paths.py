@@ -687,6 +687,21 @@ def test_every_compile_has_a_graph_cache_of_its_own():
     assert counters["stats"]["unique_graphs"] == 3
 
 
+def test_bench_races_the_compiled_training_step_of_each_side(monkeypatch):
+    """`vitlab bench --train --against timm,compile`: a compiled module keeps its parameters (an optimizer is
+    built on it), and the training rows of vitlab, timm and compiled timm come out. The compiler is replaced
+    by the function itself here (a training compile takes a minute); other tests compile for real."""
+    pytest.importorskip("timm")
+    monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: fn)
+    model = _small_model()
+    net = compiled.compile_model(model, "train")
+    assert isinstance(net, torch.nn.Module) and list(net.parameters()) == list(model.parameters())
+    rows = bench.bench_model("vit_mini_x", batch_size=2, mode="train", against=["timm", "timm-compile"],
+                             matmul_flops={"fp32": 1e9, "bf16": 1e9}, warmup=0, repeats=2)
+    assert [r.path for r in rows] == ["vitlab", "timm", "timm-compile"]
+    assert rows[0].compile_s is not None and rows[0].vs_best_peer > 0
+
+
 @pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()),
                     reason="inductor packs fp32 Linear weights with oneDNN and MKL; this torch build lacks one")
 def test_inference_compile_freezes_the_weights():

@@ -86,16 +86,30 @@ def _own_code(method):
     return types.MethodType(own, method.__self__)
 
 
+class _CompiledModule(nn.Module):
+    """`module` whose forward runs its compiled graph: its parameters, `train()` and `eval()` are the
+    module's, as with `torch.compile(module)`, so an optimizer can be built on it."""
+
+    def __init__(self, module: nn.Module, compiled):
+        super().__init__()
+        self.module, self.compiled = module, compiled  # the compiled function is not a module: not registered
+
+    def forward(self, *args, **kwargs):
+        return self.compiled(*args, **kwargs)
+
+
 def compile_model(fn, mode: str, *, cpp_wrapper: bool = True):
     """`fn` (a module or a method) compiled for `mode` ("inference", with freezing, or "train"); see the
     module docstring. A module is compiled through its `forward`, on a code object of its own
-    (`_own_code`); its hooks are not run. `cpp_wrapper=False` compiles an inference graph as plain
-    `torch.compile` with freezing does (`vitlab bench`'s compiled-timm peer). Run an inference one under
-    torch.no_grad or torch.inference_mode: freezing applies to graphs without gradients."""
+    (`_own_code`), and comes back as a module with its parameters; its hooks are not run.
+    `cpp_wrapper=False` compiles an inference graph as plain `torch.compile` with freezing does (`vitlab
+    bench`'s compiled-timm peer). Run an inference one under torch.no_grad or torch.inference_mode:
+    freezing applies to graphs without gradients."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}; found {mode!r}")
     compiled = torch.compile(_own_code(fn.forward if isinstance(fn, nn.Module) else fn), dynamic=False)
-    return _Frozen(compiled, cpp_wrapper) if mode == "inference" else compiled
+    compiled = _Frozen(compiled, cpp_wrapper) if mode == "inference" else compiled
+    return _CompiledModule(fn, compiled) if isinstance(fn, nn.Module) else compiled
 
 
 def signature(model: nn.Module) -> str:
@@ -123,7 +137,7 @@ class CompiledModel(nn.Module):
     def __init__(self, model: nn.Module, *, mode: str, method: str = "forward"):
         super().__init__()
         self.model, self.method = model, method
-        self.compiled = compile_model(model if method == "forward" else getattr(model, method), mode)
+        self.compiled = compile_model(getattr(model, method), mode)  # a function: `model` is registered once
         self.shape: torch.Size | None = None
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
