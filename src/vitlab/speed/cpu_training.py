@@ -101,7 +101,7 @@ def eligible(x: torch.Tensor, linear: nn.Linear) -> bool:
 class TrainingLinear(nn.Linear):
     """An nn.Linear whose fp32 training products on CPU each take the library measured faster here."""
 
-    calibration: Calibration | None = None  # set by use_onednn_linears; None: this machine's file
+    calibration: Calibration | None = None  # set by use_onednn_linears (None: found on each call)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if eligible(x, self):
@@ -125,7 +125,7 @@ def use_onednn_linears(model: nn.Module, cal: Calibration | None = None) -> int:
             if type(child) is nn.Linear:
                 new = TrainingLinear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
                 new.weight, new.bias = child.weight, child.bias  # the same Parameter objects
-                new.calibration = cal
+                new.calibration = cal or calibration()  # found once: not on every call
                 new.train(child.training)
                 setattr(parent, name, new)
                 swapped += 1
