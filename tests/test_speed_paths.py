@@ -322,6 +322,63 @@ def test_a_training_linear_finds_its_calibration_once_not_on_every_call(monkeypa
     assert calibration.cpu_model() is calibration.cpu_model()  # read once per process
 
 
+def _sides(model: VisionTransformer) -> tuple[set, set]:
+    """(TrainingLinear.measured values, attention `fused` values) of a model."""
+    return ({m.measured for m in model.modules() if isinstance(m, cpu_training.TrainingLinear)},
+            {b.attn.fused for b in model.blocks})
+
+
+@pytest.mark.skipif(not cpu_training.supported(), reason="this torch build has no oneDNN")
+def test_the_kernels_chosen_alone_train_only_if_the_whole_step_is_faster_with_them(tmp_path):
+    """`prepare_training` times a whole training step with the kernels chosen one operation at a time against
+    the model as built (on a copy: the model's gradients stay None), keeps the faster (the measured kernels
+    must win by 3%; its dropout does not move the run's random stream), remembers it, and says which it took
+    and why; a step as built is bitwise the plain model's."""
+    tokens = 17
+    cal = _calibration(tmp_path, **{f"attention/train/fp32/t1/b4xh4xn{tokens}xd16": "explicit"})
+    timed = []
+    choose = cal.choose
+
+    def timed_choose(key, candidates, **kw):
+        timed.append((key, list(candidates)))
+        for fn in candidates.values():
+            fn()  # each side runs a step
+        return choose(key, candidates, **kw)
+
+    cal.choose = timed_choose
+    model = _small_model(drop_path=0.1).train()
+    state = torch.get_rng_state()
+    fastpath.prepare_training(model, precision="fp32", batch_size=4, cal=cal)
+    assert torch.equal(torch.get_rng_state(), state)  # the run's dropout draws stay those of a run that knew
+    key = f"train-kernels/{compiled.signature(model)}/fp32/t1/b4"
+    assert (key, ["as built", "measured kernels"]) in timed
+    assert all(p.grad is None for p in model.parameters())
+    seconds = cal.get(key)["seconds"]
+    taken = ({True}, {False}) if cal.get(key)["choice"] == "measured kernels" else ({False}, {True})
+    assert _sides(model) == taken  # as measured (noise decides here: both are fast)
+    cal.put(key, {"choice": "as built", "seconds": {"as built": 0.0101, "measured kernels": 0.0104}})
+    model = _small_model(drop_path=0.1).train()
+    assert fastpath.prepare_training(model, precision="fp32", batch_size=4, cal=cal) == [
+        "the model as built (fp32 products by the library measured faster here, explicit attention: measured "
+        "here and not kept, a step 10.4 ms with them, 10.1 ms as built)"]
+    assert _sides(model) == ({False}, {True})  # remembered: the record above decides, not a new timing
+    x, y = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1)), torch.arange(4)
+    plain = _small_model(drop_path=0.1).train()
+    for m in (plain, model):
+        torch.manual_seed(2)  # the same drop-path draws
+        F.cross_entropy(m(x), y).backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), model.parameters()))
+    cal.put(key, {"choice": "measured kernels", "seconds": {"as built": 20.0, "measured kernels": 10.0}})
+    model = _small_model(drop_path=0.1).train()
+    assert fastpath.prepare_training(model, precision="fp32", batch_size=4, cal=cal) == [
+        "fp32 products by the library measured faster here", "explicit attention",
+        "a step 10.00 s with them, 20.00 s as built"]
+    assert _sides(model) == ({True}, {False})
+    assert seconds.keys() == {"as built", "measured kernels"}
+    assert fastpath.prepare_training(_small_model(), precision="fp32", batch_size=4, fast="off") == [
+        "the model as built"]
+
+
 def test_explicit_attention_matches_the_fused_kernel_and_is_chosen_by_measurement(monkeypatch, tmp_path):
     """The two attention paths of one model agree (fp32 to 1e-5, bf16 to bf16 rounding), the explicit one
     sliced over the batch or not; `choose_attention` sets the path the calibration chose for the shape."""

@@ -19,7 +19,9 @@ with MKL's to float rounding (tested).
 
 `use_onednn_linears(model)` swaps every nn.Linear of a model for a TrainingLinear that holds the
 same Parameter objects: the state_dict, an optimizer built before or after, and checkpoints are
-unchanged. vitlab's trainers (`fit`, `vitlab train`, `vitlab finetune`) call it on CPU.
+unchanged. vitlab's trainers (`fit`, `vitlab train`, `vitlab finetune`) call it on CPU, and keep the
+choices only where the whole training step is measured faster with them
+(`vitlab.speed.fastpath.check_whole_step`).
 """
 
 from __future__ import annotations
@@ -102,9 +104,10 @@ class TrainingLinear(nn.Linear):
     """An nn.Linear whose fp32 training products on CPU each take the library measured faster here."""
 
     calibration: Calibration | None = None  # set by use_onednn_linears (None: found on each call)
+    measured: bool = True  # False: an nn.Linear (`take_measured_products`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if eligible(x, self):
+        if self.measured and eligible(x, self):
             rows = x.numel() // x.shape[-1]
             y_onednn, dx_onednn = product_choice(rows, self.in_features, self.out_features,
                                                  self.calibration or calibration())
@@ -130,3 +133,10 @@ def use_onednn_linears(model: nn.Module, cal: Calibration | None = None) -> int:
                 setattr(parent, name, new)
                 swapped += 1
     return swapped
+
+
+def take_measured_products(model: nn.Module, on: bool = True) -> None:
+    """Each TrainingLinear of `model` takes the library measured faster (True) or is an nn.Linear (False)."""
+    for m in model.modules():
+        if isinstance(m, TrainingLinear):
+            m.measured = on

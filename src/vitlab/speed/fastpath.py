@@ -25,14 +25,16 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vitlab.errors import VitlabError
+from vitlab.models.vit import VisionTransformer
 from vitlab.runtime import autocast
 from vitlab.speed import compiled as C
 from vitlab.speed import cpu_inference, cpu_training
 from vitlab.speed.attention import choose_attention
-from vitlab.speed.calibration import Calibration, calibration
+from vitlab.speed.calibration import Calibration, calibration, threads_tag
 from vitlab.speed.pieces import choose_pieces, in_pieces, known_compiled_pieces
 
 FAST_PATHS = ("auto", "compile", "eager", "off")
@@ -204,18 +206,76 @@ def serving_model(model: nn.Module, *, precision: str, device: torch.device, fas
 def prepare_training(model: nn.Module, *, precision: str, batch_size: int, fast: str = "auto",
                      cal: Calibration | None = None) -> list[str]:
     """Ready `model` (in place) for training on the fast path: on a CPU the faster library per fp32
-    product and the faster attention kernel, measured here. Compiling is `TrainingCompiler`'s.
+    product and the faster attention kernel, each measured here alone, then kept only if the whole
+    training step is faster with them (`check_whole_step`). Compiling is `TrainingCompiler`'s.
     Returns what was done, in words."""
     check_fast_path(fast)
     if fast == "off":
         return ["the model as built"]
+    cal = cal or calibration()
     notes = []
-    if cpu_training.use_onednn_linears(model, cal):
+    swapped = cpu_training.use_onednn_linears(model, cal)
+    if swapped:
         notes.append("fp32 products by the library measured faster here")
     attention = choose_attention(model, precision=precision, batch_size=batch_size, train=True, cal=cal)
     if attention:
         notes.append(f"{attention} attention")
+    if (swapped or attention == "explicit") and isinstance(model, VisionTransformer):
+        seconds = check_whole_step(model, precision=precision, batch_size=batch_size, attention=attention, cal=cal)
+        said = f"a step {_duration(seconds[SIDES[1]])} with them, {_duration(seconds[SIDES[0]])} as built"
+        if seconds["choice"] == SIDES[0]:
+            return [f"the model as built ({', '.join(notes)}: measured here and not kept, {said})"]
+        notes.append(said)
     return notes
+
+
+SIDES = ("as built", "measured kernels")  # the default first: the measured kernels must beat it (`pick`)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _take(model: VisionTransformer, side: str, attention: str | None) -> None:
+    """Train `model` as built, or with the kernels `prepare_training` chose (`attention` among them)."""
+    measured = side == SIDES[1]
+    cpu_training.take_measured_products(model, measured)
+    model.set_fused_attention(attention != "explicit" or not measured)
+
+
+def check_whole_step(model: VisionTransformer, *, precision: str, batch_size: int, attention: str | None,
+                     cal: Calibration) -> dict:
+    """A training step (forward and backward, on a random batch of the run's size) of `model` with the
+    kernels chosen one operation at a time against the model as built, timed in turn, once per model,
+    precision, batch and CPU (kept in `cal`); the measured kernels must win by `MARGIN`, twice. Returns
+    {"choice": side, side: seconds, ...}.
+
+    Each operation is measured alone, and alone a kernel can win while the step gets slower: on
+    `vit_mini_x` (the demo's model) at batch 32 the explicit attention products measured faster for one
+    block and made the whole step slower: 14.0 ms against 11.7 ms as built (steps interleaved, one thread,
+    Intel Xeon with AMX)."""
+    key = f"train-kernels/{C.signature(model)}/{precision}/{threads_tag()}/b{batch_size}"
+    twin = copy.deepcopy(model).train()  # timed on a copy: the model's gradients and state stay as they are
+    c = model.cfg
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch_size, c.in_chans, *c.img_size, generator=g)
+    y = torch.randint(0, max(c.num_classes, 1), (batch_size,), generator=g)
+
+    def step(side: str):
+        def fn() -> None:
+            _take(twin, side, attention)
+            with torch.enable_grad():
+                with autocast(x.device, precision):
+                    logits = twin(x)
+                F.cross_entropy(logits.float(), y).backward()
+            twin.zero_grad(set_to_none=True)
+
+        return fn
+
+    with torch.random.fork_rng(devices=[]):  # dropout's draws here leave the run's random stream as it was
+        choice = cal.choose(key, {side: step(side) for side in SIDES}, repeats=2)
+    _take(model, choice, attention)
+    return {"choice": choice, **(cal.get(key) or {}).get("seconds", {})}
 
 
 class TrainingCompiler:
@@ -293,4 +353,5 @@ class TrainingCompiler:
             self.compiled = None
 
 
-__all__ = ["FAST_PATHS", "check_fast_path", "InferenceRunner", "serving_model", "prepare_training", "TrainingCompiler"]
+__all__ = ["FAST_PATHS", "check_fast_path", "InferenceRunner", "serving_model", "prepare_training",
+           "check_whole_step", "TrainingCompiler"]
