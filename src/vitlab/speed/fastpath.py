@@ -4,7 +4,8 @@
 
     auto      (default) the kernels measured fastest here (`vitlab.speed.calibration`): packed Linear
               weights for inference where they pay, the faster library per training product, the faster
-              attention kernel, a batch run a few images at a time where that is faster
+              attention kernel (for training, kept only where a whole step is faster with them:
+              `check_whole_step`), a batch run a few images at a time where that is faster
               (`vitlab.speed.pieces`); and torch.compile where the run repays the compile
               (`vitlab.speed.compiled.decide`)
     compile   always compile (but a run of a single batch)
