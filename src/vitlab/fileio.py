@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -32,6 +33,21 @@ from typing import Callable, Iterable, Iterator, Sequence
 from vitlab.errors import VitlabError
 
 MARKER = ".vitlab"  # in a folder vitlab made: {"kind": "run" | "demo" | ...}, the kind of output it holds
+
+
+def cache_root() -> Path:
+    """The one folder vitlab writes to outside a command's `--out`: $VITLAB_CACHE, else the platform's cache
+    folder ($XDG_CACHE_HOME/vitlab, else ~/.cache/vitlab; on macOS ~/Library/Caches/vitlab, on Windows
+    %LOCALAPPDATA%\\vitlab). Below it: datasets/ (Fashion-MNIST's checked copies), tuning/ (`vitlab tune`'s
+    measurements), inductor/ (torch.compile's kernels). Nothing is created here: a writer creates its folder."""
+    if os.environ.get("VITLAB_CACHE"):
+        return Path(os.environ["VITLAB_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "vitlab"
+    if os.name == "nt" and os.environ.get("LOCALAPPDATA"):
+        return Path(os.environ["LOCALAPPDATA"]) / "vitlab"
+    home = Path.home()  # the only place vitlab reaches into the home folder
+    return home / ("Library/Caches" if sys.platform == "darwin" else ".cache") / "vitlab"
 
 
 def _umask() -> int:

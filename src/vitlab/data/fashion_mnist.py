@@ -6,8 +6,8 @@ Where the four idx files come from, in this order (the first place that has them
     1. root=                  (--root) a folder holding them, .gz or not: directly, in DIR/fashion-mnist/,
                               or in torchvision's layout DIR/FashionMNIST/raw/
     2. $VITLAB_DATA           the same, in your data folder
-    3. vitlab's cache folder  $VITLAB_CACHE/datasets, else $XDG_CACHE_HOME/vitlab/datasets, else
-                              ~/.cache/vitlab/datasets: downloads and uncompressed copies of .gz files go there
+    3. vitlab's cache folder  `vitlab.fileio.cache_root()`/datasets ($VITLAB_CACHE/datasets when it is set):
+                              downloads and uncompressed copies of .gz files go there
     4. DEBIAN_DIR             /usr/share/datasets/fashion-mnist: `apt-get install dataset-fashion-mnist`
     5. a download through torchvision into the cache folder, when there is a network
 
@@ -36,7 +36,7 @@ from PIL import Image
 from torchvision.datasets import FashionMNIST
 
 from vitlab.errors import VitlabError, check_range
-from vitlab.fileio import write_bytes
+from vitlab.fileio import cache_root, write_bytes
 
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 # Class folders of `write_fashion_mnist_folder`: the label first, so that sorting them (as ImageFolder does)
@@ -56,11 +56,8 @@ DEBIAN_PACKAGE = "dataset-fashion-mnist"
 
 
 def cache_dir() -> Path:
-    """vitlab's cache folder for datasets: $VITLAB_CACHE/datasets, else $XDG_CACHE_HOME/vitlab/datasets,
-    else ~/.cache/vitlab/datasets."""
-    if os.environ.get("VITLAB_CACHE"):
-        return Path(os.environ["VITLAB_CACHE"]).expanduser() / "datasets"
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "vitlab" / "datasets"
+    """vitlab's cache folder for datasets: `vitlab.fileio.cache_root()`/datasets."""
+    return cache_root() / "datasets"
 
 
 def _cache_folder() -> Path:
