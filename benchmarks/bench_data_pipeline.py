@@ -14,8 +14,8 @@ MLP 128), fused AdamW, one process:
                            opened, decoded and augmented on its own every epoch (PIL, torchvision v2,
                            DataLoader with --workers processes)
 
-vitlab's loop also clips gradients and keeps its metrics on the device, as `vitlab train` does; on CPU
-its Linear layers run through oneDNN (vitlab.speed.cpu_training) as they do in training.
+vitlab's loop also clips gradients and keeps its metrics on the device, as `vitlab train` does (vit_mini, a small
+model, trains as built on every CPU: `vitlab.speed.rules`).
 
     python benchmarks/bench_data_pipeline.py --out runs/bench_pipeline            # ~5 min on one CPU core
     python benchmarks/bench_data_pipeline.py --device cuda --images 60000 --out runs/bench_pipeline_gpu
@@ -41,7 +41,6 @@ from vitlab.data.folder import scan_folder
 from vitlab.data.transforms import mix_transform
 from vitlab.fileio import write_json
 from vitlab.runtime import num_threads, resolve_device
-from vitlab.speed import cpu_training
 from vitlab.train.distributed import single_process
 from vitlab.train.engine import train_one_epoch
 from vitlab.train.optim import build_optimizer
@@ -89,7 +88,6 @@ def vitlab_epoch(data: RunData, recipe, device: torch.device, workers: int, seed
     dist = single_process(device)
     loader, _ = make_loaders(data, model, recipe, dist=dist, workers=workers)
     model.to(device)
-    cpu_training.use_onednn_linears(model)
     opt = build_optimizer(model, lr=recipe.lr)
     mix = mix_transform(num_classes=10, mixup=recipe.mixup, cutmix=recipe.cutmix) if recipe.mixes else None
     if hasattr(loader, "set_epoch"):

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 import vitlab
 from vitlab.runtime import num_threads
-from vitlab.speed.bench import race
+from vitlab.bench import race
 from vitlab.runtime import autocast
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "cat", "camera", "coins", "moon", "page", "text",

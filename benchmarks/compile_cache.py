@@ -29,7 +29,7 @@ from torch._dynamo.utils import counters  # the counters inductor keeps, its cac
 
 import vitlab
 from vitlab.runtime import autocast
-from vitlab.speed.compiled import compile_model
+from vitlab.speed.compiled import CompiledModel
 
 
 def child(args) -> dict:
@@ -38,7 +38,7 @@ def child(args) -> dict:
     torch.manual_seed(0)
     model = vitlab.create_model(args.model).train(args.train)
     mode = "train" if args.train else "inference"
-    compiled = compile_model(model, mode)
+    compiled = CompiledModel(model, mode=mode)
     x = torch.randn(args.batch_size, 3, *model.cfg.img_size)
     y = torch.zeros(args.batch_size, dtype=torch.long)
     device = torch.device("cpu")

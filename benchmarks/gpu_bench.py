@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import vitlab
-from vitlab.speed.bench import forward_flops, machine_info, matmul_rate
+from vitlab.bench import forward_flops, machine_info, matmul_rate
 from vitlab.runtime import autocast
 from vitlab.train.optim import build_optimizer
 

@@ -17,6 +17,20 @@ HOW = ("install Debian's dataset-fashion-mnist package (apt-get install dataset-
        "to a folder with its four idx files")
 
 
+# The real cache root, as it is before any test runs: no test may create it (everything vitlab writes outside
+# --out goes under VITLAB_CACHE, which the session points at a temporary folder).
+USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitlab"
+USER_CACHE_EXISTED = USER_CACHE.exists()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if the tests created the user's own vitlab cache folder (checked where it did not exist
+    before, as on a fresh machine or in CI)."""
+    if not USER_CACHE_EXISTED and USER_CACHE.exists() and not hasattr(session.config, "workerinput"):
+        print(f"\nerror: the tests wrote {USER_CACHE}: something vitlab writes ignores VITLAB_CACHE")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory) -> Path:
     """vitlab's cache folder (where Fashion-MNIST's .gz files are decompressed) in the session's temporary

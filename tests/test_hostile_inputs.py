@@ -29,7 +29,7 @@ import vitlab
 from vitlab import create_model
 from vitlab.cli import main
 from vitlab.data.digits import write_digits_folder
-from vitlab.speed import bench
+from vitlab import bench
 from vitlab.weights import checkpoint as ckpt
 
 SMALL = ["--model", "vit_mini", "--img-size", "16", "--epochs", "1", "--batch-size", "16", "--device", "cpu"]

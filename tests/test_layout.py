@@ -74,6 +74,43 @@ def test_no_import_cycle_and_no_function_local_import_of_a_vitlab_module():
     assert len(mods) > 40  # the walk really saw the package
 
 
+# The layers of docs/architecture.md, bottom first: a module may import its own layer and the layers below.
+LAYERS = [
+    ("vitlab.errors", "vitlab.fileio", "vitlab.runtime"),
+    ("vitlab.models.vit", "vitlab.models.cnn", "vitlab.models.registry", "vitlab.models.pretrained_cfg"),
+    ("vitlab.weights",),
+    ("vitlab.models.factory", "vitlab.models"),
+    ("vitlab.data",),
+    ("vitlab.speed",),
+    ("vitlab.inference", "vitlab.analysis"),
+    ("vitlab.train",),
+    ("vitlab.bench",),
+    ("vitlab.experiments",),
+    ("vitlab.serve",),
+    ("vitlab.cli", "vitlab.__main__", "vitlab"),
+]
+
+
+def _layer(module: str) -> int:
+    """The layer of `module`: that of the longest prefix named in LAYERS."""
+    best = max(((len(prefix), i) for i, layer in enumerate(LAYERS) for prefix in layer
+                if module == prefix or module.startswith(prefix + ".")), default=None)
+    assert best is not None, f"{module} is in no layer of LAYERS: add it where docs/architecture.md puts it"
+    return best[1]
+
+
+def test_every_module_imports_only_its_own_layer_and_the_layers_below():
+    up = []
+    for m, f in _modules().items():
+        for target, _ in _imports(ast.parse(f.read_text())):
+            while target not in _modules() and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target != "vitlab" and target in _modules() and _layer(target) > _layer(m):
+                up.append(f"{m} (layer {_layer(m)}) imports {target} (layer {_layer(target)})")
+    assert not up, sorted(set(up))
+    assert _layer("vitlab.speed.fastpath") < _layer("vitlab.train.engine") < _layer("vitlab.bench")
+
+
 MODEL_COMMANDS = {  # command -> (the other arguments it needs, its rule for the weights)
     "predict": (["x.png"], "required"),
     "export": (["--out", "m.onnx"], "required"),

@@ -26,6 +26,8 @@ from vitlab.runtime import num_threads
 from vitlab.serve import look, runs
 from vitlab.serve.models import ModelSource, ModelStore, run_sources
 from vitlab.serve.page import NO_GRADIO
+from vitlab.speed import onednn, tune
+from vitlab.speed.rules import Plan
 from vitlab.weights.checkpoint import find_runs, save_checkpoint, save_weights
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -81,16 +83,20 @@ def test_the_top5_has_the_numbers_of_vitlab_predict(store, mini, images, capsys)
 
 
 def test_the_top5_moves_to_a_readied_copy_after_warm_up_and_the_attention_keeps_the_model(mini, images):
-    """`vitlab serve` readies a copy of each model in the background (the kernels measured fastest here
-    for one image); the top-k moves to it once it is ready, with the same probabilities to ~1e-6, while
-    the model as built stays for the attention maps. `--fast-path off` keeps the model as built."""
-    fast = ModelStore(device="cpu", fast_path="eager").load(ModelSource(checkpoint=str(mini)))
+    """`vitlab serve` readies a copy of each model in the background (here the plan `vitlab tune` kept for it:
+    the explicit attention products, and oneDNN's where this torch has them); the top-k moves to it once it
+    is ready, with the same probabilities to ~1e-6, while the model as built stays for the attention maps.
+    `--fast-path off` keeps the model as built."""
+    model = create_model(checkpoint=str(mini))
+    tuned = Plan("explicit", "onednn" if onednn.available("fp32") else "aten", source="tuned")
+    tune.remember(model, mode="inference", precision="fp32", batch_size=1, plan=tuned)
+    fast = ModelStore(device="cpu", fast_path="tuned").load(ModelSource(checkpoint=str(mini)))
     off = ModelStore(device="cpu", fast_path="off").load(ModelSource(checkpoint=str(mini)))
     assert fast.ready.wait(120) and off.ready.wait(120)
-    assert fast.for_topk() is not fast.model and fast.path.startswith("not compiled (how long a server runs")
-    assert "Linear weights packed" in fast.path and f"top-k path: {fast.path}" in fast.describe()
-    assert not any("Packed" in type(m).__name__ for m in fast.model.modules())  # the model as built, untouched
-    assert off.for_topk() is off.model and off.path == "the model as built (--fast-path off)"
+    assert fast.for_topk() is not fast.model and fast.path == tuned.describe()
+    assert f"top-k path: {fast.path}" in fast.describe()
+    assert all(b.attn.fused for b in fast.model.blocks)  # the model as built, untouched
+    assert off.path == Plan(source="--fast-path off").describe()
     for a, b in zip(look.predict(fast, images), look.predict(off, images)):
         assert [p["index"] for p in a["predictions"]] == [p["index"] for p in b["predictions"]]
         np.testing.assert_allclose([p["prob"] for p in a["predictions"]], [p["prob"] for p in b["predictions"]],

@@ -152,9 +152,9 @@ def iter_attention(
     Runs the model in eval mode without gradients on the model's device, asking
     `forward_features(x, return_attention=group)` for one group of layers at a time (the other layers
     take the fast path). `batch_size=None` picks the chunk size from `max_bytes`. `fast_path`
-    (`vitlab.speed.fastpath`, for images given as one (B, C, H, W) tensor): "auto" runs the passes on
-    the fastest path measured here (packed Linear weights, compiled where the images repay it), "off"
-    the model as it is; `log` gets the path taken.
+    (`vitlab.speed.fastpath`, for images given as one (B, C, H, W) tensor): "auto" runs the passes on the
+    plan the fixed rules give this machine and run (`vitlab.speed.rules`), "off" the model as it is; the
+    model itself is left as it is either way. `log` gets the path taken.
     """
     check_vit(model)
     layers = _layer_list(model, layers)
@@ -164,7 +164,7 @@ def iter_attention(
     count = images.shape[0] if isinstance(images, torch.Tensor) and images.ndim == 4 else None
     with _eval_mode(model):
         run = InferenceRunner(model, precision="fp32", batch_size=batch_size, images=count * len(groups),
-                              device=device, fast=fast_path, method="forward_features") if count else model.forward_features
+                              device=device, fast=fast_path, method="forward_features", log=log) if count else model.forward_features
         for x in _batches(images, batch_size):
             x = x.to(device=device, dtype=dtype)
             chunk: dict[int, torch.Tensor] = {}
@@ -174,10 +174,8 @@ def iter_attention(
                     attn = attn.float()
                     chunk[layer] = attn.to(out_device) if out_device is not None else attn
             yield chunk
-        if count:
-            run.finish()
-            if log is not None:
-                log(f"fast path: {run.describe()}")
+        if count and log is not None:
+            log(f"fast path: {run.describe()}")
 
 
 def attention_maps(

@@ -13,11 +13,12 @@ import argparse
 import sys
 
 from vitlab import __version__
-from vitlab.cli import attention, bench, data, demo, export, finetune, info, inspect, predict, reproduce, serve, train
+from vitlab.cli import (attention, bench, data, demo, export, finetune, info, inspect, predict, reproduce, serve, train,
+                        tune)
 from vitlab.errors import VitlabError
 
 # The commands, in the order `vitlab --help` lists them.
-COMMANDS = [demo, info, attention, inspect, predict, export, serve, data, train, finetune, reproduce, bench]
+COMMANDS = [demo, info, attention, inspect, predict, export, serve, data, train, finetune, reproduce, bench, tune]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -4,7 +4,7 @@ where the model comes from, the device, the precision, CPU threads, the output.
     add_model_source(p, weights="required" | "optional" | "none")   --model, --pretrained | --checkpoint, --img-size
     model_from_args(args, num_classes=...)                          vitlab.create_model, load warnings printed
     add_device(p), add_precision(p), add_threads(p), add_out(p)   --out and --force (vitlab.fileio checks them)
-    add_fast_path(p)                                                --fast-path auto|compile|eager|off
+    add_fast_path(p)                                                --fast-path auto|tuned|compile|eager|off
 """
 
 from __future__ import annotations
@@ -85,8 +85,10 @@ def add_threads(p: argparse.ArgumentParser, default: int | None = None, help: st
 
 def add_fast_path(p: argparse.ArgumentParser, help: str | None = None) -> None:
     p.add_argument("--fast-path", choices=FAST_PATHS, default="auto", help=help or (
-        "auto: the kernels measured fastest on this machine, and torch.compile where the run repays it; compile: "
-        "always compile; eager: never compile; off: the model exactly as built (the path taken is printed)"))
+        "auto: the plan fixed rules give this kind of CPU, precision and run (nothing timed: the same command gives "
+        "the same numbers); tuned: the plan `vitlab tune` measured fastest here (measured first if need be); "
+        "compile / eager: the rules' plan compiled / never compiled; off: the model exactly as built. Every path "
+        "gives the same numbers to float rounding; the plan is printed"))
 
 
 def add_out(p, *, help: str, required: bool = True, default: str | None = None, file: bool = False) -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import sys
 
-from vitlab.cli._common import add_device, add_fast_path, add_threads
+from vitlab import bench
+from vitlab.cli._common import add_device, add_threads
 from vitlab.errors import check_range
 from vitlab.runtime import PRECISIONS, num_threads, resolve_device
-from vitlab.speed import bench
 
 QUICK_MODEL = "vit_mini_x"
 
@@ -29,9 +29,8 @@ def register(subparsers) -> None:
             "Measures the machine's matmul rate (2048^3, fp32 and bf16), then inference (and with --train, "
             "training-step) images/s of each model on vitlab's path and on each peer of --against, the same "
             "weights, inputs, precision and threads, run alternately: warm-up, then the median of --repeats. "
-            "MFU (model FLOP utilisation) = achieved FLOP/s over the matmul rate of the same precision. Compile times and the images "
-            "after which compiling pays are printed below the table. --memory measures peak resident memory "
-            "instead."
+            "MFU (model FLOP utilisation) = achieved FLOP/s over the matmul rate of the same precision. Compile times are "
+            "printed below the table. --memory measures peak resident memory instead."
         ),
     )
     p.add_argument("--model", nargs="+", default=None, metavar="NAME",
@@ -60,12 +59,9 @@ def register(subparsers) -> None:
                    help="wall: elapsed seconds; cpu: the process's CPU seconds, which leave out waiting for a "
                         "core on a shared machine (use with --threads 1)")
     p.add_argument("--quick", action="store_true", help=f"a seconds-long smoke run ({QUICK_MODEL}, small sizes)")
-    add_fast_path(p, help="vitlab's path. auto: the kernels measured fastest on this machine, and its compiled model "
-                  "too when compile is among the peers (the faster of the two is its row); compile: its compiled "
-                  "model; eager: never compiled; off: the model exactly as built")
-    p.add_argument("--recalibrate", action="store_true",
-                   help="forget the kernel choices and compile times measured on this machine before, and measure "
-                   "them again")
+    p.add_argument("--fast-path", nargs="+", choices=list(bench.OURS), default=["auto"],
+                   help="vitlab's row(s): auto, the plan the fixed rules give this machine for a long run; tuned, the "
+                   "plan `vitlab tune` measured fastest here (measured first if need be), row vitlab-tuned")
     p.add_argument("--json", action="store_true",
                    help="print the rows as a JSON list (one object per measurement) instead of the table")
     p.set_defaults(func=run)
@@ -96,14 +92,13 @@ def run(args) -> int:
             precisions=args.precision,
             modes=["inference", "train"] if args.train else ["inference"],
             against=against,
-            fast_path=args.fast_path,
+            fast_paths=args.fast_path,
             grad_checkpointing=args.grad_checkpointing,
             warmup=args.warmup,
             repeats=args.repeats or (2 if args.quick else 5),
             matmul_size=args.matmul_size or (256 if args.quick else 2048),
             device=args.device,
             clock=args.clock,
-            recalibrate=args.recalibrate,
             progress=say,
         )
     if args.json:

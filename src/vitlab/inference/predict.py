@@ -30,7 +30,7 @@ def predict_tensors(
     model: nn.Module, images: torch.Tensor, *, topk: int = 5, device: torch.device | None = None, precision: str = "fp32"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, 3, H, W) preprocessed images -> (probabilities (B, k), class indices (B, k)), best first.
-    `model`: the model, or anything called like it (an `InferenceRunner`)."""
+    `model`: the model, or anything called like it (an `InferenceRunner`, with `device`)."""
     device = device or next(model.parameters()).device
     with autocast(device, precision):
         logits = model(images.to(device))  # (B, num_classes)
@@ -59,18 +59,18 @@ def predict_files(
     batch_size: int = 16,
     img_size: int | tuple[int, int] | None = None,
     fast_path: str = "auto",
-    prepared: nn.Module | None = None,
+    prepared: Callable | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """Predict every file in `paths`, in order. Each result is
     {"file": path, "predictions": [{"rank", "index", "label", "prob"}, ...]} or {"file": path, "error": message}.
 
     The model's `pretrained_cfg` decides the preprocessing (resize, crop, interpolation, mean, std).
-    `fast_path` (`vitlab.speed.fastpath`): "auto" runs the batches on the fastest path measured on this
-    machine (packed Linear weights, torch.compile where the run repays it; the same logits to ~1e-5),
-    "off" the model as it is. The model itself is left unpacked; its attention kernel may be set.
-    `prepared`: a copy of `model` readied already (`vitlab serve`'s, from `fastpath.serving_model`), which
-    then computes the logits as it is, whatever `fast_path` says. `log` gets one line saying the path taken.
+    `fast_path` (`vitlab.speed.fastpath`): "auto" runs the batches on the plan the fixed rules give this
+    machine and run (oneDNN's products on AMD, torch.compile for a long run on an Intel Xeon with AMX; the
+    same logits to ~1e-5), "off" the model as it is; `model` itself is left as it is either way.
+    `prepared`: what computes the logits, readied already (`vitlab serve`'s, from `fastpath.serving_model`),
+    whatever `fast_path` says. `log` gets one line saying the path taken.
     """
     dev = check_options(topk=topk, batch_size=batch_size, device=device, precision=precision)
     pcfg = model.pretrained_cfg
@@ -89,8 +89,8 @@ def predict_files(
         )
     model = model.to(dev).eval()
     paths = [str(p) for p in paths]
-    runner = InferenceRunner(prepared if prepared is not None else model, precision=precision, batch_size=batch_size,
-                             images=len(paths), device=dev, fast="off" if prepared is not None else fast_path)
+    runner = prepared or InferenceRunner(model, precision=precision, batch_size=batch_size, images=len(paths),
+                                         device=dev, fast=fast_path, log=log)
     transform = eval_transform(pcfg, img_size or model.cfg.img_size)
     names = class_names(model)
     results: dict[str, dict] = {}
@@ -111,8 +111,7 @@ def predict_files(
                     for r, (p, i) in enumerate(zip(p_row, i_row))
                 ],
             }
-    runner.finish()
-    if log is not None:
+    if log is not None and prepared is None:
         log(f"fast path: {runner.describe()}")
     return [results[p] for p in paths]
 

@@ -8,8 +8,8 @@ nothing: the models already loaded stay loaded. At most `capacity` models are ke
 longest ago is dropped first (and loaded again if it is asked for again).
 
 A loaded model answers at once, as built; in the background a copy of it is readied for the top-k
-(`vitlab.speed.fastpath.serving_model`: the kernels measured fastest here for one image at a time,
-and compiled with `--fast-path compile`), and takes over the top-k when it is ready. The attention
+(`vitlab.speed.fastpath.serving_model`: the plan the fixed rules give this machine for one image at a
+time, compiled with `--fast-path compile`), and takes over the top-k when it is ready. The attention
 maps, Figure 7 and the token norms always use the model as built (they read its attention).
 """
 
@@ -21,6 +21,7 @@ import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -86,7 +87,7 @@ class LoadedModel:
     precision: str
     notes: list[str] = field(default_factory=list)  # load warnings: a new head, dropped parts
     fast_path: str = "off"
-    served: nn.Module | None = None  # the copy readied for the top-k, once it is ready
+    served: Callable | None = None  # what computes the top-k once it is ready (`serving_model`)
     path: str = "the model as built (a faster copy is being readied)"  # the top-k's path, in words
     ready: threading.Event = field(default_factory=threading.Event)
 
@@ -101,7 +102,7 @@ class LoadedModel:
         finally:
             self.ready.set()
 
-    def for_topk(self) -> nn.Module:
+    def for_topk(self) -> Callable:
         """What computes the top-k now: the readied copy, or the model as built until it is ready."""
         return self.served if self.served is not None else self.model
 

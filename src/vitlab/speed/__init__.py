@@ -1,10 +1,14 @@
-"""Fast paths, chosen by what this machine measures, and their measurement:
+"""How fast a model runs, and nothing else: every path here gives the model's numbers to float rounding,
+and which path runs is decided by fixed rules on what the machine is, never by a stopwatch mid-run.
 
-    calibration.py   which kernel is faster here, timed once per CPU and torch version and remembered
-    cpu_inference.py Linear weights packed once for oneDNN (GELU fused), where that pays
-    cpu_training.py  each fp32 training product by the library measured faster here
-    attention.py     torch's fused attention kernel or the explicit products, as measured here
-    compiled.py      torch.compile (freezing for inference), and whether a run repays the compile
-    fastpath.py      the path a command takes (`--fast-path auto|compile|eager|off`), said out loud
-    bench.py         `vitlab bench`: vitlab next to timm, timm compiled and ONNX Runtime
+    machine.py   what this machine is: the CPU's vendor, instruction sets and kind, read once
+    rules.py     `Plan` (attention kernel, library of products, compile, pieces) and the one table of rules
+    onednn.py    oneDNN's products where torch's own are slow (AMD): weights packed once, or per step in training
+    compiled.py  torch.compile (with freezing for inference), and a batch run a few images at a time
+    paths.py     a plan put to work: the inference function, the training context; the caller's model untouched
+    tune.py      measured tuning, an explicit step (`vitlab tune`, `--fast-path tuned`), kept per machine
+    fastpath.py  `--fast-path auto|tuned|compile|eager|off`: the plan of a command, said out loud
+
+`vitlab bench` (`vitlab.bench`), which measures vitlab next to timm and ONNX Runtime, sits above the
+layers it measures.
 """

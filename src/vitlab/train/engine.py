@@ -42,7 +42,9 @@ from vitlab.data.transforms import mix_transform
 from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import check_out_folder, mark_folder, write_csv
 from vitlab.runtime import autocast, seed_everything
-from vitlab.speed.fastpath import TrainingCompiler, check_fast_path, prepare_training
+from vitlab.speed import paths
+from vitlab.speed.fastpath import check_fast_path, choose_plan
+from vitlab.speed.rules import Plan
 from vitlab.train import diagnostics, distributed
 from vitlab.train.distributed import DistInfo
 from vitlab.train.optim import build_optimizer, freeze_threshold, layer_decay_groups, layer_ids, staged_warmup_cosine
@@ -97,13 +99,12 @@ def train_one_epoch(
     grad_accum: int = 1,
     batch_transform: Callable | None = None,
     progress: bool | str = False,
-    timings: list[float] | None = None,
 ) -> dict:
     """One pass over `loader`. Returns mean loss, accuracy (on the hard labels) and the last lr.
 
     `batch_transform(x, y) -> (x, y_soft)` is where MixUp/CutMix go; the loss then takes soft targets.
     `after_step.step()` runs once per optimizer step (the lr schedule, the EMA). `grad_accum` sums
-    gradients over that many batches. `timings` gets the seconds of each full batch's step.
+    gradients over that many batches.
     """
     model.train()
     total_loss = torch.zeros((), device=device)
@@ -112,9 +113,7 @@ def train_one_epoch(
     bar = tqdm(loader, desc=progress if isinstance(progress, str) else "train", leave=False, disable=not progress)
     optimizer.zero_grad(set_to_none=True)
     n_batches = len(loader) if hasattr(loader, "__len__") else None
-    full = None
     for step, (x, y) in enumerate(bar):
-        t0 = time.perf_counter()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         target = y
         if batch_transform is not None:
@@ -134,11 +133,6 @@ def train_one_epoch(
         total_loss += loss.detach() * len(y)
         correct += (logits.detach().argmax(-1) == y).sum()
         seen += len(y)
-        full = full or len(y)
-        if timings is not None and len(y) == full:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            timings.append(time.perf_counter() - t0)
     return {
         "train_loss": (total_loss / max(seen, 1)).item(),
         "train_acc": (correct.float() / max(seen, 1)).item(),
@@ -175,12 +169,13 @@ def evaluate(model: nn.Module, loader: Iterable, *, device: torch.device, precis
 @dataclass
 class History:
     """What `fit` returns: one row per epoch (the metrics.csv rows), the EMA model when the recipe keeps
-    one, the head's learning rate at every optimizer step (for the curves), and the fast path taken."""
+    one, the head's learning rate at every optimizer step (for the curves), and the plan it trained on
+    (`vitlab.speed`)."""
 
     rows: list[dict] = field(default_factory=list)
     ema: nn.Module | None = None
     lr_steps: tuple[list[float], list[float]] = ((), ())
-    fast_path: list[str] = field(default_factory=list)  # the lines `fit` said about the path it took
+    plan: Plan | None = None  # the fast path's choices (attention kernel, products, compile)
 
     @property
     def last(self) -> dict:
@@ -286,11 +281,13 @@ def fit(
     force: write a new run into a non-empty `out` that holds no vitlab run (files of the same names are replaced).
     A write that fails (a full disk) stops the run with a VitlabError that says which checkpoint last.json
     still points at: checkpoints are complete or absent, never torn.
-    fast_path (`vitlab.speed.fastpath`): "auto" trains on the kernels measured fastest on this machine (on
-        a CPU the model's nn.Linear layers become `vitlab.speed.cpu_training.TrainingLinear`: the same
-        parameters, gradients equal to float rounding) and, in one process, compiles the model between
-        epochs when the steps left repay it; "compile" compiles from the first epoch, "eager" never,
-        "off" trains the model exactly as built.
+    fast_path (`vitlab.speed.fastpath`): "auto" trains on the plan the fixed rules give this kind of machine
+        (`vitlab.speed.rules`: the attention kernel, oneDNN's products on AMD, no compile), "tuned" on the plan
+        `vitlab tune` measured fastest here (measured before the first step if it has not been), "compile"
+        compiled (one process only), "eager" never compiled, "off" exactly as built. Each gives the same
+        numbers to float rounding, and the same command gives the same numbers bitwise. The plan is said,
+        kept in the History and the checkpoints, and a resumed run takes the plan it was started with. The
+        model comes back with the modules and attention kernel it came with.
     """
     dist = dist or distributed.single_process(device)
     dev = dist.device
@@ -302,19 +299,10 @@ def fit(
 
     seed_everything(recipe.seed + dist.rank)  # each process its own augmentation and dropout stream
     model.to(dev)
-    fast = check_fast_path(fast_path)
-    fast_lines: list[str] = []  # what the run said about its fast path, kept in the History too
-
-    def say_fast(line: str) -> None:
-        fast_lines.append(line)
-        say(line)
-
-    notes = prepare_training(model, precision=recipe.precision, batch_size=recipe.batch_size, fast=fast)
-    say_fast(f"fast path: {', '.join(notes) or 'the model as built'}")
-    if dist.world_size > 1 and fast == "compile":
-        say_fast("fast path: not compiled: compiling is for one process (this run has several)")
-    compiler = TrainingCompiler(model, precision=recipe.precision, batch_size=recipe.batch_size,
-                                fast=fast if dist.world_size == 1 else "eager", log=say_fast)
+    check_fast_path(fast_path)
+    steps = math.ceil(len(train_loader) / recipe.grad_accum) * recipe.epochs
+    plan = choose_plan(model, fast=fast_path, mode="train", precision=recipe.precision, batch_size=recipe.batch_size,
+                       items=steps, device=dev, log=say)
     ids, L = layer_ids(model)
     K = recipe.freeze_epochs
     thresholds = (L + 2, freeze_threshold(recipe.unfreeze, L))  # stage 1: the head only; stage 2: `unfreeze`
@@ -324,73 +312,79 @@ def fit(
                         switch_prob=recipe.mix_switch_prob) if recipe.mixes else None
     identity = dict(identity or {})
 
-    history = History(ema=ema, lr_steps=lr_steps, fast_path=fast_lines)
     start = 0
     if resume:
-        start, history.rows = _restore(out, model, optimizer, scheduler, ema, recipe, identity, dist)
+        start, rows, saved = _restore(out, model, optimizer, scheduler, ema, recipe, identity, dist)
         say(f"resumed from {out}/last.json at epoch {start} of {recipe.epochs}")
+        if saved is not None and saved != plan:
+            say(f"fast path: the run's own, as it was started ({saved.describe()})")
+        plan = saved or plan
+    if dist.world_size > 1 and plan.compile:
+        plan = Plan(plan.attention, plan.products, False, plan.pieces, f"{plan.source}; not compiled: several processes")
+    say(f"fast path: {plan.describe()}")
+    history = History(ema=ema, lr_steps=lr_steps, plan=plan)
+    if resume:
+        history.rows = rows
         if dist.is_main:
             _repair_best(out, history.rows)
     best = history.best_val_acc if history.rows else -1.0
 
-    current, wrapped = None, model
-    bar = tqdm(range(start, recipe.epochs), desc=desc, initial=start, total=recipe.epochs, leave=False,
-               disable=not (progress and dist.is_main))
-    for epoch in bar:
-        stage = 1 if epoch < K else (2 if K else 1)
-        threshold = thresholds[0] if epoch < K else thresholds[1]
-        if threshold != current:
-            current = threshold
-            trainable = set_stage(model, ids, threshold)
-            wrapped = distributed.wrap(model, dist)  # DDP fixes its parameter set when it is built
+    with paths.training(model, plan, precision=recipe.precision) as trained:  # the model's own kernels back after
+        current, wrapped = None, model
+        bar = tqdm(range(start, recipe.epochs), desc=desc, initial=start, total=recipe.epochs, leave=False,
+                   disable=not (progress and dist.is_main))
+        for epoch in bar:
+            stage = 1 if epoch < K else (2 if K else 1)
+            threshold = thresholds[0] if epoch < K else thresholds[1]
+            if threshold != current:
+                current = threshold
+                trainable = set_stage(model, ids, threshold)
+                wrapped = distributed.wrap(model, dist)  # DDP fixes its parameter set when it is built
+                for cb in callbacks:
+                    cb.on_stage(epoch, stage, trainable)
+            _set_epoch(epoch, train_loader, val_loader)
+            t0 = time.perf_counter()
+            net = trained if wrapped is model else wrapped  # (the compiled graph is for one process)
+            stats = train_one_epoch(net, train_loader, optimizer, _AfterStep(scheduler, ema, model), device=dev,
+                                    clip_grad=recipe.clip_grad, label_smoothing=recipe.label_smoothing,
+                                    precision=recipe.precision, grad_accum=recipe.grad_accum, batch_transform=mix,
+                                    progress=f"epoch {epoch + 1}" if progress and dist.is_main else False)
+            stats.pop("lr")
+            stats = distributed.all_mean(stats, dist)
+            if not math.isfinite(stats["train_loss"]):
+                kept = str(ckpt.resolve_checkpoint(out / "last.json")) if out is not None and (out / "last.json").exists() else None
+                finding = diagnostics.nan_loss(epoch + 1, stats["train_loss"], kept)
+                say(str(finding))
+                raise VitlabError(f"training stopped: {finding.evidence}")
+            row = {"epoch": epoch + 1, "stage": stage, "lr": max(g["lr"] for g in optimizer.param_groups), **stats}
+            row.update({k: v for k, v in evaluate(model, val_loader, device=dev, precision=recipe.precision).items()
+                        if k != "confusion"})
+            if ema is not None:
+                e = evaluate(ema.module, val_loader, device=dev, precision=recipe.precision)
+                row.update(val_loss_ema=e["val_loss"], val_acc_ema=e["val_acc"])
+            row["time_s"] = time.perf_counter() - t0
+            history.rows.append(row)
+            bar.set_postfix(loss=f"{row['train_loss']:.3f}", val_acc=f"{row['val_acc']:.3f}")
+            if out is not None:
+                save = (epoch + 1) % save_every == 0 or epoch + 1 == recipe.epochs
+                rng = _gather_rng(dist) if save else None  # every process takes part in the gather
+                if dist.is_main:
+                    try:
+                        mark_folder(out, "run")
+                        write_csv(out / "metrics.csv", history.rows)
+                        if save:
+                            name = f"epoch_{epoch + 1:04d}"
+                            ckpt.save_checkpoint(out, name, model, _state(epoch, optimizer, scheduler, ema, history.rows,
+                                                                          recipe, identity, rng, dist, plan))
+                            if row["val_acc"] > best:
+                                best = row["val_acc"]
+                                ckpt.mark_best(out, name, {"epoch": epoch + 1, "val_acc": best})
+                    except VitlabError as e:  # a full disk: say what is left to resume from
+                        raise VitlabError(f"training stopped at epoch {epoch + 1}: {e}; {_kept(out)}") from e
             for cb in callbacks:
-                cb.on_stage(epoch, stage, trainable)
-        _set_epoch(epoch, train_loader, val_loader)
-        t0 = time.perf_counter()
-        stage_end = K if epoch < K else recipe.epochs
-        net = compiler.model_for(steps_left=(stage_end - epoch) * len(train_loader)) if wrapped is model else wrapped
-        step_s: list[float] = []
-        stats = train_one_epoch(net, train_loader, optimizer, _AfterStep(scheduler, ema, model), device=dev,
-                                clip_grad=recipe.clip_grad, label_smoothing=recipe.label_smoothing,
-                                precision=recipe.precision, grad_accum=recipe.grad_accum, batch_transform=mix,
-                                progress=f"epoch {epoch + 1}" if progress and dist.is_main else False, timings=step_s)
-        compiler.observe(step_s)
-        stats.pop("lr")
-        stats = distributed.all_mean(stats, dist)
-        if not math.isfinite(stats["train_loss"]):
-            kept = str(ckpt.resolve_checkpoint(out / "last.json")) if out is not None and (out / "last.json").exists() else None
-            finding = diagnostics.nan_loss(epoch + 1, stats["train_loss"], kept)
-            say(str(finding))
-            raise VitlabError(f"training stopped: {finding.evidence}")
-        row = {"epoch": epoch + 1, "stage": stage, "lr": max(g["lr"] for g in optimizer.param_groups), **stats}
-        row.update({k: v for k, v in evaluate(model, val_loader, device=dev, precision=recipe.precision).items()
-                    if k != "confusion"})
-        if ema is not None:
-            e = evaluate(ema.module, val_loader, device=dev, precision=recipe.precision)
-            row.update(val_loss_ema=e["val_loss"], val_acc_ema=e["val_acc"])
-        row["time_s"] = time.perf_counter() - t0
-        history.rows.append(row)
-        bar.set_postfix(loss=f"{row['train_loss']:.3f}", val_acc=f"{row['val_acc']:.3f}")
-        if out is not None:
-            save = (epoch + 1) % save_every == 0 or epoch + 1 == recipe.epochs
-            rng = _gather_rng(dist) if save else None  # every process takes part in the gather
-            if dist.is_main:
-                try:
-                    mark_folder(out, "run")
-                    write_csv(out / "metrics.csv", history.rows)
-                    if save:
-                        name = f"epoch_{epoch + 1:04d}"
-                        ckpt.save_checkpoint(out, name, model, _state(epoch, optimizer, scheduler, ema, history.rows,
-                                                                      recipe, identity, rng, dist))
-                        if row["val_acc"] > best:
-                            best = row["val_acc"]
-                            ckpt.mark_best(out, name, {"epoch": epoch + 1, "val_acc": best})
-                except VitlabError as e:  # a full disk: say what is left to resume from
-                    raise VitlabError(f"training stopped at epoch {epoch + 1}: {e}; {_kept(out)}") from e
-        for cb in callbacks:
-            cb.on_epoch_end(row)
-        distributed.barrier(dist)
-    bar.close()
+                cb.on_epoch_end(row)
+            distributed.barrier(dist)
+        bar.close()
     for cb in callbacks:
         cb.on_fit_end(history)
     return history
@@ -431,7 +425,8 @@ def _gather_rng(dist: DistInfo) -> list[torch.Tensor]:
     return distributed.all_gather_object(torch.get_rng_state(), dist)
 
 
-def _state(epoch, optimizer, scheduler, ema, rows, recipe: Recipe, identity: dict, rng, dist: DistInfo) -> dict:
+def _state(epoch, optimizer, scheduler, ema, rows, recipe: Recipe, identity: dict, rng, dist: DistInfo,
+           plan: Plan) -> dict:
     state = {
         "version": STATE_VERSION,
         "epoch": epoch + 1,
@@ -442,6 +437,7 @@ def _state(epoch, optimizer, scheduler, ema, rows, recipe: Recipe, identity: dic
         "recipe": recipe.to_dict(),
         "identity": identity,
         "world_size": dist.world_size,
+        "plan": plan.to_dict(),  # a resumed run trains on the path it started on
     }
     if dist.device.type == "cuda":
         state["rng_cuda"] = torch.cuda.get_rng_state(dist.device)
@@ -451,7 +447,9 @@ def _state(epoch, optimizer, scheduler, ema, rows, recipe: Recipe, identity: dic
 
 
 def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identity: dict,
-             dist: DistInfo) -> tuple[int, list[dict]]:
+             dist: DistInfo) -> tuple[int, list[dict], Plan | None]:
+    """Load the training state of `out`'s last checkpoint; returns its epoch, its metrics rows and the plan the
+    run trained on (None for a state from before plans were kept)."""
     folder = ckpt.resolve_checkpoint(out / "last.json")
     state = ckpt.read_state(folder)
     if state.get("version") != STATE_VERSION:
@@ -478,6 +476,7 @@ def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identi
             ema.load_state_dict(state["ema"])
         rows = [dict(r) for r in state["history"]]
         epoch = int(state["epoch"])
+        plan = Plan.from_dict(state["plan"]) if "plan" in state else None
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         if isinstance(e, VitlabError):
             raise
@@ -493,7 +492,7 @@ def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identi
                   "random augmentation continues with a new stream (not bitwise the original)")
     if "rng_cuda" in state and dist.device.type == "cuda":
         torch.cuda.set_rng_state(state["rng_cuda"], dist.device)
-    return epoch, rows
+    return epoch, rows, plan
 
 
 def _repair_best(out: Path, rows: list[dict]) -> None:

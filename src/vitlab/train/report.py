@@ -131,6 +131,7 @@ def finish_run(out: Path, *, model, history: History, scan, val_loader, recipe, 
         "train_time_s": sum(r["time_s"] for r in rows),
         "files": files,
         "settings": settings,
+        "fast_path": history.plan.to_dict() if history.plan is not None else None,  # the plan it trained on
     }
     write_json(out / "summary.json", summary)
     width = max(5, *(len(c) for c in scan.classes))

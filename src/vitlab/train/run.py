@@ -65,7 +65,7 @@ class TrainJob:
     force: bool = False  # write a new run into a non-empty folder that holds no vitlab run
     device: str = "auto"
     workers: int | None = None  # data-loading processes (default: 0 on CPU, up to 8 on GPU)
-    fast_path: str = "auto"  # vitlab.speed.fastpath: auto | compile | eager | off (float rounding aside, the same numbers)
+    fast_path: str = "auto"  # vitlab.speed.fastpath: auto | tuned | compile | eager | off (float rounding aside, the same numbers)
 
     def check(self) -> None:
         if (self.data is None) == (self.dataset is None):

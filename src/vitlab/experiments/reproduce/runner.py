@@ -24,8 +24,8 @@ from vitlab.experiments.reproduce.report import _duration, render_html, render_m
 from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, RunCache, RunSpec, build_model, execute_run, recipe, transforms
 from vitlab.fileio import check_out_folder, output_folder, write_csv, write_text
 from vitlab.runtime import num_threads, process_pool, resolve_device
-from vitlab.speed import cpu_training
-from vitlab.speed.fastpath import check_fast_path
+from vitlab.speed import paths
+from vitlab.speed.fastpath import check_fast_path, choose_plan
 from vitlab.train.optim import build_optimizer
 
 
@@ -65,7 +65,7 @@ def calibrate(specs: Sequence[RunSpec], device: torch.device) -> dict[tuple, tup
         size, C, B = int(d["img_size"]), int(d.get("channels", 3)), spec.batch_size
         torch.manual_seed(0)
         model = build_model(spec, 10).to(device).train()
-        cpu_training.use_onednn_linears(model)  # as fit trains it
+        plan = choose_plan(model, fast="auto", mode="train", precision="fp32", batch_size=B, items=1, device=device)
         opt = build_optimizer(model, lr=1e-4)
         train_tf, _ = transforms(spec, model, (size, size))
         rec = recipe(spec)
@@ -74,19 +74,20 @@ def calibrate(specs: Sequence[RunSpec], device: torch.device) -> dict[tuple, tup
         images = torch.randint(0, 256, (B, C, size, size), dtype=torch.uint8, generator=g).to(device)
         y = torch.randint(0, 10, (B,), generator=g).to(device)
         params = train_tf.draw(B, g)
-        walls, cpus = [], []
-        while len(walls) < 3 or (len(walls) < 8 and sum(cpus[1:]) < 0.25):  # a warm-up, then at least 2 timed
-            t, c = time.perf_counter(), time.process_time()
-            x, target = train_tf(images, params), y
-            if mix is not None:
-                x, target = mix(x, y)
-            F.cross_entropy(model(x), target).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            walls.append(time.perf_counter() - t)
-            cpus.append(time.process_time() - c)
+        with paths.training(model, plan, precision="fp32") as net:  # as fit trains it
+            walls, cpus = [], []
+            while len(walls) < 3 or (len(walls) < 8 and sum(cpus[1:]) < 0.25):  # a warm-up, then at least 2 timed
+                t, c = time.perf_counter(), time.process_time()
+                x, target = train_tf(images, params), y
+                if mix is not None:
+                    x, target = mix(x, y)
+                F.cross_entropy(net(x), target).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                walls.append(time.perf_counter() - t)
+                cpus.append(time.process_time() - c)
         out[key] = (min(walls[1:]) / B, min(cpus[1:]) / B)
     return out
 
@@ -120,8 +121,7 @@ def reproduce(
     synchronisation than it gains (and on a busy machine it can make a step 30x slower). The numbers do
     not depend on the number of workers: each run is seeded on its own. Every option and `out_dir` (new,
     empty, an earlier report's folder, or with `force` any folder) are checked before anything runs.
-    `fast_path`: each run's (`vitlab.speed.fastpath`; a run compiles only where its own steps repay it),
-    kept in its result.
+    `fast_path`: each run's (`vitlab.speed.fastpath`), kept in its result.
     """
     check_fast_path(fast_path)
     if scale not in SCALES:
@@ -200,10 +200,6 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
         meta["trained_by"] = json.loads(trained_by.read_text())
     write_text(out / "report.md", render_markdown(outcomes, meta))
     write_text(out / "report.html", render_html(outcomes, meta, out))
-    compiled = sum(any(line.startswith("fast path: compiled") for line in cache.result(s).get("fast_path", []))
-                   for s in todo)
-    if todo:
-        log(f"fast path: {fast_path}: {compiled} of {len(todo)} run(s) trained compiled (the others repaid no compile)")
     log(f"wrote {out / 'report.md'} and report.html ({_duration(elapsed)}; {len(todo)} run(s) trained)")
     for e, o in outcomes:
         log(f"  claim {e.number} {e.name:12s} {o.verdict.status}")

@@ -207,7 +207,7 @@ def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: 
         "train_time_s": train_time,
         "train_cpu_s": train_cpu,
         "device": str(device),
-        "fast_path": history.fast_path,
+        "fast_path": history.plan.to_dict(),
         "curve": [{"epoch": r["epoch"], "train_loss": r["train_loss"], "val_acc": r["val_acc"]} for r in history.rows],
     }
     cache.save(spec, result, model)

@@ -7,9 +7,9 @@
 2. for each model, precision and batch size, inference (and with `train`, training-step) images/s on
    every path asked for, all with the same weights and inputs, run alternately (the order rotates
    every repeat, so a slow phase of a shared machine hits all of them):
-       vitlab         as vitlab's commands run it (`vitlab.speed.fastpath`): the kernels measured
-                      fastest here, and compiled where that is faster (compiling is measured whenever
-                      `compile` is among the peers, and the faster of the two is vitlab's path)
+       vitlab         as vitlab's commands run a long run (`vitlab.speed.fastpath`): the plan the fixed
+                      rules give this machine (`auto`, the default), and with `tuned` also the plan
+                      `vitlab tune` measured fastest here (row "vitlab-tuned"); each row says its plan
        timm           timm's VisionTransformer of the same configuration, as shipped (eager)
        timm-compile   the same under `torch.compile`, with inductor's `freezing` for inference, as
                       torch's documentation recommends for CPU inference
@@ -31,8 +31,8 @@ process and reads its peak resident set size, so a measurement never inherits an
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import math
 import os
 import platform
 import resource
@@ -41,6 +41,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from functools import partial
 from typing import Callable
 
 import torch
@@ -54,17 +55,20 @@ from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config, get_variant
 from vitlab.models.vit import ViTConfig, VisionTransformer
 from vitlab.runtime import autocast, check_precision, process_pool, resolve_device
-from vitlab.speed import compiled as C
-from vitlab.speed import cpu_inference
-from vitlab.speed.attention import choose_attention
-from vitlab.speed.calibration import calibration, cpu_model
-from vitlab.speed.fastpath import check_fast_path, prepare_training
-from vitlab.speed.pieces import choose_compiled_pieces, choose_pieces, in_pieces
+from vitlab.speed import onednn
+from vitlab.speed.compiled import compile_model
+from vitlab.speed.fastpath import check_fast_path, choose_plan
+from vitlab.speed.machine import this_machine
+from vitlab.speed.paths import inference_fn, training
+from vitlab.speed.tune import race as _race
+from vitlab.speed.tune import tuning_file
 from vitlab.train.optim import build_optimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PEERS = {"timm": "timm", "compile": "timm-compile", "onnxruntime": "onnxruntime"}  # --against word -> path
-PATHS = ("vitlab", "timm", "timm-compile", "onnxruntime")
+PATHS = ("vitlab", "vitlab-tuned", "timm", "timm-compile", "onnxruntime")
+OURS = {"auto": "vitlab", "tuned": "vitlab-tuned"}  # vitlab's fast paths a bench measures -> their rows
+LONG_RUN = 10**6  # images (or steps) of the run a row stands for: the rules' plan for a long run
 MIN_REPEAT_S = 0.5  # a repeat of a path lasts at least this long (a batch of one is called several times)
 MODES = ("inference", "train")
 
@@ -94,38 +98,14 @@ CLOCKS = ("wall", "cpu")
 def race(fns: dict[str, Callable[[], None]], *, warmup: int = 1, repeats: int = 5,
          device: torch.device = torch.device("cpu"), clock: str = "wall",
          min_repeat_s: float = 0.0) -> dict[str, list[float]]:
-    """Seconds per call of each function, interleaved: every repeat runs each function once, and the
-    order rotates between repeats. Returns {name: [seconds per call, one per repeat]} (take the median).
-
-    `min_repeat_s` (with a warm-up): a repeat of a function runs it as many times in a row as its (last)
-    warm-up call says it takes to last that long, so that a fast call (a batch of one) is not timed by a single
-    sample of a few tens of milliseconds, which a shared machine's hiccups decide.
-
-    `clock="wall"` times elapsed seconds; `clock="cpu"` the process's CPU seconds, which on a shared
-    machine leaves out the time the process spent waiting for a core (meaningful at one thread: with
-    several, threads that spin while waiting for each other count too).
-    """
+    """Seconds per call of each function, interleaved (`vitlab.speed.tune.race`). `clock="wall"` times elapsed
+    seconds; `clock="cpu"` the process's CPU seconds, which on a shared machine leave out the time spent
+    waiting for a core (meaningful at one thread). Returns {name: [seconds per call, one per repeat]}."""
     if clock not in CLOCKS:
         raise VitlabError(f"clock must be one of {', '.join(CLOCKS)}; found {clock!r}", arg="clock")
-    now = time.perf_counter if clock == "wall" else time.process_time
-    names = list(fns)
-    calls = dict.fromkeys(names, 1)
-    for _ in range(warmup):
-        for name in names:
-            t0 = now()
-            fns[name]()
-            _sync(device)
-            calls[name] = max(1, math.ceil(min_repeat_s / max(now() - t0, 1e-9)))
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
-            t0 = now()
-            for _ in range(calls[name]):
-                fns[name]()
-            _sync(device)
-            times[name].append((now() - t0) / calls[name])
-    return times
+    synced = {name: (lambda fn=fn: (fn(), _sync(device))) for name, fn in fns.items()}
+    return _race(synced, warmup=warmup, repeats=repeats, min_repeat_s=min_repeat_s,
+                 clock=time.perf_counter if clock == "wall" else time.process_time)
 
 
 def paired_ratio(ours: list[float], theirs: list[float]) -> float:
@@ -138,21 +118,17 @@ def matmul_rate(precision: str = "fp32", *, n: int = 2048, warmup: int = 2, repe
                 device: torch.device | str = "cpu", clock: str = "wall") -> float:
     """FLOP/s of an n x n x n matrix product (2 n^3 FLOPs) in `precision`: the best of `repeats`
     (the ceiling is what the machine can do; a slow repeat measures the neighbours, not the machine).
-    On a CPU with oneDNN, the fastest of torch.mm and the products with a pre-packed operand that vitlab's
-    packed inference runs (`vitlab.speed.cpu_inference`: oneDNN's, and in fp32 MKL's), so that MFU stays a
-    share of the best rate."""
+    On a CPU with oneDNN, the faster of torch.mm and oneDNN's product with a pre-packed operand (what vitlab's
+    packed inference runs, `vitlab.speed.onednn`), so that MFU stays a share of the best rate."""
     device = torch.device(device)
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(n, n, generator=g).to(device, DTYPES[precision])
     b = torch.randn(n, n, generator=g).to(device, DTYPES[precision])
     fns = {"mm": lambda: torch.mm(a, b)}
-    if cpu_inference.supported(precision, device):
-        weight = b.T.contiguous()  # a @ b as a Linear of weight b^T
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, n)
-        fns["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
-        if cpu_inference.mkl_packing_available(precision):
-            mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight, n)
-            fns["mkl"] = lambda: torch.ops.mkl._mkl_linear(a, mkl, weight, None, n)
+    if device.type == "cpu" and onednn.available(precision):
+        linear = nn.Linear(n, n, bias=False)
+        linear.weight.data = b.T.contiguous().float()  # a @ b as a Linear of weight b^T
+        fns["onednn"] = partial(onednn.PackedLinear(linear, DTYPES[precision], n), a)
     times = race(fns, warmup=warmup, repeats=repeats, device=device, clock=clock)
     return 2 * n**3 / min(min(t) for t in times.values())
 
@@ -271,16 +247,12 @@ def _train_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str
 
 
 def _first_call_s(fn: Callable[[], None], device: torch.device) -> float:
-    """Wall seconds of a compiled path's first call (the compile, and one call), compiled from nothing:
-    in an empty inductor cache (torch's own test helper), so that no path reuses the kernels another
-    path compiled, and each time is what a first run on this machine takes."""
-    from torch._inductor.utils import fresh_cache
-
-    with fresh_cache():
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        return time.perf_counter() - t0
+    """Wall seconds of a compiled path's first call: the compile, and one call (with inductor's on-disk cache
+    as it is: kernels built by an earlier run are reused)."""
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
 
 
 def bench_model(
@@ -290,7 +262,7 @@ def bench_model(
     precision: str = "fp32",
     mode: str = "inference",
     against: list[str] = (),
-    fast_path: str = "auto",
+    fast_paths: list[str] = ("auto",),
     grad_checkpointing: bool = False,
     matmul_flops: dict[str, float],
     warmup: int = 1,
@@ -299,22 +271,27 @@ def bench_model(
     clock: str = "wall",
     seed: int = 0,
     notes: list[str] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> list[BenchRow]:
-    """The rows of one model, batch size, precision and mode: vitlab's, then each path of `against`
-    (see the module docstring). `fast_path` is vitlab's (`vitlab.speed.fastpath`): with "auto" and
-    timm-compile among the peers, vitlab's compiled model is measured too and the faster of the two is
-    vitlab's row. `notes` gets a line for each path left out, with the reason."""
+    """The rows of one model, batch size, precision and mode: vitlab's, one per fast path of `fast_paths`
+    ("auto": the rules' plan for a long run; "tuned": `vitlab tune`'s, measured first if need be), then each
+    path of `against` (see the module docstring). `notes` gets a line for each path left out, with the
+    reason; `log` the tuning's progress."""
     check_precision(precision)
     check_range("batch_size", batch_size, low=1, integer=True)
-    check_fast_path(fast_path)
     if mode not in MODES:
         raise VitlabError(f"mode must be one of {', '.join(MODES)}; found {mode!r}", arg="mode")
+    for fast in fast_paths:
+        if check_fast_path(fast) not in OURS:
+            raise VitlabError(f"fast_path: a bench row runs vitlab's {' or '.join(OURS)} path; found {fast!r}",
+                              arg="fast_path")
     for path in against:
-        if path not in PATHS[1:]:
-            raise VitlabError(f"against: {path!r} is not a peer; expected {', '.join(PATHS[1:])}", arg="against")
+        if path not in PATHS[2:]:
+            raise VitlabError(f"against: {path!r} is not a peer; expected {', '.join(PATHS[2:])}", arg="against")
     device = resolve_device(device)
     notes = notes if notes is not None else []
     train = mode == "train"
+    torch.compiler.reset()  # the graphs of the rows before: dynamo keeps a few per function, and their memory
     torch.manual_seed(seed)
     ours = create_model(name).to(device)
     if not isinstance(ours, VisionTransformer):
@@ -325,7 +302,6 @@ def bench_model(
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch_size, cfg.in_chans, *cfg.img_size, generator=g).to(device)
     y = torch.randint(0, max(cfg.num_classes, 1), (batch_size,), generator=g).to(device)
-    tokens = cfg.num_patches + cfg.num_prefix_tokens
 
     def fn_of(model: nn.Module) -> Callable[[], None]:
         return _train_fn(model, x, y, precision) if train else _inference_fn(model, x, precision)
@@ -333,47 +309,20 @@ def bench_model(
     fns: dict[str, Callable[[], None]] = {}
     how: dict[str, str] = {}
     compile_s: dict[str, float] = {}
+    stack = contextlib.ExitStack()  # the training paths' contexts stay open while they are timed
 
-    # vitlab, as its commands run it: the kernels measured fastest here (and compiled, measured below)
-    eager = copy.deepcopy(ours).train(train)
-    pieces = batch_size  # images per forward pass (vitlab.speed.pieces)
-    if fast_path == "off":
-        how["vitlab"] = "the model as built"
-    elif train:
-        how["vitlab"] = ", ".join(prepare_training(eager, precision=precision, batch_size=batch_size)) or "as built"
-    else:
-        pieces = choose_pieces(eager, precision=precision, batch_size=batch_size)
-        said = [f"{pieces} images at a time"] if pieces < batch_size else []
-        said += [f"{a} attention" for a in [choose_attention(eager, precision=precision, batch_size=pieces)] if a]
-        if cpu_inference.supported(precision, device):
-            n = cpu_inference.pack_for_cpu_inference(eager, precision, pieces * tokens)
-            said.append(f"{n}/{cpu_inference.linear_count(eager)} Linear weights packed")
-        how["vitlab"] = ", ".join(said) or "as built"
-
-    def vitlab_fn(model: Callable, size: int) -> Callable[[], None]:
-        return fn_of(model if size == batch_size else lambda x: in_pieces(model, x, size))
-
-    fns["vitlab"] = vitlab_fn(eager, pieces)
-    vitlab_compiled = fast_path in ("auto", "compile") and "timm-compile" in against or fast_path == "compile"
-    compiled_pieces = batch_size  # images per call of the compiled graph, measured on it
-    if vitlab_compiled:
-        base = copy.deepcopy(ours).train(train)
+    # vitlab, as its commands run a long run: the plan of each fast path, said in the row
+    for fast in fast_paths:
+        path = OURS[fast]
+        plan = choose_plan(ours, fast=fast, mode=mode, precision=precision, batch_size=batch_size, items=LONG_RUN,
+                           device=device, log=log)
+        how[path] = plan.describe()
         if train:
-            prepare_training(base, precision=precision, batch_size=batch_size)
+            fns[path] = fn_of(stack.enter_context(training(copy.deepcopy(ours).train(), plan, precision=precision)))
         else:
-            base.set_fused_attention(all(b.attn.fused for b in eager.blocks))
-        compiled = C.compile_model(base, mode)
-        first_calls = {}
-        if not train and fast_path != "off" and device.type == "cpu" and batch_size > 1:
-            compiled_pieces, first_calls = choose_compiled_pieces(compiled, base, precision=precision,
-                                                                  batch_size=batch_size)
-        fns["vitlab-compiled"] = vitlab_fn(compiled, compiled_pieces)
-        if compiled_pieces in first_calls:  # compiled while its size was measured: the compile and one piece
-            compile_s["vitlab-compiled"] = first_calls[compiled_pieces]
-            first_images = compiled_pieces
-        else:
-            compile_s["vitlab-compiled"] = _first_call_s(fns["vitlab-compiled"], device)
-            first_images = batch_size
+            fns[path] = fn_of(inference_fn(ours, plan, precision=precision, batch_size=batch_size))
+        if plan.compile:
+            compile_s[path] = _first_call_s(fns[path], device)
 
     # the peers
     twin = timm_twin(ours).train(train) if any(p.startswith("timm") for p in against) else None
@@ -381,7 +330,7 @@ def bench_model(
         fns["timm"] = fn_of(twin)
         how["timm"] = "as shipped"
     if "timm-compile" in against:
-        fns["timm-compile"] = fn_of(C.compile_model(copy.deepcopy(twin), mode, cpp_wrapper=False))
+        fns["timm-compile"] = fn_of(compile_model(copy.deepcopy(twin), mode, cpp_wrapper=False))
         how["timm-compile"] = "torch.compile" + ("" if train else " with freezing")
         compile_s["timm-compile"] = _first_call_s(fns["timm-compile"], device)
     tmp = None
@@ -400,51 +349,27 @@ def bench_model(
     try:
         times = race(fns, warmup=warmup, repeats=repeats, device=device, clock=clock, min_repeat_s=MIN_REPEAT_S)
     finally:
+        stack.close()
         if tmp is not None:
             tmp.cleanup()
-    per_image = {k: statistics.median(v) / batch_size for k, v in times.items()}
-
-    if "vitlab-compiled" in times:
-        # compiling measured: remember it for the commands' decisions; vitlab's path is the faster one
-        cs = max(0.0, compile_s["vitlab-compiled"] - per_image["vitlab-compiled"] * first_images)
-        unit = batch_size if train else 1  # training records are per step, inference per image
-        C.Measurement(C.record_key(ours, mode=mode, precision=precision, batch_size=batch_size, device=device,
-                                   pieces=compiled_pieces),
-                      uncompiled=[per_image["vitlab"] * unit], compiled=[per_image["vitlab-compiled"] * unit],
-                      compile_s=cs).save(calibration())
-        compile_s["vitlab"] = cs
-        compile_s["vitlab-saved"] = per_image["vitlab"] - per_image["vitlab-compiled"]
-        if fast_path == "compile" or per_image["vitlab-compiled"] < per_image["vitlab"]:
-            times["vitlab"] = times["vitlab-compiled"]
-            how_compiled = "torch.compile" + ("" if train else ", freezing, C++ wrapper") + (
-                f", {compiled_pieces} images at a time" if compiled_pieces < batch_size else "")
-            how["vitlab"] = (f"compiled ({how_compiled}); uncompiled ({how['vitlab']}): "
-                             f"{per_image['vitlab'] ** -1:.2f} img/s")
-        else:
-            how["vitlab"] += (f"; not compiled (compiled: {per_image['vitlab-compiled'] ** -1:.2f} img/s after a "
-                              f"{cs:.0f} s compile)")
-        del times["vitlab-compiled"]
 
     cfg_flops = forward_flops(cfg) * batch_size * (3 if train else 1)
-    peers = [p for p in PATHS[1:] if p in times]
+    peers = [p for p in PATHS[2:] if p in times]
     rows = []
-    for path in ["vitlab"] + peers:
+    for path in [p for p in PATHS if p in times]:
         ts = times[path]
         s = statistics.median(ts)
         row = BenchRow(name, mode, precision, batch_size, path, batch_size / s, s, cfg_flops / s,
-                       cfg_flops / s / matmul_flops[precision], how[path], cpu=cpu_model(),
+                       cfg_flops / s / matmul_flops[precision], how[path], cpu=this_machine().cpu,
                        threads=torch.get_num_threads(), clock=clock, repeats=ts)
-        if path == "vitlab" and peers:
+        if path in OURS.values() and peers:
             row.vs_best_peer = min(paired_ratio(ts, times[p]) for p in peers)
-        if path == "timm-compile":
+        if path in compile_s:
             row.compiled_path = True
             row.compile_s = max(0.0, compile_s[path] - s)
-            saved = statistics.median(times["timm"]) / batch_size - s / batch_size if "timm" in times else None
+            uncompiled = times.get("timm" if path == "timm-compile" else "", None)
+            saved = (statistics.median(uncompiled) - s) / batch_size if uncompiled else None
             row.pays_after_images = row.compile_s / saved if saved and saved > 0 else None
-        if path == "vitlab" and "vitlab" in compile_s:
-            row.compiled_path = how[path].startswith("compiled")
-            row.compile_s = compile_s["vitlab"]
-            row.pays_after_images = row.compile_s / compile_s["vitlab-saved"] if compile_s["vitlab-saved"] > 0 else None
         rows.append(row)
     return rows
 
@@ -454,7 +379,7 @@ def machine_info(device: torch.device) -> dict:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "device": str(device),
-        "cpu": cpu_model(),
+        "cpu": this_machine().describe(),
         "python": platform.python_version(),
     }
     if device.type == "cuda":
@@ -492,26 +417,22 @@ def run_bench(
     precisions: list[str],
     modes: list[str] = ("inference",),
     against: list[str] = (),
-    fast_path: str = "auto",
+    fast_paths: list[str] = ("auto",),
     grad_checkpointing: bool = False,
     warmup: int = 1,
     repeats: int = 5,
     matmul_size: int = 2048,
     device: str = "auto",
     clock: str = "wall",
-    recalibrate: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
     """The whole `vitlab bench` run: machine rates, then one group of rows per (model, mode, precision,
     batch). Returns a JSON-ready dict: {"machine", "clock", "matmul_flops": {precision: FLOP/s}, "rows",
-    "notes"}. `recalibrate` forgets this machine's measured choices first (`vitlab.speed.calibration`)."""
+    "notes"}."""
     check_options(models, batch_sizes=batch_sizes, precisions=precisions, warmup=warmup, repeats=repeats,
                   matmul_size=matmul_size, clock=clock)
     dev = resolve_device(device)
     say = progress or (lambda s: None)
-    if recalibrate:
-        calibration().clear()
-        say(f"calibration cleared: {calibration().path}")
     rates = {}
     for p in ("fp32", "bf16"):
         say(f"matmul {matmul_size}^3 {p}")
@@ -523,14 +444,15 @@ def run_bench(
                 for b in batch_sizes:
                     say(f"{name} {mode} {p} batch {b}")
                     peers = [a for a in against if not (mode == "train" and a == "onnxruntime")]
-                    rows += bench_model(name, batch_size=b, precision=p, mode=mode, against=peers, fast_path=fast_path,
-                                        grad_checkpointing=grad_checkpointing, matmul_flops=rates, warmup=warmup,
-                                        repeats=repeats, device=dev, clock=clock, notes=notes)
+                    rows += bench_model(name, batch_size=b, precision=p, mode=mode, against=peers,
+                                        fast_paths=fast_paths, grad_checkpointing=grad_checkpointing,
+                                        matmul_flops=rates, warmup=warmup, repeats=repeats, device=dev, clock=clock,
+                                        notes=notes, log=say)
     if "onnxruntime" in against and "train" in modes:
         notes.append("onnxruntime: inference rows only (ONNX Runtime's training is another product)")
     return {"machine": machine_info(dev), "clock": clock, "matmul_size": matmul_size, "matmul_flops": rates,
             "warmup": warmup, "repeats": repeats, "min_repeat_s": MIN_REPEAT_S if warmup else 0.0,
-            "calibration": str(calibration().path),
+            "tuning": str(tuning_file()) if "tuned" in fast_paths else None,
             "rows": [asdict(r) for r in rows], "notes": list(dict.fromkeys(notes))}
 
 
@@ -549,7 +471,7 @@ def format_table(result: dict) -> str:
         f"torch {m['torch']} on {m['device']} ({m['cpu']}), {m['threads']} thread(s), {result['clock']} clock; "
         f"median of {result['repeats']} repeats{long_repeats} after {result['warmup']} warm-up; paths run alternately",
         f"matmul {result['matmul_size']}^3: fp32 {rates['fp32'] / 1e9:.1f} GFLOP/s, bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s",
-        f"vitlab's measured kernel choices: {_home_relative(result['calibration'])}",
+        *([f"vitlab's tuned plans: {_home_relative(result['tuning'])}"] if result.get("tuning") else []),
         "MFU (model FLOP utilisation): the row's GFLOP/s over the matmul rate above of the same precision",
         "",
         f"{'model':<24}{'mode':<11}{'prec':<6}{'batch':>5}  {'path':<14}{'img/s':>9}{'GFLOP/s':>9}{'MFU':>7}"
@@ -564,9 +486,8 @@ def format_table(result: dict) -> str:
         if r["compile_s"] is not None:
             pays = (f"pays for itself after {r['pays_after_images']:,.0f} images" if r["pays_after_images"] is not None
                     else "never pays (not faster)")
-            which = r["path"] if r["compiled_path"] else f"{r['path']} compiled (not its row: slower)"
-            compiles.append(f"  {r['model']} {r['mode']} {r['precision']} batch {r['batch']}, {which}: "
-                            f"{r['compile_s']:.1f} s, {pays}")
+            compiles.append(f"  {r['model']} {r['mode']} {r['precision']} batch {r['batch']}, {r['path']}: "
+                            f"{r['compile_s']:.1f} s" + (f", {pays}" if r["path"] == "timm-compile" else ""))
     if compiles:
         lines += ["", "compile time (wall clock, the first call less a steady one; inductor's on-disk cache makes a "
                       "second process's shorter):", *compiles]
@@ -644,9 +565,8 @@ def _current_rss_bytes() -> int:
 def _memory_probe(name: str, batch_size: int, train: bool, precision: str, grad_checkpointing: bool,
                   threads: int, overrides: dict) -> dict:
     """Runs in a fresh process: build the model, run one step (two for training, so AdamW's state
-    exists), and report peak RSS above the RSS before the model was built. Training runs as vitlab's
-    trainers run it (`prepare_training`), whose kernel choices a previous process has measured already:
-    measuring them here would add its own tensors to the peak."""
+    exists), and report peak RSS above the RSS before the model was built. Training runs on the plan
+    vitlab's trainers take (`vitlab.speed.fastpath.choose_plan`)."""
     torch.set_num_threads(threads)
     x = torch.randn(batch_size, 3, 8, 8)  # touch the allocator and kernels once before the baseline
     del x
@@ -659,15 +579,17 @@ def _memory_probe(name: str, batch_size: int, train: bool, precision: str, grad_
     device = torch.device("cpu")
     if train:
         model.train().set_grad_checkpointing(grad_checkpointing)
-        prepare_training(model, precision=precision, batch_size=batch_size)  # as vitlab's trainers run it
+        plan = choose_plan(model, fast="auto", mode="train", precision=precision, batch_size=batch_size, items=2,
+                           device=device)
         optimizer = build_optimizer(model, lr=1e-4)
         y = torch.zeros(batch_size, dtype=torch.long)
-        for _ in range(2):
-            with autocast(device, precision):
-                logits = model(x)
-            F.cross_entropy(logits.float(), y).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        with training(model, plan, precision=precision) as net:  # as vitlab's trainers run it
+            for _ in range(2):
+                with autocast(device, precision):
+                    logits = net(x)
+                F.cross_entropy(logits.float(), y).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
     else:
         model.eval()
         with torch.inference_mode(), autocast(device, precision):
@@ -684,9 +606,6 @@ def measure_peak_memory(name: str, batch_size: int, *, train: bool = True, preci
     """
     threads = threads or torch.get_num_threads()
     args = (name, batch_size, train, precision, grad_checkpointing, threads, overrides)
-    if train:
-        with process_pool(1, threads=threads) as pool:  # fills the calibration file for the measured run
-            pool.submit(_memory_probe, *args).result()
     with process_pool(1, threads=threads) as pool:
         return pool.submit(_memory_probe, *args).result()
 

@@ -1,0 +1,133 @@
+"""The path a model runs on, chosen by fixed rules from what the machine is: one table, no stopwatch.
+
+A `Plan` holds every choice that changes how fast a model runs and changes its numbers at most by float
+rounding: the attention kernel, the library of the matrix products, torch.compile, and how many images of
+a batch go through the model at a time. `plan_by_rules` reads the choices off `RULES` below, from the CPU
+kind and vendor (`vitlab.speed.machine`), the mode (inference or training), the precision, the batch, and
+the run's length in FLOPs; nothing is timed. So a command, a seed, the data and the machine kind decide
+a run's weights and metrics, bitwise, whatever ran before on the machine. What still pays for measuring
+is measured only when asked (`vitlab tune`, `--fast-path tuned`: `vitlab.speed.tune`).
+
+Each row of the table is the fastest path measured on that kind of machine, with `vitlab bench` and
+`vitlab tune` (the figures, and the CPUs, are in `docs/speed.md`):
+
+- AMD processors run torch's fp32 products (Intel's MKL) far below their rate; oneDNN runs them at it,
+  2.4x as fast for ViT-S/16's inference on an AMD EPYC (Zen 5). So on AMD, fp32 products go to oneDNN
+  (`vitlab.speed.onednn`). torch.compile's freezing packs fp32 weights for MKL, so compiled fp32 loses
+  there, and AMD does not compile fp32 inference.
+- On an Intel Xeon with AMX, compiled inference with freezing (which packs every weight once) is the
+  fastest path for a long run, and bf16 training runs the explicit attention products (the fused
+  kernel's backward is slower there).
+- A small model (under `SMALL_FLOPS` per image: the mini experiment's) runs as built on every CPU: its
+  steps are dispatch, not arithmetic, and a product reordered for oneDNN at every call costs more than it
+  saves.
+- Compiling costs tens of seconds; it is chosen only for a run of at least `COMPILE_FLOPS` (about
+  5,000 ViT-S/16 images, 1,400 ViT-B/16 images), by the FLOPs the model will compute, never by the clock.
+  Training does not compile by these rules (a few percent for a minute of compile, measured); `--fast-path
+  compile` or a tuned plan does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from vitlab.speed.machine import Machine
+
+ATTENTION = ("fused", "explicit")
+PRODUCTS = ("aten", "onednn")
+MODES = ("inference", "train")
+SMALL_FLOPS = 1e9  # per image, forward: below it a model runs as built (ViT-Ti/16 is 2.5e9, the mini models 1e7-1e8)
+COMPILE_FLOPS = 5e13  # a run's forward FLOPs from which compiling pays (ViT-S/16: 9.2e9 per image)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a model runs. Each field changes speed, and a result only by float rounding."""
+
+    attention: str = "fused"  # fused: torch's scaled_dot_product_attention; explicit: softmax(q k^T / sqrt(d)) v
+    products: str = "aten"  # aten: nn.Linear as built (MKL on x86); onednn: `vitlab.speed.onednn`
+    compile: bool = False  # torch.compile (inference: with freezing)
+    pieces: int = 0  # images per forward pass of a batch; 0: the whole batch
+    source: str = "as built"  # where the plan came from: "rules (<kind>)", "tuned", "as built", ...
+
+    def describe(self) -> str:
+        """The plan in a few words, as a command prints it."""
+        parts = [f"{self.attention} attention", "oneDNN products" if self.products == "onednn" else "torch's products"]
+        if self.pieces:
+            parts.append(f"{self.pieces} images at a time")
+        parts.append("compiled" if self.compile else "not compiled")
+        return f"{', '.join(parts)} [{self.source}]"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        """A plan read back from a run's files (checked: a damaged one is refused by the caller)."""
+        names = {f.name for f in fields(cls)}
+        if not isinstance(d, dict) or set(d) - names:
+            raise ValueError(f"not a plan: {d!r}")
+        plan = cls(**d)
+        if (plan.attention not in ATTENTION or plan.products not in PRODUCTS or not isinstance(plan.compile, bool)
+                or not isinstance(plan.pieces, int) or plan.pieces < 0 or not isinstance(plan.source, str)):
+            raise ValueError(f"not a plan: {d!r}")
+        return plan
+
+
+AS_BUILT = Plan()
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A row of RULES: where it applies ("*" = any) and what it chooses."""
+
+    vendor: str
+    kind: str
+    mode: str
+    precision: str
+    attention: str = "fused"
+    products: str = "aten"
+    compile: bool = False  # for runs of at least COMPILE_FLOPS
+    pieces: int = 0  # with compile, at batches above it
+
+    def matches(self, machine: Machine, mode: str, precision: str) -> bool:
+        return all(want in ("*", have) for want, have in ((self.vendor, machine.vendor), (self.kind, machine.kind),
+                                                          (self.mode, mode), (self.precision, precision)))
+
+
+# The first row that matches decides. Figures behind each row: docs/speed.md.
+RULES = (
+    # AMD: oneDNN's products; no compiled fp32 (freezing packs for MKL)
+    Rule("amd", "*", "inference", "fp32", products="onednn"),
+    Rule("amd", "*", "train", "fp32", products="onednn"),
+    Rule("amd", "avx512-bf16", "inference", "bf16", products="onednn"),
+    Rule("amd", "avx512-bf16", "train", "bf16", attention="explicit"),
+    # Intel with AMX: compiled inference (freezing packs the weights, then pieces keep a batch in the cache)
+    Rule("intel", "amx", "inference", "fp32", compile=True, pieces=4),
+    Rule("intel", "amx", "inference", "bf16", products="onednn", compile=True, pieces=16),
+    Rule("intel", "amx", "train", "bf16", attention="explicit"),
+    # anything else: the model as built
+    Rule("*", "*", "*", "*"),
+)
+
+
+def plan_by_rules(machine: Machine, *, mode: str, precision: str, batch_size: int, flops_per_item: float,
+                  items: int, device_type: str = "cpu") -> Plan:
+    """The plan RULES give for a run of `items` images (inference) or training steps of `batch_size`
+    images, of a model of `flops_per_item` forward FLOPs per image, on `machine`."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}; found {mode!r}")
+    if device_type != "cpu":
+        return replace(AS_BUILT, source=f"rules ({device_type})")
+    source = f"rules ({machine.kind}, {machine.vendor})"
+    if flops_per_item < SMALL_FLOPS:
+        return replace(AS_BUILT, source=f"{source}: a small model")
+    rule = next(r for r in RULES if r.matches(machine, mode, precision))
+    images = items * (batch_size if mode == "train" else 1)
+    compile_ = rule.compile and images * flops_per_item >= COMPILE_FLOPS
+    pieces = rule.pieces if compile_ and 0 < rule.pieces < batch_size else 0
+    return Plan(attention=rule.attention, products=rule.products, compile=compile_, pieces=pieces, source=source)
+
+
+__all__ = ["Plan", "AS_BUILT", "Rule", "RULES", "plan_by_rules", "ATTENTION", "PRODUCTS", "MODES", "SMALL_FLOPS",
+           "COMPILE_FLOPS"]
