@@ -93,17 +93,17 @@ def test_the_machine_kind_is_read_from_its_flags():
 
 
 def test_the_rules_send_each_cpu_kind_where_its_measurements_say():
-    """One table (`vitlab.speed.rules.RULES`): AMD takes oneDNN's fp32 products and never compiles fp32 (freezing
-    packs for MKL); an Intel Xeon with AMX compiles a long inference run, a few images at a time, and trains
+    """One table (`vitlab.speed.rules.RULES`): AMD infers on weights packed for oneDNN and never compiles fp32
+    (freezing packs for MKL), and trains fp32 as built; an Intel Xeon with AMX compiles a long inference run, a few images at a time, and trains
     bf16 on the explicit attention products; a small model, a short run or a GPU runs as built."""
     def plan(machine, mode="inference", precision="fp32", batch=32, flops=VIT_S, items=10**6, device="cpu"):
         return rules.plan_by_rules(machine, mode=mode, precision=precision, batch_size=batch, flops_per_item=flops,
                                    items=items, device_type=device)
 
     for amd in (AMD_ZEN5, AMD_EPYC_AVX2):
-        for mode in ("inference", "train"):
-            p = plan(amd, mode)
-            assert (p.products, p.compile, p.attention) == ("onednn", False, "fused"), (amd.kind, mode)
+        p = plan(amd)
+        assert (p.products, p.compile, p.attention) == ("onednn", False, "fused"), amd.kind
+        assert plan(amd, "train") == Plan(source=f"rules ({amd.kind}, amd)")  # training: as built
     assert plan(AMD_ZEN5, "train", "bf16").attention == "explicit"
     long = plan(XEON_AMX)
     assert (long.products, long.compile, long.pieces) == ("aten", True, 4) and long.source == "rules (amx, intel)"
@@ -133,10 +133,9 @@ def test_a_plan_reads_back_and_refuses_what_is_not_a_plan():
 
 
 @needs_onednn
-def test_onednn_products_are_torchs_to_float_rounding():
-    """Packed once for inference: fp32 to 1e-5, bf16 bitwise autocast's product (GELU fused in fc1's kernel
-    rounds once, not twice); per call in training: y, dx, dW and db to float rounding, and only fp32 products on
-    the CPU outside autocast go to oneDNN."""
+def test_onednn_packed_products_are_torchs_to_float_rounding():
+    """Packed once for inference: fp32 to 1e-5, bf16 bitwise autocast's product; a packed copy of a ViT has
+    no nn.Linear left, its MLP's GELU runs inside fc1's kernel, and the model copied is left as it was."""
     lin = torch.nn.Linear(96, 288)
     x = torch.randn(2, 17, 96, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
@@ -144,32 +143,17 @@ def test_onednn_products_are_torchs_to_float_rounding():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if onednn.available("bf16"):
                 assert torch.equal(onednn.PackedLinear(lin, torch.bfloat16, 34)(x), lin(x))
-    xs = x.clone().requires_grad_(True)
-    ref_x = x.clone().requires_grad_(True)
-    with onednn.OneDNNProducts():
-        y = F.linear(xs, lin.weight, lin.bias)
-    (y * y).sum().backward()
-    got = (xs.grad.clone(), lin.weight.grad.clone(), lin.bias.grad.clone())
-    lin.zero_grad()
-    ref = F.linear(ref_x, lin.weight, lin.bias)
-    (ref * ref).sum().backward()
-    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
-    for g, r in zip(got, (ref_x.grad, lin.weight.grad, lin.bias.grad)):
-        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
-    seen = []
-
-    class Spy(onednn.OneDNNProducts):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func is F.linear:
-                seen.append(onednn._eligible(args[0], args[1]))
-            return super().__torch_function__(func, types, args, kwargs)
-
-    with Spy():
-        F.linear(x, lin.weight)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            F.linear(x, lin.weight)
-        F.linear(x.double(), lin.weight.double())
-    assert seen == [True, False, False]
+        fused = onednn.PackedLinear(lin, torch.float32, 34, gelu="none")(x)
+        torch.testing.assert_close(fused, F.gelu(lin(x)), rtol=1e-5, atol=1e-5)
+    model = _small_model().eval()
+    packed = onednn.packed_copy(model, "fp32", 17)
+    assert not any(type(m) is torch.nn.Linear for m in packed.modules())
+    assert isinstance(packed.blocks[0].mlp.act, torch.nn.Identity) and packed.blocks[0].mlp.fc1.post_op == "gelu"
+    assert isinstance(model.blocks[0].mlp.act, torch.nn.GELU) and type(model.head) is torch.nn.Linear
+    for batch in (1, 5):  # other row counts than the one packed for
+        x = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(batch))
+        with torch.inference_mode():
+            torch.testing.assert_close(packed(x), model(x), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("plan", [Plan("explicit", "aten"), Plan("fused", "onednn"), Plan("explicit", "onednn", pieces=3)])
@@ -195,16 +179,14 @@ def test_an_inference_plan_gives_the_models_logits_and_leaves_the_model_as_it_wa
 
 
 def test_fit_trains_on_a_plan_and_gives_the_model_back_as_it_came(tmp_path):
-    """A tuned plan (written here, as `vitlab tune` would keep it) with the explicit attention products and
-    oneDNN's: the model trains through it, its modules, Parameter objects and attention kernel are those it
-    came with, the plan is said, kept in the History and in every checkpoint, and a resumed run takes the
+    """A tuned plan (written here, as `vitlab tune` would keep it) with the explicit attention products: the
+    model trains through it, its modules, Parameter objects and attention kernel are those it came with, the plan is said, kept in the History and in every checkpoint, and a resumed run takes the
     plan it was started with, whatever the fast path asked for now. The losses equal the model as built's
     to float rounding."""
-    products = "onednn" if onednn.available("fp32") else "aten"
     x = torch.randn(32, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     y = torch.arange(32) % 10
     recipe = Recipe(epochs=2, batch_size=8, lr=1e-3, warmup_epochs=0, seed=3)
-    tuned = Plan("explicit", products, source="tuned")
+    tuned = Plan("explicit", source="tuned")
     histories = {}
     for fast in ("off", "tuned"):
         model = _small_model()
@@ -245,14 +227,14 @@ def _weights(run: Path) -> dict:
 def test_the_same_training_is_bitwise_the_same_with_an_empty_cache_an_opposite_one_and_side_by_side(tmp_path):
     """The quick start's `vitlab train` three ways: as two processes side by side, each starting with an empty
     cache root; and in this process, with a cache holding the opposite choices (a tuned plan with the other
-    attention kernel and products, which `auto` does not read). Every run's weights are bitwise the same."""
+    attention kernel, compiled, which `auto` does not read). Every run's weights are bitwise the same."""
     data = tmp_path / "digits"
     assert main(["data", "digits", "--out", str(data), "--per-class", "20", "--size", "16"]) == 0
     env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "fresh")}
     side = [subprocess.Popen([sys.executable, "-m", "vitlab", *_train_argv(data, tmp_path / f"side{i}")], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     model = create_model("vit_mini", num_classes=10, img_size=16)
-    opposite = Plan("explicit", "onednn" if onednn.available("fp32") else "aten", source="tuned")
+    opposite = Plan("explicit", compile=True, source="tuned")
     with num_threads(1):
         tune.remember(model, mode="train", precision="fp32", batch_size=64, plan=opposite)
     assert tune.read_entries()  # the session's cache root now holds the opposite choice
@@ -276,11 +258,11 @@ def test_the_same_training_is_bitwise_the_same_with_an_empty_cache_an_opposite_o
 
 def test_tuning_measures_the_candidates_keeps_the_fastest_and_is_read_back(monkeypatch):
     """`tune` races the eager candidates, then the fastest compiled; the clock is a fake one here, so the
-    outcome is set by the test: the explicit products with oneDNN's win by 10% over the rules' plan. The plan
+    outcome is set by the test: the explicit attention products win by 10% over the rules' plan. The plan
     goes to the tuning file under the cache root, `known` and `--fast-path tuned` read it back, and a
     candidate within `MARGIN` of the rules' plan does not replace it."""
     model = _small_model(seed=1)
-    winner = Plan("explicit", "onednn" if onednn.available("fp32") else "aten", source="tuned")
+    winner = Plan("explicit", source="tuned")
     speeds = {winner.describe(): 0.9}  # seconds per call; every other candidate: 1.0
 
     def fake_race(fns, **kwargs):
@@ -299,7 +281,11 @@ def test_tuning_measures_the_candidates_keeps_the_fastest_and_is_read_back(monke
     speeds[winner.describe()] = 0.98  # within the margin: the rules' plan stays
     assert tune.tune(model, mode="train", precision="fp32", batch_size=2, default=default) == Plan(source="tuned")
     entry = tune.read_entries()[tune.key(model, mode="train", precision="fp32", batch_size=2)]
-    assert entry["rules"] == default.to_dict() and len(entry["seconds_per_image"]) >= 4
+    assert entry["rules"] == default.to_dict() and len(entry["seconds_per_image"]) == 3  # 2 eager, 1 compiled
+    assert fastpath.choose_plan(model, fast="tuned", mode="inference", precision="fp32", batch_size=8, items=1,
+                                device=CPU).products in ("aten", "onednn")  # tuned now: inference has 4 candidates
+    entry = tune.read_entries()[tune.key(model, mode="inference", precision="fp32", batch_size=8)]
+    assert len(entry["seconds_per_image"]) == 2 * (1 + onednn.available("fp32")) + 1 + 1  # eager, compiled, pieces 4
 
 
 def test_the_tuning_file_takes_writers_from_many_threads_at_once():

@@ -64,7 +64,7 @@ def choose_plan(model: nn.Module, *, fast: str, mode: str, precision: str, batch
         plan = replace(plan, compile=True, source=f"{plan.source}; compiled as asked")
     elif fast == "eager":
         plan = replace(plan, compile=False, pieces=0, source=f"{plan.source}; not compiled, as asked")
-    return usable(plan, model, precision)
+    return usable(plan, model, precision, mode)
 
 
 class InferenceRunner:

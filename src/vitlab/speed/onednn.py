@@ -1,25 +1,25 @@
-"""fp32 and bf16 matrix products by oneDNN instead of the BLAS torch picks, for the CPUs where that is faster.
+"""Inference with the Linear weights packed once for oneDNN, for the CPUs where that is faster.
 
-On x86, torch hands an fp32 `nn.Linear` to Intel's MKL. On AMD processors MKL runs far below the CPU's
-rate: on an AMD EPYC with AVX-512 (Zen 5), ViT-S/16's inference ran 2.4x faster with its Linear
-weights packed for oneDNN, which does not look at the vendor (`docs/speed.md` has the figures).
-torch has no public switch for it, and `torch.compile`'s freezing packs fp32 weights for MKL on x86,
-so this module calls the oneDNN operators inductor itself uses for bf16 weights:
+On x86, torch hands an fp32 `nn.Linear` to Intel's MKL, which reorders the weight into its blocked
+layout at every call. On AMD processors MKL runs far below the CPU's rate: on an AMD EPYC with AVX-512
+(Zen 5), ViT-S/16's inference ran 2.5x faster with its Linear weights packed once for oneDNN, which
+does not look at the vendor (`docs/speed.md` has the figures). torch has no public switch for it, and
+`torch.compile`'s freezing packs fp32 weights for MKL on x86, so this module calls the oneDNN
+operators inductor itself uses for bf16 weights:
 
     torch.ops.mkldnn._reorder_linear_weight(W, rows)    W (out, in) in oneDNN's blocked layout
     torch.ops.mkldnn._linear_pointwise(x, W', b, ...)   x W^T + b, optionally GELU in the same kernel
 
 These are private operators, so they are used only where `available()` says this build has them,
-and only where `vitlab.speed.rules` sends a CPU kind (each listed with its measured gain in
-`docs/speed.md`); everywhere else the model runs its own `nn.Linear`, the public fallback.
+and only where `vitlab.speed.rules` sends a CPU kind (with its measured gain in `docs/speed.md`);
+everywhere else the model runs its own `nn.Linear`, the public fallback.
 
-Inference (`packed_copy`): a copy of the model whose Linear weights are reordered (and, in bf16, cast)
-once, so no call reorders or casts a weight again; a ViT MLP's GELU runs inside fc1's kernel.
-Training (`OneDNNProducts`): the weights change every step, so they are reordered at every call; a
-context (a `TorchFunctionMode`) sends each fp32 `F.linear` on the CPU to oneDNN for y = x W^T + b and
-for dx = dy W, while dW = dy^T x stays with torch (oneDNN's needs both operands reordered). Neither
-changes the model it is given: one copies it, the other changes only what runs inside the context.
-The results agree with torch's products to float rounding (tested).
+`packed_copy` returns a copy of the model whose Linear weights are reordered (and, in bf16, cast) once,
+so no call reorders or casts a weight again; a ViT MLP's GELU runs inside fc1's kernel. The model
+given is not changed. The results agree with torch's products to float rounding (tested). For
+inference only: training changes the weights every step, and reordering them at every call (as an
+earlier vitlab did) made a ViT-S/16 training step only 2-4% faster on the same AMD EPYC, below what
+a private operator must earn here.
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from vitlab.models.vit import Mlp
 
@@ -41,16 +39,6 @@ def available(precision: str = "fp32") -> bool:
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False
     return precision == "fp32" or (precision == "bf16" and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x W^T + b by oneDNN, W (out, in) reordered for x's rows."""
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, x.numel() // x.shape[-1])
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Inference: weights packed once, in a copy
 
 
 class PackedLinear(nn.Module):
@@ -99,52 +87,4 @@ def packed_copy(model: nn.Module, precision: str, rows: int | None = None) -> nn
     return packed
 
 
-# ----------------------------------------------------------------------------------------------------
-# Training: each product by oneDNN inside a context
-
-
-class _Linear(torch.autograd.Function):
-    """y = x W^T + b and dx = dy W by oneDNN; dW and db by torch."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)  # what nn.Linear's backward keeps too
-        ctx.has_bias = bias is not None
-        return _linear(x, weight, bias)  # (..., out)
-
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):
-        x, weight = ctx.saved_tensors
-        dy = dy.contiguous()
-        dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            dx = _linear(dy, weight.t().contiguous(), None)  # dy W = dy (W^T)^T: a Linear of weight W^T
-        dy2 = dy.reshape(-1, dy.shape[-1])  # (rows, out)
-        if ctx.needs_input_grad[1]:
-            dw = dy2.t().mm(x.reshape(-1, x.shape[-1]))  # (out, in)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.sum(0)
-        return dx, dw, db
-
-
-def _eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """An fp32 product on the CPU outside autocast and outside torch.compile's tracing (which picks its own)."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.dim() >= 2
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
-
-
-class OneDNNProducts(TorchFunctionMode):
-    """Inside `with OneDNNProducts():`, every fp32 `F.linear` on the CPU runs by oneDNN (forward and backward);
-    anything else runs as it would. Nothing of the model changes."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear:
-            x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if _eligible(x, weight):
-                return _Linear.apply(x, weight, bias)
-        return func(*args, **kwargs)
-
-
-__all__ = ["available", "PackedLinear", "packed_copy", "OneDNNProducts"]
+__all__ = ["available", "PackedLinear", "packed_copy"]

@@ -28,13 +28,14 @@ def is_vit_on_cpu(model: nn.Module) -> bool:
     return isinstance(model, VisionTransformer) and next(model.parameters()).device.type == "cpu"
 
 
-def usable(plan: Plan, model: nn.Module, precision: str) -> Plan:
-    """`plan` less what cannot run for `model` here: its own choices only apply to a ViT on the CPU, and oneDNN
-    needs a torch build with it (the public fallback: torch's own products)."""
+def usable(plan: Plan, model: nn.Module, precision: str, mode: str = "inference") -> Plan:
+    """`plan` less what cannot run for `model` here: its own choices only apply to a ViT on the CPU, and oneDNN's
+    packed products to inference in a torch build that has them (the public fallback: torch's own)."""
     if not is_vit_on_cpu(model):
         return Plan(compile=plan.compile, source=plan.source)
-    if plan.products == "onednn" and not onednn.available(precision):
-        return Plan(plan.attention, "aten", plan.compile, plan.pieces, f"{plan.source}; no oneDNN here")
+    if plan.products == "onednn" and (mode == "train" or not onednn.available(precision)):
+        why = "oneDNN's products are for inference" if mode == "train" else "no oneDNN here"
+        return Plan(plan.attention, "aten", plan.compile, plan.pieces, f"{plan.source}; {why}")
     return plan
 
 
@@ -59,16 +60,14 @@ def inference_fn(model: nn.Module, plan: Plan, *, precision: str, batch_size: in
 @contextlib.contextmanager
 def training(model: nn.Module, plan: Plan, *, precision: str) -> Iterator[nn.Module]:
     """Train `model` on `plan`'s path inside the context: yields the module to call (the model, or its
-    compiled graph, which shares its parameters); oneDNN's products for its fp32 products; the plan's
-    attention kernel, set back to what it was when the context ends."""
-    plan = usable(plan, model, precision)
+    compiled graph, which shares its parameters), with the plan's attention kernel, set back to what it was
+    when the context ends. Training takes torch's own products (`vitlab.speed.onednn` is for inference)."""
+    plan = usable(plan, model, precision, mode="train")
     fused = [b.attn.fused for b in model.blocks] if isinstance(model, VisionTransformer) else None
     if fused is not None:
         model.set_fused_attention(plan.attention == "fused")
-    products = onednn.OneDNNProducts() if plan.products == "onednn" else contextlib.nullcontext()
     try:
-        with products:
-            yield CompiledModel(model, mode="train") if plan.compile else model
+        yield CompiledModel(model, mode="train") if plan.compile else model
     finally:
         if fused is not None:
             for block, was in zip(model.blocks, fused):

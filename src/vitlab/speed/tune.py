@@ -7,8 +7,8 @@ keeps the fastest in a file under vitlab's cache root:
 
     <cache root>/tuning/<cpu>-<flags>-torch-<version>.json      (`vitlab.fileio.cache_root()`)
 
-The candidates: each attention kernel with each library of products, eager; then the fastest of those
-compiled; for compiled inference at a batch above 4, pieces of the batch halved while a half is faster.
+The candidates: each attention kernel (with, for inference, each library of products), eager; then the
+fastest of those compiled; for compiled inference at a batch above 4, pieces of the batch halved while a half is faster.
 They run interleaved, the order rotating every repeat (a slow phase of a shared machine hits them all),
 each scored by its median seconds per image; a candidate replaces the rules' plan only when it is at
 least `MARGIN` faster. Nothing here runs during a run: a command with `--fast-path tuned` reads the
@@ -168,7 +168,7 @@ def tune(model: nn.Module, *, mode: str, precision: str, batch_size: int, defaul
     device = next(model.parameters()).device
     x = torch.randn(batch_size, c.in_chans, *c.img_size, generator=g).to(device)
     y = torch.randint(0, max(c.num_classes, 1), (batch_size,), generator=g).to(device)
-    products = ("aten", "onednn") if onednn.available(precision) else ("aten",)
+    products = ("aten", "onednn") if mode == "inference" and onednn.available(precision) else ("aten",)
     eager = [Plan(a, p, source="tuned") for a in ("fused", "explicit") for p in products]
     seconds: dict[str, float] = {}
 
