@@ -43,11 +43,11 @@ def inference_fn(model: nn.Module, plan: Plan, *, precision: str, batch_size: in
                  method: str = "forward") -> Callable:
     """`model.<method>` on `plan`'s path, for batches of `batch_size`: the model itself when the plan changes
     nothing, else a copy with the plan's attention kernel and products, compiled (with freezing) if it says
-    so, run `plan.pieces` images at a time. Call it under `torch.inference_mode()` and the precision's
-    autocast, as the model."""
+    so, run `plan.pieces` images at a time (a copy is in eval mode; the model itself is called as it is). Call
+    it under `torch.inference_mode()` and the precision's autocast, as the model."""
     plan = usable(plan, model, precision)
     if plan == Plan(source=plan.source):
-        return getattr(model.eval(), method)
+        return getattr(model, method)
     rows = (plan.pieces or batch_size) * tokens(model)
     ready = (onednn.packed_copy(model, precision, rows) if plan.products == "onednn"
              else copy.deepcopy(model).eval())
