@@ -28,7 +28,8 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="data_command", metavar="WHAT", parser_class=type(p))
     d = sub.add_parser("digits", help="write the bundled digits as an image folder",
                        description="Write scikit-learn's 1,797 digits, upsampled to --size, as a train/val image folder.")
-    d.add_argument("--out", required=True, metavar="DIR", help="new folder to write (must not exist or be empty)")
+    d.add_argument("--out", required=True, metavar="DIR",
+                   help="folder to write: new, empty, or its own earlier output (replaced whole)")
     d.add_argument("--size", type=int, default=32, metavar="PX", help="image side in pixels (>= 8; default 32)")
     d.add_argument("--val-split", type=float, default=DEFAULT_VAL_SPLIT, metavar="F",
                    help="fraction of each class written to val/ (seeded, stratified; default 0.2)")
