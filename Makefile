@@ -18,7 +18,7 @@ test: $(STAMP)
 
 # the documentation site: docs/ -> site/ (open site/index.html); --strict fails on a broken link or a page left out
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # benchmarks/bench_core.py: 10+ minutes on a 2-core CPU; `make bench ARGS=--quick` is a smoke run of about a minute
 bench: $(STAMP)
