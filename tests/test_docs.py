@@ -24,7 +24,7 @@ from vitlab.cli import COMMANDS, build_parser, command_name, main
 
 ROOT = Path(__file__).resolve().parents[1]
 NEWCOMER_ORDER = ["demo", "data", "train", "predict", "attention", "finetune", "export", "serve", "info", "inspect",
-                  "reproduce", "bench"]
+                  "reproduce", "bench", "tune"]
 DATA_COMMANDS = ["digits", "fashion-mnist", "scan"]
 EVERY_COMMAND = [[c] for c in NEWCOMER_ORDER] + [["data", w] for w in DATA_COMMANDS]
 

@@ -54,7 +54,8 @@ def register(subparsers) -> None:
     add_precision(p)
     add_threads(p)
     add_fast_path(p, help="the top-k's path, readied in the background after a model loads (the model as built "
-                  "answers until then): auto and eager: the kernels measured fastest here for one image at a time; "
+                  "answers until then): auto and eager: the fixed rules' plan for one image at a time; tuned: vitlab "
+                  "tune's; "
                   "compile: also torch.compile for one image (tens of seconds per model); off: the model as built. "
                   "The attention maps always use the model as built")
     p.set_defaults(func=run)
