@@ -3,11 +3,11 @@ PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test docs bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev,serve]'
+	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev,serve,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -16,9 +16,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile $(ARGS)
 
+# the documentation site: docs/ -> site/ (open site/index.html); --strict fails on a broken link or a page left out
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 # benchmarks/bench_core.py: 10+ minutes on a 2-core CPU; `make bench ARGS=--quick` is a smoke run of about a minute
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_core.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

@@ -35,8 +35,21 @@ def test_digits_folder_is_a_stratified_train_val_split(digits_dir):
     assert not train_files & {p.split("/")[-1] for p, _ in scan.val}  # no image in both
     im = Image.open(scan.train[0][0])
     assert im.size == (8, 8) and im.mode == "L"
+
+
+def test_digits_folder_written_again_is_replaced_whole_and_a_users_folder_is_refused(tmp_path):
+    out = tmp_path / "digits"
+    assert main(["data", "digits", "--out", str(out), "--size", "8", "--per-class", "10"]) == 0
+    assert main(["data", "digits", "--out", str(out), "--size", "8", "--per-class", "5", "--seed", "1"]) == 0  # again
+    scan = scan_folder(out)
+    assert scan.counts("train") == [4] * 10 and scan.counts("val") == [1] * 10  # nothing of the first run left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["digits"]  # no temporary folder left beside it
+    mine = tmp_path / "mine"
+    (mine / "train" / "0").mkdir(parents=True)
+    (mine / "notes.txt").write_text("my own files")
     with pytest.raises(VitlabError, match="not empty"):
-        write_digits_folder(digits_dir)
+        write_digits_folder(mine, size=8, per_class=4)
+    assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*")) == ["notes.txt", "train", "train/0"]
 
 
 def test_one_folder_gets_a_seeded_stratified_val_split(tmp_path):

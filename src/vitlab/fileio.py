@@ -208,6 +208,43 @@ def output_folder(path: str | Path, *, kind: str, force: bool = False, arg: str 
             raise
 
 
+@contextlib.contextmanager
+def whole_folder(path: str | Path, *, kind: str, arg: str = "out") -> Iterator[Path]:
+    """A folder written as a whole (a dataset): the block fills a temporary folder next to `path`, which
+    then takes `path`'s place in one move. `path` must be new, empty, or this kind's own earlier output,
+    which is replaced whole, so that nothing of the old one mixes with the new (an image left over from
+    another split would sit in both train/ and val/). A folder of anything else is refused; if the block
+    fails, `path` is left as it was."""
+    path = Path(path).expanduser()
+    again = path.is_dir() and out_kind(path) == kind
+    path = check_out_folder(path, kind=kind if again else None, arg=arg)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the folder ordinary permissions
+    except OSError as e:
+        raise write_error(path, e) from e
+    old = None
+    try:
+        yield tmp
+        (tmp / MARKER).write_text(json.dumps({"kind": kind}) + "\n")  # in the temporary folder: no need to be atomic
+        if path.is_dir() and any(path.iterdir()):  # this kind's earlier output (or its marker alone)
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old."))
+            os.replace(path, old)  # onto an empty folder: one move
+        os.replace(tmp, path)  # an empty `path` folder is replaced too
+    except BaseException as e:
+        if old is not None and not path.exists():
+            os.replace(old, path)  # the earlier output back in place
+            old = None
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):  # a full disk: one line, and nothing left behind
+            raise write_error(path, e) from e
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def mark_folder(folder: str | Path, kind: str) -> None:
     """Mark `folder` (created if missing) as holding vitlab output of this kind."""
     folder = Path(folder)

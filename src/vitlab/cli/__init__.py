@@ -15,23 +15,38 @@ import sys
 from vitlab import __version__
 from vitlab.cli import (attention, bench, data, demo, export, finetune, info, inspect, predict, reproduce, serve, train,
                         tune)
+from vitlab.cli._common import Formatter, example
 from vitlab.errors import VitlabError
 
-# The commands, in the order `vitlab --help` lists them.
-COMMANDS = [demo, info, attention, inspect, predict, export, serve, data, train, finetune, reproduce, bench, tune]
+# The commands, in the order `vitlab --help` lists them: the order a newcomer meets them (the demo, then the
+# README's quick start, then the rest). Each module's HELP is its one line there, its EXAMPLE the last line of its help.
+COMMANDS = [demo, data, train, predict, attention, finetune, export, serve, info, inspect, reproduce, bench, tune]
+
+
+def command_name(module) -> str:
+    return module.__name__.rsplit(".", 1)[1]
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad option is one line `error: ...` (exit 2), not a usage dump."""
+    """argparse, but a bad option is one line `error: ...` (exit 2), not a usage dump; help kept as written
+    where it is a list or an example."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse's hook
         raise VitlabError(f"{self.prog}: {message}")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vitlab", description="The Vision Transformer paper, runnable.")
+    width = max(len(command_name(m)) for m in COMMANDS) + 2
+    listing = "\n".join(f"  {command_name(m):<{width}}{m.HELP}" for m in COMMANDS)
+    parser = _Parser(prog="vitlab", usage="vitlab [-h] [--version] COMMAND ...", description="The Vision Transformer paper, runnable.\n\ncommands, in the order "
+                     f"a newcomer meets them (vitlab COMMAND --help says more):\n{listing}",
+                     epilog=example("vitlab demo"))
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, help=argparse.SUPPRESS, prog="vitlab")
     for command in COMMANDS:
         command.register(sub)
     return parser

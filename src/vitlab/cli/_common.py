@@ -21,7 +21,21 @@ from vitlab.runtime import PRECISIONS
 from vitlab.speed.fastpath import FAST_PATHS
 
 
-class DefaultsFormatter(argparse.HelpFormatter):
+class Formatter(argparse.HelpFormatter):
+    """argparse's help, with a text that has indented lines (a list of commands, an example) kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n  " in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def example(command: str) -> str:
+    """The epilog every command's --help ends with: one command line to copy."""
+    return f"example:\n  {command}"
+
+
+class DefaultsFormatter(Formatter):
     """Help that ends with the default, where there is one worth showing."""
 
     def _get_help_string(self, action) -> str:
@@ -100,5 +114,5 @@ def add_out(p, *, help: str, required: bool = True, default: str | None = None, 
                    "(files of the same names are replaced; nothing else is touched)")
 
 
-__all__ = ["DefaultsFormatter", "add_model_source", "model_from_args", "add_device", "add_precision", "add_threads",
+__all__ = ["Formatter", "example", "DefaultsFormatter", "add_model_source", "model_from_args", "add_device", "add_precision", "add_threads",
            "add_fast_path", "add_out"]

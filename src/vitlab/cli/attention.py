@@ -12,12 +12,15 @@ from pathlib import Path
 
 from vitlab.analysis import attention as A
 from vitlab.analysis import plots
-from vitlab.cli._common import add_device, add_fast_path, add_model_source, add_out, model_from_args
+from vitlab.cli._common import add_device, add_fast_path, add_model_source, add_out, example, model_from_args
 from vitlab.data.folder import image_paths
 from vitlab.data.preprocess import images_tensor
 from vitlab.errors import check_range
 from vitlab.fileio import check_out_folder, output_folder
 from vitlab.runtime import resolve_device
+
+HELP = "draw where a ViT attends: class-token attention or rollout"  # its line in `vitlab --help`
+EXAMPLE = "vitlab attention runs/digits/val/3/0013.png --checkpoint runs/digits_vit --out runs/attention"  # the last line of its --help
 
 
 def add_analysis_arguments(p) -> None:
@@ -32,7 +35,8 @@ def add_analysis_arguments(p) -> None:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "attention",
-        help="draw where a ViT attends on images (CLS attention or rollout)",
+        help=HELP,
+        epilog=example(EXAMPLE),
         description="Heatmaps of the attention of the token the classifier reads (the class token, or "
         "the mean of the patch tokens for models that pool by averaging them) to every patch, from the explicit attention path, "
         "upsampled and blended on the image; or attention rollout (Abnar & Zuidema 2020).",

@@ -13,9 +13,12 @@ import json
 import sys
 
 from vitlab import bench
-from vitlab.cli._common import add_device, add_threads
+from vitlab.cli._common import add_device, add_threads, example
 from vitlab.errors import check_range
 from vitlab.runtime import PRECISIONS, num_threads, resolve_device
+
+HELP = "speed and memory next to timm, compiled timm and ONNX Runtime"  # its line in `vitlab --help`
+EXAMPLE = "vitlab bench --model vit_small_patch16_224 --batch-size 1 --threads 1"  # the last line of its --help
 
 QUICK_MODEL = "vit_mini_x"
 
@@ -23,8 +26,8 @@ QUICK_MODEL = "vit_mini_x"
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "bench",
-        help="speed (images/s, FLOP/s, share of the machine's matmul rate) next to timm, timm compiled and "
-        "ONNX Runtime; peak memory",
+        help=HELP,
+        epilog=example(EXAMPLE),
         description=(
             "Measures the machine's matmul rate (2048^3, fp32 and bf16), then inference (and with --train, "
             "training-step) images/s of each model on vitlab's path and on each peer of --against, the same "

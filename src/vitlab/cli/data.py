@@ -10,25 +10,31 @@ from __future__ import annotations
 
 import sys
 
+from vitlab.cli._common import example
 from vitlab.data.digits import write_digits_folder
 from vitlab.data.fashion_mnist import FOLDER_NAMES, write_fashion_mnist_folder
 from vitlab.data.folder import scan_folder
 from vitlab.data.split import DEFAULT_VAL_SPLIT
 
+HELP = "write the digits or Fashion-MNIST as an image folder; scan a folder"  # its line in `vitlab --help`
+EXAMPLE = "vitlab data digits --out runs/digits"  # the last line of its --help
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "data",
-        help="write a bundled dataset (digits, fashion-mnist) as an image folder; scan an image folder",
+        help=HELP,
+        epilog=example(EXAMPLE),
         description="Datasets as image folders: `digits` writes scikit-learn's bundled 8x8 digits (1,797 real "
         "images, 10 classes, no download) as DIR/train/<digit>/*.png and DIR/val/<digit>/*.png; `fashion-mnist` "
         "writes Fashion-MNIST (60,000 + 10,000 grey 28x28 photos) as DIR/train/<class>/*.png and DIR/val/<class>/*.png; "
         "`scan` checks a folder the way `vitlab finetune --data` will.",
     )
     sub = p.add_subparsers(dest="data_command", metavar="WHAT", parser_class=type(p))
-    d = sub.add_parser("digits", help="write the bundled digits as an image folder",
+    d = sub.add_parser("digits", help="write the bundled digits as an image folder", epilog=example(EXAMPLE),
                        description="Write scikit-learn's 1,797 digits, upsampled to --size, as a train/val image folder.")
-    d.add_argument("--out", required=True, metavar="DIR", help="new folder to write (must not exist or be empty)")
+    d.add_argument("--out", required=True, metavar="DIR",
+                   help="folder to write: new, empty, or its own earlier output (replaced whole)")
     d.add_argument("--size", type=int, default=32, metavar="PX", help="image side in pixels (>= 8; default 32)")
     d.add_argument("--val-split", type=float, default=DEFAULT_VAL_SPLIT, metavar="F",
                    help="fraction of each class written to val/ (seeded, stratified; default 0.2)")
@@ -37,6 +43,7 @@ def register(subparsers) -> None:
     d.add_argument("--seed", type=int, default=0, help="seed of the train/val split (default 0)")
     d.set_defaults(func=run_digits)
     f = sub.add_parser("fashion-mnist", help="write Fashion-MNIST as an image folder",
+                       epilog=example("vitlab data fashion-mnist --train-size 2000 --out runs/fashion"),
                        description="Write Fashion-MNIST as a train/val image folder: its 60,000 training images (or a "
                        "seeded, nested subset of --train-size) in train/, its 10,000 test images in val/; class folders "
                        f"{FOLDER_NAMES[0]} .. {FOLDER_NAMES[-1]} (the label first, so their sorted order is the label order).")
@@ -47,7 +54,8 @@ def register(subparsers) -> None:
                    help="write N training images: the first N of one permutation seeded by --seed (default: all 60,000)")
     f.add_argument("--seed", type=int, default=0, help="seed of the --train-size subset (default 0)")
     f.set_defaults(func=run_fashion)
-    s = sub.add_parser("scan", help="report images per class and unreadable or stray files of an image folder",
+    s = sub.add_parser("scan", help="images per class and the files a run would skip",
+                       epilog=example("vitlab data scan runs/digits"),
                        description="Scan an image folder (DIR/train/<class>, DIR/val/<class>, or DIR/<class>) "
                        "and print images per class and any skipped files.")
     s.add_argument("data", metavar="DIR", help="the image folder")

@@ -7,14 +7,18 @@ Runtime against PyTorch (max abs difference <= 1e-4) before the file is put in p
 
 from __future__ import annotations
 
-from vitlab.cli._common import add_model_source, add_out, model_from_args
+from vitlab.cli._common import add_model_source, add_out, example, model_from_args
 from vitlab.inference.export import check_export, export_model
+
+HELP = "write a model as .safetensors or .onnx (checked)"  # its line in `vitlab --help`
+EXAMPLE = "vitlab export --checkpoint runs/digits_vit --out runs/digits_vit.onnx"  # the last line of its --help
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export",
-        help="write a model as .safetensors + .json (reloadable, timm-compatible names) or .onnx (checked)",
+        help=HELP,
+        epilog=example(EXAMPLE),
         description="Load weights like `vitlab predict` does and export them. The format comes from the "
         "--out suffix: .safetensors (with a .json config next to it) or .onnx (dynamic batch axis, "
         "checked with ONNX Runtime against PyTorch).",

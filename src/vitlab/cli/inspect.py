@@ -14,7 +14,7 @@ import sys
 
 from vitlab.analysis import plots
 from vitlab.analysis.attention import check_vit
-from vitlab.cli._common import add_out, model_from_args
+from vitlab.cli._common import add_out, example, model_from_args
 from vitlab.cli.attention import add_analysis_arguments, check_analysis_options
 from vitlab.data.folder import image_paths
 from vitlab.data.photos import sample_photos
@@ -23,12 +23,15 @@ from vitlab.errors import check_range
 from vitlab.fileio import output_folder
 from vitlab.runtime import resolve_device
 
+HELP = "the paper's Figure 7 and the token norms of a model"  # its line in `vitlab --help`
+EXAMPLE = "vitlab inspect --checkpoint runs/digits_vit --images runs/digits/val/3 --out runs/inspect"  # the last line of its --help
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "inspect",
-        help="the paper's Figure 7 (embedding filters, position-embedding similarity, attention distance) and "
-        "token norms per layer",
+        help=HELP,
+        epilog=example(EXAMPLE),
         description="Figure 7 of the ViT paper for a model: (a) principal components of the patch-embedding "
         "filters, (b) position-embedding cosine similarity, (c) mean attention distance per head vs depth; and "
         "(d) the norm of every token per layer on the patch grid, with the prefix tokens (class, distillation, "

@@ -8,15 +8,19 @@ estimate is printed first. Runs are cached under DIR/cache: rerunning resumes an
 
 from __future__ import annotations
 
-from vitlab.cli._common import add_device, add_fast_path, add_out
+from vitlab.cli._common import add_device, add_fast_path, add_out, example
 from vitlab.experiments.reproduce import EXPERIMENTS, SCALES, reproduce
+
+HELP = "test the paper's claims at laptop scale; write a report"  # its line in `vitlab --help`
+EXAMPLE = "vitlab reproduce --quick --out runs/reproduce_quick"  # the last line of its --help
 
 
 def register(subparsers) -> None:
     names = ", ".join(f"{e.number}={e.name}" for e in EXPERIMENTS)
     p = subparsers.add_parser(
         "reproduce",
-        help="test the paper's claims at laptop scale and write report.md / report.html",
+        help=HELP,
+        epilog=example(EXAMPLE),
         description=__doc__.split("\n\n")[0] + " Writes DIR/report.md, DIR/report.html (figures embedded), "
         "DIR/results/*.csv and DIR/figures/*.png.",
     )

@@ -21,16 +21,20 @@ from pathlib import Path
 
 import torch
 
-from vitlab.cli._common import DefaultsFormatter, add_device, add_fast_path, add_model_source, add_precision, add_threads
+from vitlab.cli._common import DefaultsFormatter, add_device, add_fast_path, add_model_source, add_precision, add_threads, example
 from vitlab.errors import VitlabError, check_range
 from vitlab.serve.models import ModelSource, ModelStore
 from vitlab.serve.page import CSS, build_page, check_gradio, require_gradio, save_samples, theme
+
+HELP = "a local web page: top-5, attention, Figure 7, your runs"  # its line in `vitlab --help`
+EXAMPLE = "vitlab serve --checkpoint runs/digits_vit"  # the last line of its --help
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve",
-        help="a local web page: drop an image, see the top-5 and where the ViT looks; Figure 7; your runs",
+        help=HELP,
+        epilog=example(EXAMPLE),
         description="Start a local web page (Gradio) over a model: the top-5 of images you drop, the class "
         "token's attention per layer and head next to the attention rollout, the paper's Figure 7 of the "
         "model, and the training runs and `vitlab reproduce` report under --runs, two runs side by side. "
@@ -50,7 +54,8 @@ def register(subparsers) -> None:
     add_precision(p)
     add_threads(p)
     add_fast_path(p, help="the top-k's path, readied in the background after a model loads (the model as built "
-                  "answers until then): auto and eager: the kernels measured fastest here for one image at a time; "
+                  "answers until then): auto and eager: the fixed rules' plan for one image at a time; tuned: vitlab "
+                  "tune's; "
                   "compile: also torch.compile for one image (tens of seconds per model); off: the model as built. "
                   "The attention maps always use the model as built")
     p.set_defaults(func=run)

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.cli._common import DefaultsFormatter, add_device, add_fast_path, add_model_source, add_out, add_precision, add_threads
+from vitlab.cli._common import DefaultsFormatter, add_device, add_fast_path, add_model_source, add_out, add_precision, add_threads, example
 from vitlab.data.datasets import BUNDLED
 from vitlab.runtime import num_threads
 from vitlab.train.recipe import RECIPES, Recipe
 from vitlab.train.run import TrainJob, run as run_job
+
+HELP = "train a ViT or the CNN baseline from random weights"  # its line in `vitlab --help`
+EXAMPLE = "vitlab train --data runs/digits --model vit_mini --epochs 40 --out runs/digits_vit"  # the last line of its --help
 
 # flag -> Recipe field, where the names differ
 RENAMED = {"smoothing": "label_smoothing"}
@@ -106,7 +109,8 @@ def job_from_args(args) -> TrainJob:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
-        help="train a ViT or the CNN baseline from scratch on an image folder or a bundled dataset",
+        help=HELP,
+        epilog=example(EXAMPLE),
         description="Train from random weights (a vitlab ViT or resnet_mini) on --data DIR or --dataset "
         "fashion-mnist|digits|x, "
         "with the one training engine: AdamW, warmup+cosine, clipping, augmentation, MixUp/CutMix, a moving "

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from vitlab.cli._common import add_threads
+from vitlab.cli._common import add_threads, example
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_variant
@@ -20,11 +20,14 @@ from vitlab.speed import tune
 from vitlab.speed.fastpath import choose_plan
 from vitlab.speed.machine import this_machine
 
+HELP = "measure a model's fastest path here, for --fast-path tuned"  # its line in `vitlab --help`
+EXAMPLE = "vitlab tune --model vit_small_patch16_224 --batch-size 1 32 --threads 1"  # the last line of its --help
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "tune",
-        help="measure the fastest path of a model on this machine, for --fast-path tuned",
+        help=HELP,
         description=(
             "Times the candidate plans of a ViT (torch's fused attention or the explicit products, torch's or "
             "oneDNN's matrix products, compiled or not, a batch in pieces) for each batch size, precision and "
@@ -32,7 +35,7 @@ def register(subparsers) -> None:
             "in vitlab's cache folder. Commands with --fast-path tuned then run on it; a run records the plan "
             "it used. A compile per candidate: minutes for a large model."
         ),
-        epilog="example: vitlab tune --model vit_small_patch16_224 --batch-size 1 32 --threads 1",
+        epilog=example(EXAMPLE),
     )
     p.add_argument("--model", required=True, metavar="NAME", help="a vitlab model name, e.g. vit_base_patch16_224")
     p.add_argument("--img-size", type=int, default=None, metavar="S", help="image side (default: the model's)")

@@ -5,18 +5,13 @@ It ships inside scikit-learn, so it needs no download: vitlab's real dataset for
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
 from vitlab.data.split import DEFAULT_VAL_SPLIT, stratified_split
 from vitlab.errors import VitlabError, check_range
-from vitlab.fileio import check_out_folder, write_error
+from vitlab.fileio import whole_folder
 
 CLASS_NAMES = tuple(str(i) for i in range(10))
 
@@ -47,33 +42,23 @@ def write_digits_folder(out, *, size: int = 32, val_split: float = DEFAULT_VAL_S
 
     The split is `stratified_split(val_split, seed)`; `per_class` keeps at most that many images per
     class (before splitting), for quick tests. The folder is built under a temporary name and moved
-    into place, so `out` is either complete or absent. Returns {"train": n, "val": n}.
+    into place, so `out` is either complete or as it was; `out` may hold this function's earlier output,
+    which is replaced whole. Returns {"train": n, "val": n}.
     """
     check_range("size", size, low=8, integer=True, hint=" (the images are 8x8)")
     check_range("val_split", val_split, low=0, high=1, low_open=True, high_open=True)
     check_range("per_class", per_class, low=2, integer=True, optional=True, hint=" (one image to train, one to validate)")
     check_range("seed", seed, low=0, integer=True)
-    out = check_out_folder(out, kind=None)  # new or empty: the folder is replaced as a whole
-    x, y = load_digits(size, channels=1, normalize=False)  # (1797, 1, size, size) in [0, 1]
-    keep = torch.arange(len(y))
-    if per_class is not None:
-        keep = torch.cat([(y == c).nonzero().flatten()[:per_class] for c in range(10)]).sort().values
-    train_idx, val_idx = stratified_split(y[keep], val_split, seed=seed)
-    pixels = (x[:, 0] * 255 + 0.5).to(torch.uint8).numpy()  # (1797, size, size)
-    tmp = None
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    with whole_folder(out, kind="digits") as tmp:  # new, empty, or its own earlier output: replaced whole
+        x, y = load_digits(size, channels=1, normalize=False)  # (1797, 1, size, size) in [0, 1]
+        keep = torch.arange(len(y))
+        if per_class is not None:
+            keep = torch.cat([(y == c).nonzero().flatten()[:per_class] for c in range(10)]).sort().values
+        train_idx, val_idx = stratified_split(y[keep], val_split, seed=seed)
+        pixels = (x[:, 0] * 255 + 0.5).to(torch.uint8).numpy()  # (1797, size, size)
         for part, idx in (("train", train_idx), ("val", val_idx)):
             for c in CLASS_NAMES:
                 (tmp / part / c).mkdir(parents=True)
             for i in keep[idx].tolist():
                 Image.fromarray(pixels[i], "L").save(tmp / part / CLASS_NAMES[int(y[i])] / f"{i:04d}.png")
-        os.replace(tmp, out)  # an empty `out` folder is replaced too
-    except BaseException as e:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):  # a full disk: one line, and nothing left behind
-            raise write_error(out, e) from e
-        raise
     return {"train": len(train_idx), "val": len(val_idx)}

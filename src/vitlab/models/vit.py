@@ -704,6 +704,7 @@ class VisionTransformer(nn.Module):
 
 
 def count_parameters(model: nn.Module) -> int:
+    """The number of parameters of `model`, trainable or not (Table 1's "Params" column)."""
     return sum(p.numel() for p in model.parameters())
 
 

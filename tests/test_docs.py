@@ -1,0 +1,120 @@
+"""The command line's own help, and the documentation site built from docs/.
+
+`vitlab --help` lists the commands in the order a newcomer meets them, one line each, and every
+command's help ends with an example that parses. The site builds with `mkdocs build --strict` (a broken
+link, a missing anchor, a page left out of the navigation or an API page that fails stops it), and its
+command-line reference lists every command and every option that `vitlab COMMAND --help` prints.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vitlab
+from vitlab.cli import COMMANDS, build_parser, command_name, main
+
+ROOT = Path(__file__).resolve().parents[1]
+NEWCOMER_ORDER = ["demo", "data", "train", "predict", "attention", "finetune", "export", "serve", "info", "inspect",
+                  "reproduce", "bench", "tune"]
+DATA_COMMANDS = ["digits", "fashion-mnist", "scan"]
+EVERY_COMMAND = [[c] for c in NEWCOMER_ORDER] + [["data", w] for w in DATA_COMMANDS]
+
+
+def help_text(argv: list[str], capsys, monkeypatch) -> str:
+    """What `vitlab ARGV --help` prints in a terminal of 80 columns."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--help"])
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_vitlab_help_lists_the_commands_in_a_newcomers_order_one_line_each(capsys, monkeypatch):
+    text = help_text([], capsys, monkeypatch)
+    listed = re.findall(r"^  ([a-z]+)  +(\S.*)$", text, flags=re.M)
+    assert [name for name, _ in listed] == NEWCOMER_ORDER == [command_name(m) for m in COMMANDS]
+    for name, line in listed:
+        module = COMMANDS[NEWCOMER_ORDER.index(name)]
+        assert line == module.HELP  # the whole summary on its one line
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert text.rstrip().endswith("example:\n  vitlab demo")
+
+
+@pytest.mark.parametrize("argv", EVERY_COMMAND, ids=" ".join)
+def test_every_commands_help_ends_with_one_example_that_parses(argv, capsys, monkeypatch):
+    lines = help_text(argv, capsys, monkeypatch).rstrip().splitlines()
+    assert lines[-2] == "example:" and lines[-1].startswith("  vitlab ")
+    example = shlex.split(lines[-1])
+    args = build_parser().parse_args(example[1:])  # a valid command line of this very command
+    assert args.command == argv[0] and (len(argv) == 1 or args.data_command == argv[1])
+
+
+def _docs_missing() -> str | None:
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
+        try:
+            found = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            found = None
+        if found is None:
+            return f"the docs extra is not installed ({module} is missing): pip install -c constraints.txt -e '.[docs]'"
+    return None
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    why = _docs_missing()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the documentation must build in CI: {why}")
+        pytest.skip(why)
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return out
+
+
+def _sections(page: Path) -> dict[str, str]:
+    """The text of each h2/h3 section of a built page, by the section's id."""
+    body = page.read_text().split('<article', 1)[1].split("</article>", 1)[0]
+    parts = re.split(r'<h[23] id="([^"]+)"', body)
+    text = lambda s: html.unescape(re.sub(r"<[^>]+>", "", s))  # noqa: E731
+    return {parts[i]: text(parts[i + 1]) for i in range(1, len(parts) - 1, 2)}
+
+
+def test_the_site_builds_strict_with_every_page_in_its_navigation(site):
+    pages = sorted(str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md"))
+    for page in pages:  # each Markdown page became a page of the site
+        stem = page.removesuffix(".md").removesuffix("README").removesuffix("index").rstrip("/")
+        assert (site / stem / "index.html").is_file(), page
+    assert (site / "index.html").is_file() and not (site / "hooks").exists()
+    assert "fonts.googleapis.com" not in (site / "index.html").read_text()  # nothing fetched from elsewhere
+
+
+def test_the_cli_page_lists_every_command_and_every_option_of_its_help(site, capsys, monkeypatch):
+    sections = _sections(site / "cli" / "index.html")
+    for argv in [[]] + EVERY_COMMAND:
+        printed = help_text(argv, capsys, monkeypatch)
+        section = sections["-".join(["vitlab", *argv])]
+        assert printed.strip() in section  # the page shows what --help prints, verbatim
+        options = set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", printed))
+        assert {"-h", "--help"} <= options
+        assert not [o for o in options if o not in section], argv
+
+
+def test_the_api_page_documents_every_public_name(site):
+    page = (site / "api" / "index.html").read_text()
+    public = [n for n in vitlab.__all__ if callable(getattr(vitlab, n)) and not n.startswith("_")]
+    assert len(public) >= 10
+    assert not [n for n in public if f'id="vitlab.{n}"' not in page]
