@@ -100,7 +100,7 @@ class Rule:
 RULES = (
     # AMD: inference on weights packed for oneDNN; no compiled fp32 (freezing packs for MKL)
     Rule("amd", "*", "inference", "fp32", products="onednn"),
-    Rule("amd", "avx512-bf16", "inference", "bf16", products="onednn"),
+    Rule("amd", "avx512-bf16", "inference", "bf16", attention="explicit", products="onednn"),
     Rule("amd", "avx512-bf16", "train", "bf16", attention="explicit"),
     # Intel with AMX: compiled inference (freezing packs the weights, then pieces keep a batch in the cache)
     Rule("intel", "amx", "inference", "fp32", compile=True, pieces=4),
