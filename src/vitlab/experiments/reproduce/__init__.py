@@ -50,6 +50,7 @@ from vitlab.experiments.reproduce.runs import (
     forward_flops,
     inference_ms,
     run_spec,
+    train_run,
 )
 from vitlab.experiments.reproduce.verdicts import (
     INCONCLUSIVE,
@@ -96,4 +97,5 @@ __all__ = [
     "reproduce",
     "run_spec",
     "select",
+    "train_run",
 ]

@@ -1,6 +1,7 @@
 """One training run of `vitlab reproduce`: its description (`RunSpec`, whose hash is its cache key), the
-dataset and model it describes, the on-disk cache of finished runs, and training one run (`execute_run`,
-and the FLOPs count and inference timing of the patch-size claim).
+dataset and model it describes, the on-disk cache of finished runs, and training one run (`train_run`,
+which touches no file and so runs on any machine; `execute_run`, which reads and writes the cache around
+it), and the FLOPs count and inference timing of the patch-size claim.
 
 Every run trains through `vitlab.train.engine.fit` on data decoded once into uint8 tensors
 (`vitlab.data.memory.MemoryLoader`): Fashion-MNIST (a seeded, nested subset of the training split; the
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, load_file, save
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -28,7 +29,7 @@ from vitlab.data.memory import BatchTransform, ImageTensors, MemoryLoader
 from vitlab.data.split import stratified_split
 from vitlab.data.synthetic import dataset_x_splits
 from vitlab.errors import VitlabError
-from vitlab.fileio import atomic_write, write_json
+from vitlab.fileio import write_bytes, write_json
 from vitlab.runtime import seed_everything
 from vitlab.models.factory import create_model
 from vitlab.models.vit import VisionTransformer
@@ -152,10 +153,15 @@ class RunCache:
         model.load_state_dict(load_file(self.folder(spec) / "model.safetensors"))
         return model.eval()
 
-    def save(self, spec: RunSpec, result: dict, model: nn.Module) -> None:
+    def weights(self, spec: RunSpec) -> tuple[int, bytes]:
+        """A finished run's number of classes and weights (the bytes of its model.safetensors): what a run
+        that starts from it needs, wherever that one trains."""
+        return self.result(spec)["num_classes"], (self.folder(spec) / "model.safetensors").read_bytes()
+
+    def put(self, spec: RunSpec, result: dict, weights: bytes) -> None:
+        """Keep a run that `train_run` trained (here or on another machine)."""
         folder = self.folder(spec)
-        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, str(tmp)))
+        write_bytes(folder / "model.safetensors", weights)
         write_json(folder / "result.json", result, indent=1)  # written last: marks the run done
 
 
@@ -172,16 +178,33 @@ class _OnEpoch(Callback):
 
 def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: Callable[[], None] | None = None,
                 fast_path: str = "auto") -> dict:
-    """Train one run (or read it from the cache) and return its result. `fast_path`: fit's (the same
-    numbers to float rounding; the result records the path taken)."""
+    """Train one run (or read it from the cache; its parent first, if that is not there either), keep it in the
+    cache and return its result."""
     if cache.has(spec):
         return cache.result(spec)
     if spec.init is not None and not cache.has(spec.init):
         execute_run(spec.init, cache, device, fast_path=fast_path)
+    init = cache.weights(spec.init) if spec.init is not None else None
+    result, weights = train_run(spec, device, init, on_epoch=on_epoch, fast_path=fast_path)
+    cache.put(spec, result, weights)
+    return result
+
+
+def train_run(spec: RunSpec, device: torch.device, init: tuple[int, bytes] | None = None,
+              on_epoch: Callable[[], None] | None = None, fast_path: str = "auto") -> tuple[dict, bytes]:
+    """Train one run and return its result and its weights (safetensors bytes). `init`: the number of classes
+    and the weights of the run it starts from (`RunCache.weights(spec.init)`), for a fine-tuning run.
+    Reads no cache and writes no file: the run depends on its arguments alone (and the dataset's files), so
+    any process on any machine trains it the same, and the caller keeps it (`RunCache.put`). `fast_path`:
+    fit's (the same numbers to float rounding; the result records the path taken)."""
+    if (spec.init is None) != (init is None):
+        raise ValueError(f"run {spec.key}: init weights are needed exactly when the run starts from another run")
     train, val, k = dataset(spec.data, spec.seed)
     seed_everything(spec.seed)  # the model's initialisation depends on the seed too
-    if spec.init is not None:
-        model = cache.load_model(spec.init)
+    if init is not None:
+        model = build_model(spec.init, init[0])
+        model.load_state_dict(load(init[1]))
+        model.eval()  # as RunCache.load_model gives it
         model.reset_classifier(k)  # Section 3.2: a new zero-initialised head for the new classes
     else:
         model = build_model(spec, k)
@@ -210,8 +233,7 @@ def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: 
         "fast_path": history.plan.to_dict(),
         "curve": [{"epoch": r["epoch"], "train_loss": r["train_loss"], "val_acc": r["val_acc"]} for r in history.rows],
     }
-    cache.save(spec, result, model)
-    return result
+    return result, save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
 
 
 def forward_flops(model: nn.Module, x: torch.Tensor) -> int:
