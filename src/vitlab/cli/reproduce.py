@@ -1,14 +1,17 @@
-"""`vitlab reproduce [--quick | --scale large] [--only NAME,...] [--seeds K] [--device D] --out DIR`: the paper's
-claims, each tested at laptop scale with seeds and error bars, in one report (vitlab.experiments.reproduce).
+"""`vitlab reproduce [--quick | --scale large] [--only NAME,...] [--seeds K] [--device D]
+[--executor ray [--address HOST:PORT]] --out DIR`: the paper's claims, each tested at laptop scale with seeds and
+error bars, in one report (vitlab.experiments.reproduce).
 
 Cost: --quick about 3 minutes on 2 CPU cores (smoke scale); the default scale within an hour on 2 CPU cores;
 --scale large (each claim's decisive version) hours on 2 CPU cores. The
 estimate is printed first. Runs are cached under DIR/cache: rerunning resumes and retrains nothing finished.
+With --executor ray the runs are tasks of a Ray cluster (docs/cluster.md): the same numbers, more machines.
 """
 
 from __future__ import annotations
 
 from vitlab.cli._common import add_device, add_fast_path, add_out, example
+from vitlab.experiments.executors import EXECUTORS
 from vitlab.experiments.reproduce import EXPERIMENTS, SCALES, reproduce
 
 HELP = "test the paper's claims at laptop scale; write a report"  # its line in `vitlab --help`
@@ -36,7 +39,15 @@ def register(subparsers) -> None:
     p.add_argument("--seeds", type=int, default=None, metavar="K", help="seeds per configuration (default 3; 2 with --quick)")
     add_device(p)
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="runs trained side by side on CPU, one thread each (default: one per core, at most 4)")
+                   help="runs trained side by side on CPU, one thread each (default: one per core, at most 4); with "
+                   "--executor ray and no --address, the CPUs of the Ray cluster started on this machine")
+    p.add_argument("--executor", choices=EXECUTORS, default="pool",
+                   help="where the runs train: pool = processes on this machine; ray = tasks of a Ray cluster, one CPU "
+                   "(or GPU) each, no shared disk needed (pip install -e '.[cluster]'; see docs/cluster.md) "
+                   "(default: pool)")
+    p.add_argument("--address", default=None, metavar="HOST:PORT",
+                   help="with --executor ray: the head node of the Ray cluster to join (as `ray start --head` prints "
+                   "it); without it, a Ray cluster of this machine is started for the run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
     add_fast_path(p)
     p.set_defaults(func=run)
@@ -44,5 +55,6 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     reproduce(args.out, scale=args.scale, only=args.only, seeds=args.seeds, device=args.device, workers=args.workers,
-              progress=not args.no_progress, force=args.force, fast_path=args.fast_path)
+              progress=not args.no_progress, force=args.force, fast_path=args.fast_path, executor=args.executor,
+              address=args.address)
     return 0

@@ -44,12 +44,14 @@ def _intro(meta: dict) -> list[str]:
             if "trained_by" not in meta else
             f"all read from the cache, this invocation took {_duration(meta['elapsed_s'])}; the {timing['trained']} "
             f"trained by an earlier invocation); that one took ")
+    ray = (f" on {timing['cluster']} ({', '.join(f'{n} run(s) on {node}' for node, n in timing['nodes'].items())})"
+           if timing.get("executor") == "ray" else "")
     return [
         f"Made by `{command}`.",
         "",
         f"Scale: **{SCALE_TEXT[meta['scale']]}**; {meta['seeds']} seeds per configuration; device `{meta['device']}`; "
         f"torch {meta['torch']}; {meta['runs']} training runs ({took}{_duration(timing['elapsed_s'])} with "
-        f"{timing['workers']} worker(s) (estimate printed at start: {_duration(timing['estimate_s'])}{at_load}); the runs' own training times add up to "
+        f"{timing['workers']} worker(s){ray} (estimate printed at start: {_duration(timing['estimate_s'])}{at_load}); the runs' own training times add up to "
         f"{_duration(meta['train_s'])} (one thread each on CPU, measured when each run was trained).",
         "",
         "Every number is a validation accuracy after the last epoch (no early stopping, no picking the best epoch), "

@@ -1,14 +1,16 @@
 """The plan and its execution: every selected claim's runs, each once and parents first, priced before
-anything trains (a few timed steps per architecture and augmentation), trained one by one or in a pool of
-spawned processes (one thread each), then analysed into report.md, report.html, results/*.csv and
-figures/*.png."""
+anything trains (a few timed steps per architecture and augmentation), trained by an executor (one by one
+in this process, in a pool of spawned processes, or on a Ray cluster: vitlab.experiments.executors; one
+thread each) that hands each run's result and weights back to this process, which alone writes the cache;
+then analysed into report.md, report.html, results/*.csv and figures/*.png."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import time
-from concurrent.futures import as_completed
+from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -18,12 +20,13 @@ from tqdm.auto import tqdm
 
 from vitlab.data.transforms import mix_transform
 from vitlab.errors import VitlabError, check_range
+from vitlab.experiments.executors import Executor, check_executor, open_executor
 from vitlab.experiments.reproduce.claims import select
 from vitlab.experiments.reproduce.claims.base import SCALES, Results, Scale
 from vitlab.experiments.reproduce.report import _duration, render_html, render_markdown
-from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, RunCache, RunSpec, build_model, execute_run, recipe, transforms
+from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, RunCache, RunSpec, build_model, recipe, train_run, transforms
 from vitlab.fileio import check_out_folder, output_folder, write_csv, write_text
-from vitlab.runtime import num_threads, process_pool, resolve_device
+from vitlab.runtime import num_threads, resolve_device
 from vitlab.speed import paths
 from vitlab.speed.fastpath import check_fast_path, choose_plan
 from vitlab.train.optim import build_optimizer
@@ -111,6 +114,8 @@ def reproduce(
     log: Callable[[str], None] = print,
     force: bool = False,
     fast_path: str = "auto",
+    executor: str = "pool",
+    address: str | None = None,
 ) -> dict:
     """Run (or read from the cache) the selected experiments at `scale` ("quick", "default" or "large"; see
     `Scale`) and write report.md, report.html, results/*.csv and figures/*.png under `out_dir`. Returns
@@ -118,10 +123,14 @@ def reproduce(
 
     On CPU every run uses one thread, and `workers` runs (default: one per core, at most 4) train side by
     side in separate processes: these models are so small that a second intra-op thread costs more in
-    synchronisation than it gains (and on a busy machine it can make a step 30x slower). The numbers do
-    not depend on the number of workers: each run is seeded on its own. Every option and `out_dir` (new,
-    empty, an earlier report's folder, or with `force` any folder) are checked before anything runs.
-    `fast_path`: each run's (`vitlab.speed.fastpath`), kept in its result.
+    synchronisation than it gains (and on a busy machine it can make a step 30x slower). With
+    `executor="ray"` every run is a task of the Ray cluster at `address` (`ray start --head`; without an
+    address, one of this machine with `workers` CPUs): one CPU each, or one GPU each where `device` allows
+    it and the cluster has GPUs; no disk is shared, the runs come back through Ray's object store and this
+    process writes the cache (vitlab.experiments.executors). The numbers do not depend on the executor or
+    the number of workers: each run is seeded on its own and trains on one thread. Every option and
+    `out_dir` (new, empty, an earlier report's folder, or with `force` any folder) are checked before
+    anything runs. `fast_path`: each run's (`vitlab.speed.fastpath`), kept in its result.
     """
     check_fast_path(fast_path)
     if scale not in SCALES:
@@ -129,24 +138,29 @@ def reproduce(
     quick = scale == "quick"
     n_seeds = seeds if seeds is not None else (2 if quick else 3)
     check_range("seeds", n_seeds, low=1, integer=True, hint=" (3 or more for error bars)")
-    check_range("workers", workers, low=1, integer=True, optional=True)
-    dev = resolve_device(device)
+    check_executor(executor, address, workers)
+    # This process prices the plan and analyses the runs on its own device; Ray's runs ask the cluster for theirs.
+    dev = resolve_device("auto" if executor == "ray" and str(device) == "cuda" else device)
     experiments = select(only)
     out = check_out_folder(out_dir, kind="reproduce", force=force)
     with output_folder(out, kind="reproduce", force=force):
-        return _reproduce(out, experiments, Scale(scale, tuple(range(n_seeds))), dev, workers=workers,
-                          progress=progress, log=log, fast_path=fast_path)
+        return _reproduce(out, experiments, Scale(scale, tuple(range(n_seeds))), dev, device, workers=workers,
+                          progress=progress, log=log, fast_path=fast_path, executor=executor, address=address)
 
 
-def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, workers, progress, log, fast_path) -> dict:
+def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, device: str, *, workers, progress, log,
+               fast_path, executor, address) -> dict:
     scale_name, n_seeds = scale.name, len(scale.seeds)
     cache = RunCache(out / "cache")
     runs = _all_runs([s for e in experiments for s in e.plan(scale)])
     todo = [s for s in runs if not cache.has(s)]
 
     t_start = time.perf_counter()
-    n_workers = _workers(workers, dev, len(todo))
-    with num_threads(1 if dev.type == "cpu" else None):
+    nodes: Counter = Counter()  # runs trained per node
+    executing = open_executor(executor, device=device, workers=workers, address=address, n_items=len(todo)) if todo \
+        else contextlib.nullcontext(Executor(dev))  # nothing to train: no pool to start, no cluster to join
+    with num_threads(1 if dev.type == "cpu" else None), executing as ex:
+        n_workers = ex.slots
         timing = calibrate(todo, dev) if todo else {}
         # On CPU the estimate comes from the CPU time of the timed steps: what they take on an idle machine
         # (a busy one stretches the wall clock, not the work); the wall-clock estimate is shown beside it.
@@ -155,8 +169,9 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
         total = sum(costs.values()) / n_workers
         loaded = sum(run_cost(s, {k: wall for k, (wall, _) in timing.items()}) for s in todo) / n_workers
         busy = f"; {_duration(loaded)} at this machine's load now" if dev.type == "cpu" and loaded > 1.15 * total else ""
+        where = f"; the runs on {ex.describe()}, estimated at this machine's speed" if ex.kind == "ray" else ""
         log(f"vitlab reproduce: {len(experiments)} experiment(s), {len(runs)} training run(s), {len(runs) - len(todo)} cached; "
-            f"estimated {_duration(total)} on {dev} with {n_workers} worker(s){busy} "
+            f"estimated {_duration(total)} on {dev} with {n_workers} worker(s){busy}{where} "
             f"({scale_name} scale, {n_seeds} seed(s))")
         bar = tqdm(total=max(sum(costs.values()), 1e-9), disable=not progress or not todo, unit="s", desc="reproduce",
                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} est. s [{elapsed}<{remaining}]")
@@ -164,13 +179,13 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
         # Longest first, so that no worker is left with one long run at the end (no number depends on the order).
         first = sorted((s for s in todo if s.init is None or cache.has(s.init)), key=lambda s: -costs[s.key])
         then = [s for s in todo if s not in first]
-        if n_workers == 1:
-            for spec in first + then:
-                step = costs[spec.key] / max(spec.epochs, 1)
-                execute_run(spec, cache, dev, on_epoch=lambda: bar.update(step), fast_path=fast_path)
-        else:
-            _run_parallel([first, then], cache, dev, n_workers, lambda spec: bar.update(costs[spec.key]), fast_path)
+        for batch in (first, then):
+            for spec, node in _train(batch, ex, cache, fast_path):
+                nodes[node] += 1
+                bar.update(costs[spec.key])
         bar.close()
+    if todo and ex.kind == "ray":
+        log(f"trained on {ex.describe()}: " + ", ".join(f"{n} run(s) on {node}" for node, n in sorted(nodes.items())))
 
     fig_dir, res_dir = out / "figures", out / "results"
     fig_dir.mkdir(exist_ok=True)
@@ -187,7 +202,8 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
     elapsed = time.perf_counter() - t_start
     meta = {"scale": scale_name, "seeds": n_seeds, "device": str(dev), "runs": len(runs), "trained": len(todo),
             "estimate_s": total, "estimate_load_s": loaded, "elapsed_s": elapsed, "torch": torch.__version__,
-            "workers": n_workers,
+            "workers": n_workers, "executor": ex.kind if todo else None, "cluster": ex.describe() if todo else None,
+            "nodes": dict(sorted(nodes.items())),
             "only": ",".join(str(e.number) for e in experiments) if len(experiments) < len(select(None)) else None,
             "train_s": sum(cache.result(s)["train_time_s"] for s in runs)}
     # The time of the invocation that trained the runs outlives it: a later one that only reads the cache
@@ -195,7 +211,7 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
     trained_by = out / "cache" / "invocation.json"
     if todo:
         write_text(trained_by, json.dumps({k: meta[k] for k in ("trained", "elapsed_s", "estimate_s", "estimate_load_s",
-                                                                 "workers")}))
+                                                                 "workers", "executor", "cluster", "nodes")}))
     elif trained_by.is_file():
         meta["trained_by"] = json.loads(trained_by.read_text())
     write_text(out / "report.md", render_markdown(outcomes, meta))
@@ -206,30 +222,19 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, *, worke
     return {e.name: o.verdict.status for e, o in outcomes}
 
 
-def _workers(workers: int | None, device: torch.device, n_todo: int) -> int:
-    check_range("workers", workers, low=1, integer=True, optional=True)
-    if device.type != "cpu":
-        return 1  # one accelerator: runs go one after the other
-    n = workers if workers is not None else min(os.cpu_count() or 1, 4)
-    return max(1, min(n, n_todo))
+def _train_task(item: tuple[RunSpec, tuple[int, bytes] | None], device: str, fast_path: str) -> tuple[dict, bytes]:
+    """One run, wherever an executor sends it: trained from its spec (and its parent's weights) on one thread."""
+    spec, init = item
+    dev = torch.device(device)
+    with num_threads(1 if dev.type == "cpu" else None):
+        return train_run(spec, dev, init, fast_path=fast_path)
 
 
-def _worker_run(spec: RunSpec, cache_root: str, device: str, fast_path: str) -> str:
-    execute_run(spec, RunCache(cache_root), torch.device(device), fast_path=fast_path)
-    return spec.key
-
-
-def _run_parallel(batches: Sequence[Sequence[RunSpec]], cache: RunCache, device: torch.device, n_workers: int,
-                  done: Callable[[RunSpec], None], fast_path: str) -> None:
-    """Train the runs of `batches` in `n_workers` spawned processes (one thread each), a batch after the
-    previous one has finished (its runs start from the earlier batches' weights); call `done` as each
-    finishes. One pool for all: a spawned process takes seconds to import torch."""
-    if not any(batches):
-        return
-    with process_pool(n_workers, threads=1) as pool:
-        for specs in batches:
-            futures = {pool.submit(_worker_run, spec, str(cache.cache_dir), str(device), fast_path): spec
-                       for spec in specs}
-            for future in as_completed(futures):
-                future.result()  # re-raise a worker's error here
-                done(futures[future])
+def _train(specs: Sequence[RunSpec], ex: Executor, cache: RunCache, fast_path: str):
+    """Train `specs` on the executor (each parent already in the cache) and keep each in the cache as it comes
+    back; yields (spec, the node that trained it). Only this process writes the cache, so the executor's
+    machines need no shared disk, and a run is kept once whatever node trained it."""
+    items = [(spec, cache.weights(spec.init) if spec.init is not None else None) for spec in specs]
+    for i, (result, weights), node in ex.map(partial(_train_task, device=str(ex.device), fast_path=fast_path), items):
+        cache.put(specs[i], result, weights)
+        yield specs[i], node
