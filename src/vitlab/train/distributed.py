@@ -3,26 +3,34 @@
     # one machine, 4 processes
     torchrun --nproc-per-node 4 -m vitlab finetune --data runs/digits --checkpoint runs/digits_vit \\
         --batch-size 16 --out runs/digits_ft_4p
-    # two machines, 8 processes each; R = 0 on HOST, 1 on the other; --out on a shared file system
-    torchrun --nnodes 2 --node-rank R --master-addr HOST --master-port 29500 --nproc-per-node 8 \\
+    # two machines, 8 processes each: the same line on both (HOST: the first machine's address)
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         -m vitlab finetune --data runs/digits --checkpoint runs/digits_vit --batch-size 16 --out runs/digits_ft_16p
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `setup` reads them (the
 standard env:// rendezvous) and joins the process group: NCCL when the processes train on GPUs, gloo
-on CPU. Each process sees 1/N of every epoch through a DistributedSampler and computes the mean
-loss of its own per-process batch; DistributedDataParallel averages the gradients, so a step is the
-step of one process with the global batch = per-process batch x N. Only rank 0 writes files and
-prints. Without torchrun's variables everything runs as one process (world size 1).
+on CPU. Each process sees 1/N of every epoch through a DistributedSampler (its shard, read from its own
+machine's copy of the data, which every process checks is the same) and computes the mean loss of its own
+per-process batch; DistributedDataParallel averages the gradients, so a step is the step of one process
+with the global batch = per-process batch x N. Only rank 0 writes files and prints. Without torchrun's
+variables everything runs as one process (world size 1).
+
+`--out` belongs to rank 0: it alone checks it, writes the checkpoints there, and on `--resume` reads the
+last one and hands it to the other processes (`on_main`). So `--out` may be a folder of rank 0's machine
+alone, or a shared one. Which machine holds rank 0: with `--rdzv-backend c10d` the one whose address
+(`--local-addr`, by default its host name) sorts first, whatever `--node-rank` says; with the static
+rendezvous (`--node-rank R --master-addr HOST --master-port P`) node 0. A run resumes where its
+checkpoints are: on the same machines, or with a shared `--out` (docs/cluster.md).
 
 Every process evaluates the whole validation set (simple, and the same numbers on every rank; the
-cost is small next to training at this scale). `--resume` reads `--out` on every process, so on
-several machines `--out` must be on a shared file system.
+cost is small next to training at this scale).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -31,6 +39,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from vitlab.errors import VitlabError
 from vitlab.runtime import resolve_device
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,25 @@ def all_gather_object(obj, info: DistInfo) -> list:
     return objects
 
 
+def on_main(fn: Callable[[], T], info: DistInfo) -> T:
+    """fn() on rank 0 alone, and its value, or the VitlabError it raised, on every process: what only rank 0
+    reads (its `--out`, which need not be shared) reaches the others, and a mistake found there stops every
+    process with the same one-line error instead of leaving them waiting for rank 0."""
+    value, error = None, None
+    if info.is_main:
+        try:
+            value = fn()
+        except VitlabError as e:
+            error = (str(e), e.arg, e.also)
+    if info.enabled:
+        box = [(value, error)]
+        dist.broadcast_object_list(box, src=0)
+        value, error = box[0]
+    if error is not None:
+        raise VitlabError(error[0], arg=error[1], also=error[2])
+    return value
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
@@ -119,5 +148,5 @@ def cleanup(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["DistInfo", "setup", "single_process", "wrap", "all_mean", "all_gather_object", "barrier", "cleanup",
-           "launched_by_torchrun"]
+__all__ = ["DistInfo", "setup", "single_process", "wrap", "all_mean", "all_gather_object", "on_main", "barrier",
+           "cleanup", "launched_by_torchrun"]

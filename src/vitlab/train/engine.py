@@ -294,8 +294,8 @@ def fit(
     out = Path(out).expanduser() if out is not None else None
     callbacks = list(callbacks) if dist.is_main else []
     say = log if (log is not None and dist.is_main) else (lambda message: None)
-    if out is not None or resume:
-        check_run_folder(out, resume, force)
+    if out is not None or resume:  # `out` is rank 0's (vitlab.train.distributed): a per-machine folder will do
+        distributed.on_main(lambda: check_run_folder(out, resume, force), dist)
 
     seed_everything(recipe.seed + dist.rank)  # each process its own augmentation and dropout stream
     model.to(dev)
@@ -446,12 +446,18 @@ def _state(epoch, optimizer, scheduler, ema, rows, recipe: Recipe, identity: dic
     return state
 
 
+def _read_last(out: Path) -> tuple[Path, dict, dict[str, torch.Tensor]]:
+    """The checkpoint last.json points at: its folder, its training state and its weights (on the CPU)."""
+    folder = ckpt.resolve_checkpoint(out / "last.json")
+    return folder, ckpt.read_state(folder), ckpt.read_weights(folder)
+
+
 def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identity: dict,
              dist: DistInfo) -> tuple[int, list[dict], Plan | None]:
     """Load the training state of `out`'s last checkpoint; returns its epoch, its metrics rows and the plan the
-    run trained on (None for a state from before plans were kept)."""
-    folder = ckpt.resolve_checkpoint(out / "last.json")
-    state = ckpt.read_state(folder)
+    run trained on (None for a state from before plans were kept). Rank 0 reads it from its `out` and hands
+    it to the other processes, whose machines need not see that folder."""
+    folder, state, weights = distributed.on_main(lambda: _read_last(out), dist)
     if state.get("version") != STATE_VERSION:
         raise VitlabError(f"resume: {folder / 'state.pt'} was written by an earlier vitlab (state version "
                           f"{state.get('version', 1)}, this one reads {STATE_VERSION}); its weights still load as a "
@@ -469,7 +475,7 @@ def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identi
         raise VitlabError(f"resume {out}: the run being resumed was made with other settings ({'; '.join(diff)}); "
                           "resume with the same ones, or start a new run in another folder", arg="resume")
     try:  # state.pt is checked like any file from disk: a damaged one is a message, not a traceback
-        model.load_state_dict(ckpt.read_weights(folder, dist.device))
+        model.load_state_dict(weights)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         if ema is not None:

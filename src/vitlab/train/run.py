@@ -105,7 +105,7 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     say = _printer(dist)
     show = (sys.stderr.isatty() if progress is None else progress) and dist.is_main
     out = Path(job.out).expanduser()
-    check_run_folder(out, job.resume, job.force)
+    distributed.on_main(lambda: check_run_folder(out, job.resume, job.force), dist)  # rank 0's folder
     recipe = job.recipe
 
     seed_everything(recipe.seed)
@@ -129,6 +129,13 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
                          seed=recipe.seed, img_size=model.cfg.img_size)
         say(data.scan.report())
     scan = data.scan
+    data_print = fingerprint(scan)
+    prints = distributed.all_gather_object(data_print, dist)  # every machine reads its own copy of the data
+    if len(set(prints)) > 1:
+        others = [r for r, p in enumerate(prints) if p != prints[0]]
+        raise VitlabError(f"data {job.data or job.dataset}: process(es) {others} read other images or classes than "
+                          "rank 0 (another folder at that path on their machine, or a different copy); every machine "
+                          "needs the same data at the same path", arg="data")
     name = job.model or model.pretrained_cfg.architecture or type(model).__name__
     if from_scratch:
         finding = diagnostics.tiny_from_scratch(len(scan.train), name)
@@ -144,13 +151,13 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     say(f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters, {len(names)} classes; {recipe.epochs} "
         f"epochs ({stages}), global batch {recipe.batch_size * dist.world_size * recipe.grad_accum} = "
         f"{recipe.batch_size} x {dist.world_size} process(es){accum}, {dist.device}, {recipe.precision}")
-    start = int(ckpt.read_pointer(out / "last.json").get("epoch") or 0) if job.resume else 0
+    start = int(ckpt.read_pointer(out / "last.json").get("epoch") or 0) if job.resume and dist.is_main else 0
     callbacks = [EpochPrinter(say, recipe.epochs, staged=K > 0, unfreeze=recipe.unfreeze)]
     if dist.is_main:
         mark_folder(out, "run")
         callbacks.append(TensorBoardLogger(out, start_epoch=start))
     history = fit(model, train_loader, val_loader, recipe, dist=dist, out=out, resume=job.resume,
-                  identity=job.identity(fingerprint(scan)), callbacks=callbacks, log=say, progress=show, desc="epochs",
+                  identity=job.identity(data_print), callbacks=callbacks, log=say, progress=show, desc="epochs",
                   fast_path=job.fast_path)
 
     summary = {}
