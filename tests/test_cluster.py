@@ -39,6 +39,8 @@ TIMINGS = ("train_time_s", "train_cpu_s")  # a run's result, but its clock
     (["--executor", "ray", "--address", "nohost"], "error: --address must be the head node's HOST:PORT"),
     (["--executor", "ray", "--address", "127.0.0.1:6379", "--workers", "2"],
      "error: --workers 2: a Ray cluster runs as many runs at once as it has CPUs"),
+    (["--executor", "ray", "--device", "cuda:1"], "error: --device cuda:1: with executor ray a run asks the cluster for "
+     "a CPU or a whole GPU; use auto, cpu or cuda"),
 ])
 def test_cluster_options_are_checked_before_any_work(argv, expected, tmp_path, capsys):
     assert main(["reproduce", "--quick", *argv, "--out", str(tmp_path / "r")]) == 2

@@ -54,7 +54,7 @@ def require_ray():
     return ray
 
 
-def check_executor(kind: str, address: str | None, workers: int | None) -> None:
+def check_executor(kind: str, address: str | None, workers: int | None, device: str | torch.device = "auto") -> None:
     """The options of `open_executor`, checked before any work."""
     if kind not in EXECUTORS:
         raise VitlabError(f"executor must be one of {', '.join(EXECUTORS)}; found {kind!r}", arg="executor")
@@ -69,6 +69,9 @@ def check_executor(kind: str, address: str | None, workers: int | None) -> None:
     if address is not None and (":" not in address or not address.rsplit(":", 1)[1].isdigit()):
         raise VitlabError(f"address must be the head node's HOST:PORT (as `ray start --head` prints it); found "
                           f"{address!r}", arg="address")
+    if kind == "ray" and str(device) not in ("auto", "cpu", "cuda"):
+        raise VitlabError(f"device {device}: with executor ray a run asks the cluster for a CPU or a whole GPU; "
+                          "use auto, cpu or cuda", arg="device")
     if kind == "ray":
         require_ray()
 
@@ -145,9 +148,6 @@ class RayExecutor(Executor):
         if device == "cuda" and not use_gpu:
             raise VitlabError(f"device cuda: the Ray cluster{f' at {address}' if address else ''} has no GPU "
                               f"({self.cpus} CPUs on {self.nodes} node(s)); use cpu or auto", arg="device")
-        if device not in ("auto", "cpu", "cuda"):
-            raise VitlabError(f"device {device}: with executor ray a run asks the cluster for a CPU or a whole GPU; "
-                              "use auto, cpu or cuda", arg="device")
         super().__init__(torch.device("cuda" if use_gpu else "cpu"))
         self.slots = max(1, self.gpus if use_gpu else self.cpus)
         self.task = ray.remote(_on_node).options(num_cpus=0 if use_gpu else 1, num_gpus=1 if use_gpu else 0,
@@ -203,7 +203,7 @@ def open_executor(kind: str, *, device: str | torch.device, workers: int | None 
     """An executor for `n_items` items: `pool` (`workers` processes, default one per core and at most 4; a
     single one, and any GPU, runs them in this process), or `ray` (the cluster at `address`, or one of this
     machine with `workers` CPUs). Closed (the pool's processes stopped, Ray left) when the block ends."""
-    check_executor(kind, address, workers)
+    check_executor(kind, address, workers, device)
     with contextlib.ExitStack() as stack:
         if kind == "ray":
             yield RayExecutor(str(device), address, workers, stack)

@@ -138,7 +138,7 @@ def reproduce(
     quick = scale == "quick"
     n_seeds = seeds if seeds is not None else (2 if quick else 3)
     check_range("seeds", n_seeds, low=1, integer=True, hint=" (3 or more for error bars)")
-    check_executor(executor, address, workers)
+    check_executor(executor, address, workers, device)
     # This process prices the plan and analyses the runs on its own device; Ray's runs ask the cluster for theirs.
     dev = resolve_device("auto" if executor == "ray" and str(device) == "cuda" else device)
     experiments = select(only)
