@@ -123,9 +123,11 @@ class Cluster:
         self.root, self.env, self.port = root, env, _free_port()
         self.address = f"127.0.0.2:{self.port}"
         self.nodes: dict[str, subprocess.Popen] = {}
+        self.killed: set[str] = set()
+        self.logs = contextlib.ExitStack()
 
     def start(self, name: str, ip: str, *args: str) -> None:
-        log = (self.root / f"{name}.log").open("w")
+        log = self.logs.enter_context((self.root / f"{name}.log").open("w"))
         self.nodes[name] = subprocess.Popen(
             [str(RAY), "start", "--block", *args, "--node-ip-address", ip, "--num-cpus", "1",
              "--temp-dir", str(self.root / name), "--disable-usage-stats", "--object-store-memory", str(100 << 20),
@@ -142,7 +144,7 @@ class Cluster:
     def wait_for(self, n: int, timeout: float = 180) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            dead = [k for k, p in self.nodes.items() if p.poll() is not None]
+            dead = [k for k, p in self.nodes.items() if p.poll() is not None and k not in self.killed]
             assert not dead, f"ray node {dead} stopped: " + (self.root / f"{dead[0]}.log").read_text()[-3000:]
             if self.alive() == n:
                 return
@@ -153,18 +155,17 @@ class Cluster:
         """The node dies at once, as a machine that loses power: every process of it, SIGKILL."""
         os.killpg(self.nodes[name].pid, signal.SIGKILL)
         self.nodes[name].wait()
+        self.killed.add(name)
 
     def stop(self) -> None:
-        for p in self.nodes.values():  # the worker first, then the head
+        for p in reversed(list(self.nodes.values())):  # the worker first, then the head
             if p.poll() is None:
-                p.terminate()
-        for p in self.nodes.values():
-            try:
+                p.terminate()  # `ray start --block` stops the node's processes, then itself
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                pass
-            with contextlib.suppress(ProcessLookupError):  # anything of the node's still there
+            with contextlib.suppress(ProcessLookupError):  # whatever of the node is still there
                 os.killpg(p.pid, signal.SIGKILL)
+        self.logs.close()
 
 
 @contextlib.contextmanager
@@ -245,7 +246,7 @@ def test_a_node_killed_mid_grid_costs_no_run(tmp_path, pool_runs):
         kept = {p: p.stat().st_mtime_ns for p in cache.glob("*/result.json")}
         cluster.kill("worker")
         log, _ = driver.communicate(timeout=1800)
-        assert cluster.alive() == 1
+        cluster.wait_for(1)  # the head has noticed: one node left
     assert driver.returncode == 0, log[-5000:]
     runs = _runs(out)
     assert len(runs) == 10 and all(runs[k] == pool_runs[k] for k in runs)  # claims 1 and 6: 10 runs, 2 fine-tuned
