@@ -186,10 +186,9 @@ def two_nodes(tmp: Path) -> Iterator[Cluster]:
 
 
 def _reproduce(out: Path, env: dict, *args: str) -> subprocess.Popen:
-    """`vitlab reproduce --quick` in a process of its own (a Ray driver), fast path off: the model as built."""
-    return subprocess.Popen([sys.executable, "-m", "vitlab", "reproduce", "--quick", "--no-progress", "--fast-path", "off",
-                             *args, "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    """`vitlab reproduce --quick` in a process of its own (a Ray driver)."""
+    return subprocess.Popen([sys.executable, "-m", "vitlab", "reproduce", "--quick", "--no-progress", *args,
+                             "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _runs(out: Path) -> dict[str, tuple[dict, bytes]]:
@@ -206,7 +205,7 @@ def _runs(out: Path) -> dict[str, tuple[dict, bytes]]:
 def pool_runs(tmp_path_factory, fashion, ray_installed) -> dict:
     """The --quick grid on the process pool (2 workers, one thread each): the reference."""
     out = tmp_path_factory.mktemp("pool") / "r"
-    assert main(["reproduce", "--quick", "--no-progress", "--fast-path", "off", "--workers", "2", "--out", str(out)]) == 0
+    assert main(["reproduce", "--quick", "--no-progress", "--workers", "2", "--out", str(out)]) == 0
     return _runs(out)
 
 
