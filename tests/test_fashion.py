@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import struct
 from pathlib import Path
 from urllib.error import URLError
 
@@ -58,12 +59,12 @@ def test_the_standard_split_is_read_with_its_labels(fashion):
     assert CLASS_NAMES[9] == "Ankle boot" and int(x.float().mean()) == 72  # mean pixel 72.9 of 255
 
 
-def test_the_files_are_found_in_order_root_vitlab_data_cache_debian(fashion, nowhere, monkeypatch):
+def test_the_files_are_found_in_order_root_vitlab_data_debian_download(fashion, nowhere, monkeypatch):
+    download = _linked(fashion_mnist.cache_dir() / "fashion-mnist" / "download", fashion)  # an earlier download
+    assert locate() == download
     debian = _linked(nowhere / "debian", fashion)
     monkeypatch.setattr(fashion_mnist, "DEBIAN_DIR", debian)
-    assert locate() == debian
-    cache = _linked(fashion_mnist.cache_dir() / "fashion-mnist", fashion)
-    assert locate() == cache
+    assert locate() == debian  # the system's files before a copy
     data = _linked(nowhere / "data" / "FashionMNIST" / "raw", fashion)  # torchvision's layout under $VITLAB_DATA
     monkeypatch.setenv("VITLAB_DATA", str(nowhere / "data"))
     assert locate() == data
@@ -71,15 +72,65 @@ def test_the_files_are_found_in_order_root_vitlab_data_cache_debian(fashion, now
     assert locate(root) == root
 
 
-def test_gz_files_are_checked_and_decompressed_into_the_cache(fashion, nowhere):
+def test_gz_files_are_checked_and_decompressed_into_a_cache_folder_of_their_own(fashion, nowhere):
     root = nowhere / "gz"
     root.mkdir()
     for name in ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte"):  # small files, compressed here
         (root / f"{name}.gz").write_bytes(gzip.compress((fashion / name).read_bytes()))
     _linked(root, fashion, ["train-images-idx3-ubyte", "t10k-images-idx3-ubyte"])
-    assert locate(root) == fashion_mnist.cache_dir() / "fashion-mnist"
+    copy = locate(root)
+    assert copy.parent == fashion_mnist.cache_dir() / "fashion-mnist" and copy.name not in ("download", "gz")
     _, y = load_fashion_mnist(root, train=False)
     assert torch.bincount(y).tolist() == [1000] * 10
+    with pytest.raises(VitlabError, match="Fashion-MNIST not found"):  # a copy made for root= serves root= alone
+        locate(download=False)
+
+
+def _idx(data: np.ndarray, magic: int) -> bytes:
+    return struct.pack(f">{1 + data.ndim}I", magic, *data.shape) + data.astype(np.uint8).tobytes()
+
+
+def _png(path: Path) -> np.ndarray:
+    return np.asarray(Image.open(path))
+
+
+def test_a_one_off_root_of_other_files_never_stands_in_for_fashion_mnist(fashion, tmp_path, capsys):
+    """`vitlab data fashion-mnist --root` with bad files (.gz, as downloads come), then the default command:
+    the bad files are refused, naming the user's file; well-formed files of other images are read for
+    that root alone; the default command writes the real images."""
+    x, y = load_fashion_mnist(train=True)
+    xt, yt = load_fashion_mnist(train=False)
+
+    def root(name: str, **replaced: np.ndarray) -> Path:
+        folder = _linked(tmp_path / name, fashion, [n for n in IDX_FILES if n not in replaced])
+        for file, data in replaced.items():
+            magic = 2051 if "images" in file else 2049
+            (folder / f"{file}.gz").write_bytes(gzip.compress(_idx(data, magic), compresslevel=1))
+        return folder
+
+    black = root("black", **{"train-images-idx3-ubyte": np.zeros((60_000, 28, 28), np.uint8)})
+    labels = root("labels", **{"t10k-labels-idx1-ubyte": np.where(yt.numpy() == 9, 12, yt.numpy())})
+    for folder, expected in ((black, f"{black}/train-images-idx3-ubyte.gz: every pixel of every image is 0, so these "
+                                     "are not photos"),
+                             (labels, f"{labels}/t10k-labels-idx1-ubyte.gz: label 12 at item 0 (1,000 labels outside 0..9)")):
+        assert main(["data", "fashion-mnist", "--root", str(folder), "--train-size", "20", "--out", str(tmp_path / "no")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {expected}") and err.count("\n") == 1, err
+        assert not (tmp_path / "no").exists()
+    inverted = root("inverted", **{"t10k-images-idx3-ubyte": 255 - xt[:, 0].numpy()})  # well-formed, not Fashion-MNIST
+    assert torch.equal(load_fashion_mnist(inverted, train=False)[0], 255 - xt)  # read for that root, as asked
+
+    out = tmp_path / "fm"
+    assert main(["data", "fashion-mnist", "--out", str(out), "--train-size", "30", "--seed", "1"]) == 0
+    assert "wrote 30 train and 10,000 val images" in capsys.readouterr().out
+    assert sorted(p.name for p in (out / "train").iterdir()) == list(FOLDER_NAMES)
+    assert sum(1 for _ in (out / "train").rglob("*.png")) == 30 and sum(1 for _ in (out / "val").rglob("*.png")) == 10_000
+    i = nested_subset(60_000, 30, seed=1)[0].item()
+    assert np.array_equal(_png(out / "train" / FOLDER_NAMES[int(y[i])] / f"{i:05d}.png"), x[i, 0].numpy())  # lossless
+    for j in (0, 9_999):  # the real test images, not the inverted ones of the run before
+        assert np.array_equal(_png(out / "val" / FOLDER_NAMES[int(yt[j])] / f"{j:05d}.png"), xt[j, 0].numpy())
+    assert main(["data", "fashion-mnist", "--out", str(out)]) == 2  # not over an existing folder
+    assert "already exists and is not empty" in capsys.readouterr().err
 
 
 def _broken_root(tmp_path: Path, fashion: Path, name: str, data: bytes, gz: bool) -> Path:
@@ -102,13 +153,13 @@ def test_corrupt_or_truncated_files_are_one_line_and_exit_2(fashion, tmp_path, c
         data = (fashion / "t10k-images-idx3-ubyte").read_bytes()[:60_008]
     root = _broken_root(tmp_path, fashion, name, data, gz=kind.endswith("gz"))
     cache = fashion_mnist.cache_dir() / "fashion-mnist"
-    before = sorted(cache.iterdir()) if cache.exists() else []
+    before = sorted(cache.rglob("*")) if cache.exists() else []
     assert main(["train", "--dataset", "fashion-mnist", "--root", str(root), "--model", "resnet_mini",
                  "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {root / name}") and expected in err and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists()  # nothing half-written
-    assert (sorted(cache.iterdir()) if cache.exists() else []) == before  # nor a partial copy in the cache
+    assert (sorted(cache.rglob("*")) if cache.exists() else []) == before  # nor a partial copy in the cache
 
 
 def test_no_files_and_no_network_names_both_ways_to_get_them(nowhere, capsys):
@@ -141,20 +192,6 @@ def test_training_subsets_nest_and_depend_on_the_seed():
     assert torch.equal(nested_subset(60_000, None, seed=0), torch.arange(60_000))
     with pytest.raises(VitlabError, match=r"train_size must be an integer in \[1, 60000\]; found 0"):
         nested_subset(60_000, 0, seed=0)
-
-
-def test_data_fashion_mnist_writes_an_image_folder(fashion, tmp_path, capsys):
-    out = tmp_path / "fm"
-    assert main(["data", "fashion-mnist", "--out", str(out), "--train-size", "30", "--seed", "1"]) == 0
-    assert "wrote 30 train and 10,000 val images" in capsys.readouterr().out
-    assert sorted(p.name for p in (out / "train").iterdir()) == list(FOLDER_NAMES)
-    assert sum(1 for _ in (out / "train").rglob("*.png")) == 30 and sum(1 for _ in (out / "val").rglob("*.png")) == 10_000
-    x, y = load_fashion_mnist(train=True)
-    i = nested_subset(60_000, 30, seed=1)[0].item()
-    png = out / "train" / FOLDER_NAMES[int(y[i])] / f"{i:05d}.png"
-    assert torch.equal(torch.from_numpy(np.asarray(Image.open(png))), x[i, 0])  # lossless
-    assert main(["data", "fashion-mnist", "--out", str(out)]) == 2  # not over an existing folder
-    assert "already exists and is not empty" in capsys.readouterr().err
 
 
 def test_train_on_fashion_mnist_reaches_an_accuracy(fashion, tmp_path, capsys):

@@ -26,12 +26,13 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 import vitlab
-from vitlab import create_model
+from vitlab import bench, create_model
 from vitlab.cli import main
 from vitlab.data.digits import write_digits_folder
-from vitlab import bench
+from vitlab.runtime import available_cpus
 from vitlab.weights import checkpoint as ckpt
 
+CPUS = available_cpus()
 SMALL = ["--model", "vit_mini", "--img-size", "16", "--epochs", "1", "--batch-size", "16", "--device", "cpu"]
 
 
@@ -239,7 +240,7 @@ CASES = {
     "train_img_size_0": Case("train --data {lab}/digits --model vit_mini --img-size 0 --out {tmp}/r", 2, "--img-size must be an integer >= 1; found 0"),
     "train_val_split_1_5": Case("train --data {tmp}/few --model vit_mini --val-split 1.5 --out {tmp}/r", 2, "--val-split must be a number in (0, 1); found 1.5", tiny_classes),
     "train_ema_1_5": Case("train --data {lab}/digits --model vit_mini --ema 1.5 --out {tmp}/r", 2, "--ema must be a number in (0, 1); found 1.5"),
-    "train_threads_0": Case("train --data {lab}/digits --model vit_mini --threads 0 --out {tmp}/r", 2, "--threads must be an integer >= 1; found 0"),
+    "train_threads_0": Case("train --data {lab}/digits --model vit_mini --threads 0 --out {tmp}/r", 2, f"--threads must be an integer in [1, {CPUS}]; found 0 (this machine lets vitlab use {CPUS} CPU"),
     "train_workers_negative": Case("train --data {lab}/digits --model vit_mini --workers -1 --out {tmp}/r", 2, "--workers must be an integer >= 0; found -1"),
     "train_out_is_a_file": Case("train --data {lab}/digits --model vit_mini --out {lab}/notes.txt", 2, "notes.txt is a file; expected a folder"),
     "train_out_under_proc": Case("train --data {lab}/digits --model vit_mini --out /proc/vitlab/run", 2, "--out /proc/vitlab/run cannot be created: cannot write in /proc"),
@@ -264,8 +265,8 @@ CASES = {
     "finetune_unfreeze_bogus": Case("finetune --data {lab}/digits --model vit_mini --unfreeze some --out {tmp}/ft", 2, "--unfreeze must be all, head or last:N"),
     # demo
     "demo_epochs_0": Case("demo --epochs 0 --out {tmp}/demo", 2, "--epochs must be an integer in [1, 10000]; found 0"),
-    "demo_seed_negative": Case("demo --seed -1 --out {tmp}/demo", 2, "--seed must be an integer >= 0; found -1"),
-    "demo_threads_negative": Case("demo --threads -1 --out {tmp}/demo", 2, "--threads must be an integer >= 0; found -1"),
+    "demo_seed_negative": Case("demo --seed -1 --out {tmp}/demo", 2, "--seed must be an integer in [0, 4294967295]; found -1"),
+    "demo_threads_negative": Case("demo --threads -1 --out {tmp}/demo", 2, f"--threads must be an integer in [0, {CPUS}]; found -1"),
     "demo_out_is_a_file": Case("demo --out {lab}/notes.txt", 2, "notes.txt is a file; expected a folder"),
     "demo_out_under_proc": Case("demo --out /proc/vitlab", 2, "cannot be created: cannot write in /proc"),
     "demo_out_users_folder": Case("demo --epochs 1 --out {lab}/mine", 2, "already holds files vitlab did not write (metrics.csv, summary.json)"),
@@ -451,7 +452,7 @@ def test_a_full_disk_mid_run_stops_in_one_line_and_the_run_resumes(lab, small_di
 
 TINY_FIT = """
 import sys, torch
-from vitlab import create_model
+from vitlab import bench, create_model
 from vitlab.train import RECIPES
 from vitlab.train.engine import TensorLoader, fit
 

@@ -61,12 +61,13 @@ def check_range(name: str, value, *, low: float | None = None, high: float | Non
     if ok:
         return
     kind = "an integer" if integer else "a number"
+    show = lambda v: str(v) if isinstance(v, int) else f"{v:g}"  # noqa: E731 - 4294967295, not 4.29497e+09
     if low is not None and high is not None:
-        expected = f"{kind} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        expected = f"{kind} in {'(' if low_open else '['}{show(low)}, {show(high)}{')' if high_open else ']'}"
     elif low is not None:
-        expected = f"{kind} {'>' if low_open else '>='} {low:g}"
+        expected = f"{kind} {'>' if low_open else '>='} {show(low)}"
     elif high is not None:
-        expected = f"{kind} {'<' if high_open else '<='} {high:g}"
+        expected = f"{kind} {'<' if high_open else '<='} {show(high)}"
     else:
         expected = kind
     raise VitlabError(f"{name} must be {expected}; found {value!r}{hint}", arg=name)

@@ -11,8 +11,11 @@ kind of output it holds ("run", "demo", ...), so the same command may write ther
 
 Every file vitlab writes goes to a temporary name in the same folder and is moved into place with
 `os.replace`, which is atomic on POSIX and Windows: a reader (or a resumed run) sees the old file or
-the new one, never a torn one. Files get the permissions an ordinary `open(path, "w")` would give. A
-write that fails (a full disk, a read-only file system) is one VitlabError naming the file.
+the new one, never a torn one; a folder written as a whole (`temporary_folder`) likewise. Files and
+folders get the permissions an ordinary `open(path, "w")` or `mkdir` would give (the user's umask). A
+write that fails (a full disk, a read-only file system) is one VitlabError naming the file. Temporary
+names carry `TMP_TAG`, so the leftovers of a killed process are recognised, and the next successful
+write of the same name removes them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import errno
+import glob
 import io
 import json
 import os
@@ -33,6 +37,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 from vitlab.errors import VitlabError
 
 MARKER = ".vitlab"  # in a folder vitlab made: {"kind": "run" | "demo" | ...}, the kind of output it holds
+TMP_TAG = ".vitlab-tmp-"  # in the name of everything written under a temporary name: .NAME.vitlab-tmp-XXXXXXXX
 
 
 def cache_root() -> Path:
@@ -50,7 +55,10 @@ def cache_root() -> Path:
     return home / ("Library/Caches" if sys.platform == "darwin" else ".cache") / "vitlab"
 
 
-def _umask() -> int:
+FILE_MODE, FOLDER_MODE = 0o666, 0o777  # what open(path, "w") and mkdir ask for; the umask takes its bits away
+
+
+def umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -256,26 +264,66 @@ def mark_folder(folder: str | Path, kind: str) -> None:
 # Atomic writes
 
 
+def _tmp_prefix(path: Path) -> str:
+    return f".{path.name}{TMP_TAG}"
+
+
+def remove_leftovers(path: str | Path) -> None:
+    """Remove what a killed write of `path` left next to it: `.NAME.vitlab-tmp-*` files and folders."""
+    path = Path(path)
+    with contextlib.suppress(OSError):
+        for p in path.parent.glob(glob.escape(_tmp_prefix(path)) + "*"):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp)` on a temporary path next to `path`, then move the result into place. A write
     that fails for want of space or permission is a VitlabError naming `path`."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), dir=path.parent)
         os.close(fd)
     except OSError as e:
         raise write_error(path, e) from e
     try:
         write(Path(tmp))
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file ordinary permissions
+        os.chmod(tmp, FILE_MODE & ~umask())  # mkstemp makes 0600; give the file ordinary permissions
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise write_error(path, e) from e
         raise
+    remove_leftovers(path)
     return path
+
+
+@contextlib.contextmanager
+def temporary_folder(path: str | Path) -> Iterator[Path]:
+    """A new folder under a temporary name next to `path`, with ordinary permissions; the block fills it,
+    and it then replaces `path` as a whole (an existing `path` is removed first). If the block fails,
+    the temporary folder is removed and `path` is left as it was; a failed write (a full disk) is a
+    VitlabError naming `path`."""
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), dir=path.parent))
+        os.chmod(tmp, FOLDER_MODE & ~umask())  # mkdtemp makes 0700; give the folder ordinary permissions
+        yield tmp
+        if path.is_dir() and not path.is_symlink() and any(path.iterdir()):
+            shutil.rmtree(path)
+        os.replace(tmp, path)  # an empty `path` folder is replaced too
+    except OSError as e:
+        raise write_error(path, e) from e
+    finally:
+        if tmp is not None and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    remove_leftovers(path)
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -1,10 +1,11 @@
 """What every command needs the same way, in one place: the device, the precision, seeding, CPU
-threads, and pools of worker processes."""
+threads, the machine's memory, and pools of worker processes."""
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import random
 from concurrent.futures import ProcessPoolExecutor
 from typing import Iterator
@@ -15,6 +16,9 @@ import torch
 from vitlab.errors import VitlabError, check_range
 
 PRECISIONS = ("fp32", "bf16")
+# Seeds are 0 .. 2^32 - 1: NumPy's range, and small enough that every seed vitlab derives from one (a
+# shuffle's seed * 100,003 + epoch, a process's seed + rank) stays inside torch's 64-bit range.
+SEED_MAX = 2**32 - 1
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -49,6 +53,45 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
+def check_seed(seed, arg: str = "seed") -> int:
+    """A seed vitlab can use: an integer in 0 .. SEED_MAX."""
+    check_range(arg, seed, low=0, high=SEED_MAX, integer=True)
+    return seed
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; all of the machine's where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_threads(n, *, arg: str = "threads", zero: bool = False, optional: bool = True) -> int | None:
+    """A number of CPU threads: 1 .. the CPUs available (0 too where `zero` means "choose"). More threads
+    than CPUs only wait for each other, and a run with hundreds of them may not finish."""
+    cpus = available_cpus()
+    check_range(arg, n, low=0 if zero else 1, high=cpus, integer=True, optional=optional,
+                hint=f" (this machine lets vitlab use {cpus} CPU{'s' if cpus != 1 else ''})")
+    return n
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process can have: the machine's RAM, or a smaller cgroup limit (a container)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        total = 2**40
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(limit_file).read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            total = int(text)
+    return total
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch, so the same seed and config give the same numbers on CPU."""
     random.seed(seed)
@@ -62,7 +105,7 @@ def num_threads(n: int | None) -> Iterator[None]:
 
     Small models (the mini experiment's 65 tokens x 32 channels) gain nothing from a second thread,
     and on a machine shared with other processes extra threads wait for each other."""
-    check_range("threads", n, low=1, integer=True, optional=True)
+    check_threads(n)
     before = torch.get_num_threads()
     if n is not None:
         torch.set_num_threads(n)
@@ -98,5 +141,5 @@ def process_pool(workers: int, *, threads: int = 1) -> Iterator[ProcessPoolExecu
     pool.shutdown(wait=True)
 
 
-__all__ = ["PRECISIONS", "resolve_device", "check_precision", "autocast", "seed_everything", "num_threads",
-           "process_pool"]
+__all__ = ["PRECISIONS", "SEED_MAX", "resolve_device", "check_precision", "autocast", "check_seed", "available_cpus",
+           "check_threads", "machine_memory", "seed_everything", "num_threads", "process_pool"]

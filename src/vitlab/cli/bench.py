@@ -15,7 +15,7 @@ import sys
 from vitlab import bench
 from vitlab.cli._common import add_device, add_threads, example
 from vitlab.errors import check_range
-from vitlab.runtime import PRECISIONS, num_threads, resolve_device
+from vitlab.runtime import PRECISIONS, check_threads, num_threads, resolve_device
 
 HELP = "speed and memory next to timm, compiled timm and ONNX Runtime"  # its line in `vitlab --help`
 EXAMPLE = "vitlab bench --model vit_small_patch16_224 --batch-size 1 --threads 1"  # the last line of its --help
@@ -75,7 +75,7 @@ def run(args) -> int:
     bench.check_options(models, batch_sizes=args.batch_size or [], precisions=args.precision, warmup=args.warmup,
                         repeats=1 if args.repeats is None else args.repeats,
                         matmul_size=1 if args.matmul_size is None else args.matmul_size, clock=args.clock)
-    check_range("threads", args.threads, low=1, integer=True, optional=True)
+    check_threads(args.threads)
     resolve_device(args.device)
     against = bench.parse_against(args.against)
     say = (lambda s: print(f"... {s}", file=sys.stderr, flush=True)) if not args.json else None

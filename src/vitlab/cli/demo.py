@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from vitlab.cli._common import add_device, add_out, add_threads, example
-from vitlab.errors import check_range
+from vitlab.runtime import check_threads
 from vitlab.experiments.demo import run_demo
 from vitlab.train.recipe import RECIPES
 
@@ -37,7 +37,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    check_range("threads", args.threads, low=0, integer=True, hint=" (0: torch's default)")
+    check_threads(args.threads, zero=True, optional=False)  # 0: torch's default
     run_demo(epochs=args.epochs, seed=args.seed, out=args.out, device=args.device,
              threads=args.threads or None, workers=args.workers,
              progress=not args.no_progress, force=args.force)

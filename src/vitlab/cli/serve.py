@@ -23,6 +23,7 @@ import torch
 
 from vitlab.cli._common import DefaultsFormatter, add_device, add_fast_path, add_model_source, add_precision, add_threads, example
 from vitlab.errors import VitlabError, check_range
+from vitlab.runtime import check_threads
 from vitlab.serve.models import ModelSource, ModelStore
 from vitlab.serve.page import CSS, build_page, check_gradio, require_gradio, save_samples, theme
 
@@ -94,7 +95,7 @@ def _say_path(loaded) -> None:
 def run(args) -> int:
     check_range("max_upload_mb", args.max_upload_mb, low=1, integer=True)
     check_range("port", args.port, low=1, high=65535, integer=True, optional=True)
-    check_range("threads", args.threads, low=1, integer=True, optional=True)
+    check_threads(args.threads)
     check_range("max_models", args.max_models, low=1, integer=True)
     if args.img_size is not None and not (args.model or args.pretrained or args.checkpoint):
         raise VitlabError("--img-size needs a model: give --model, --pretrained or --checkpoint")

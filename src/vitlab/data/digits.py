@@ -12,6 +12,7 @@ from PIL import Image
 from vitlab.data.split import DEFAULT_VAL_SPLIT, stratified_split
 from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import whole_folder
+from vitlab.runtime import check_seed
 
 CLASS_NAMES = tuple(str(i) for i in range(10))
 
@@ -48,7 +49,7 @@ def write_digits_folder(out, *, size: int = 32, val_split: float = DEFAULT_VAL_S
     check_range("size", size, low=8, integer=True, hint=" (the images are 8x8)")
     check_range("val_split", val_split, low=0, high=1, low_open=True, high_open=True)
     check_range("per_class", per_class, low=2, integer=True, optional=True, hint=" (one image to train, one to validate)")
-    check_range("seed", seed, low=0, integer=True)
+    check_seed(seed)
     with whole_folder(out, kind="digits") as tmp:  # new, empty, or its own earlier output: replaced whole
         x, y = load_digits(size, channels=1, normalize=False)  # (1797, 1, size, size) in [0, 1]
         keep = torch.arange(len(y))

@@ -1,18 +1,22 @@
 """Fashion-MNIST (Xiao, Rasul and Vollgraf 2017): 70,000 grey 28x28 photos of clothing in 10 classes,
 the standard 60,000 training / 10,000 test split, read through `torchvision.datasets.FashionMNIST`.
 
-Where the four idx files come from, in this order (the first place that has them is used):
+Where the four idx files come from (the first place that has them is used):
 
     1. root=                  (--root) a folder holding them, .gz or not: directly, in DIR/fashion-mnist/,
-                              or in torchvision's layout DIR/FashionMNIST/raw/
+                              or in torchvision's layout DIR/FashionMNIST/raw/. Only there: a run with
+                              root= reads root's files and no other run ever does.
     2. $VITLAB_DATA           the same, in your data folder
-    3. vitlab's cache folder  `vitlab.fileio.cache_root()`/datasets ($VITLAB_CACHE/datasets when it is set):
-                              downloads and uncompressed copies of .gz files go there
-    4. DEBIAN_DIR             /usr/share/datasets/fashion-mnist: `apt-get install dataset-fashion-mnist`
-    5. a download through torchvision into the cache folder, when there is a network
+    3. DEBIAN_DIR             /usr/share/datasets/fashion-mnist: `apt-get install dataset-fashion-mnist`
+    4. a download             through torchvision, into vitlab's cache folder (`vitlab.fileio.cache_root()`/
+                              datasets/fashion-mnist/download), when there is a network; kept for later runs
 
-A file is checked before it is read: its magic number, its dimensions and its size (a .gz is
-decompressed to check it), so a truncated or corrupt download is one error that names the file.
+The system's files come before a copy of them. A .gz file is decompressed into the cache folder, in a
+sub-folder named after the folder it came from (`<cache>/datasets/fashion-mnist/<hash of the source>`), so a
+copy made for one source never stands in for another: a one-off `--root` of other files leaves every
+default run reading Debian's (or $VITLAB_DATA's) files. Every file is checked before it is read or
+copied: its magic number, its dimensions, its size, labels in 0..9, and images that are not all one
+value; a file that fails is one error naming it, and nothing is copied.
 
     load_fashion_mnist(train=True)    -> images (60000, 1, 28, 28) uint8, labels (60000,) int64
     nested_subset(60000, n, seed=s)   -> the first n of one seeded permutation: subsets that nest
@@ -22,21 +26,22 @@ decompressed to check it), so a truncated or corrupt download is one error that 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import math
 import os
-import shutil
 import struct
-import tempfile
 import zlib
 from pathlib import Path
 from urllib.error import URLError
 
+import numpy as np
 import torch
 from PIL import Image
 from torchvision.datasets import FashionMNIST
 
 from vitlab.errors import VitlabError, check_range
-from vitlab.fileio import cache_root, write_bytes
+from vitlab.fileio import cache_root, check_out_folder, temporary_folder, write_bytes
+from vitlab.runtime import check_seed
 
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 # Class folders of `write_fashion_mnist_folder`: the label first, so that sorting them (as ImageFolder does)
@@ -60,8 +65,12 @@ def cache_dir() -> Path:
     return cache_root() / "datasets"
 
 
-def _cache_folder() -> Path:
-    return cache_dir() / "fashion-mnist"
+def _cache_folder(source: Path | None = None) -> Path:
+    """Where the uncompressed copies of `source`'s .gz files go (None: the download)."""
+    if source is None:
+        return cache_dir() / "fashion-mnist" / "download"
+    key = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]
+    return cache_dir() / "fashion-mnist" / key
 
 
 class _Reader(FashionMNIST):
@@ -121,10 +130,23 @@ def _check_header(path: Path, name: str, head: bytes, size: int) -> None:
         raise VitlabError(f"{path}: {what} idx file ({size:,} bytes of data, expected {_expected_size(name):,}); {fix}")
 
 
+def _check_values(path: Path, name: str, data: bytes) -> None:
+    """What a well-formed file can still get wrong: labels outside 0..9, images that are all one value."""
+    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * len(IDX_FILES[name][1]))
+    fix = "these are not Fashion-MNIST's files; get a fresh copy"
+    if "labels" in name:
+        bad = np.flatnonzero(body >= len(CLASS_NAMES))
+        if len(bad):
+            raise VitlabError(f"{path}: label {body[bad[0]]} at item {bad[0]:,} ({len(bad):,} labels outside "
+                              f"0..{len(CLASS_NAMES) - 1}); {fix}")
+    elif body.min() == body.max():
+        raise VitlabError(f"{path}: every pixel of every image is {body[0]}, so these are not photos; {fix}")
+
+
 def _check_raw(path: Path, name: str) -> None:
-    with open(path, "rb") as f:
-        head = f.read(16)
-    _check_header(path, name, head, path.stat().st_size)
+    data = path.read_bytes()
+    _check_header(path, name, data[:16], len(data))
+    _check_values(path, name, data)
 
 
 def _decompress(path: Path, name: str) -> bytes:
@@ -136,13 +158,15 @@ def _decompress(path: Path, name: str) -> bytes:
         raise VitlabError(f"{path}: corrupt or truncated gzip file ({type(e).__name__}: {e}); delete it and get a "
                           "fresh copy") from e
     _check_header(path, name, data[:16], len(data))
+    _check_values(path, name, data)
     return data
 
 
-def _usable(files: dict[str, Path]) -> Path:
+def _usable(files: dict[str, Path], *, cache: Path) -> Path:
     """A folder of checked, uncompressed idx files for `files`: their own folder if they are all
-    uncompressed there, else vitlab's cache folder, where the .gz ones are decompressed (once). Every file
-    is checked before anything is written, so a broken one leaves the cache as it was."""
+    uncompressed there, else `cache` (the folder kept for their source), where the .gz ones are
+    decompressed (once). Every file is checked before anything is written, so a broken one is refused
+    and leaves the cache as it was."""
     contents = {n: _decompress(p, n) for n, p in files.items() if p.suffix == ".gz"}
     for n, p in files.items():
         if n not in contents:
@@ -150,7 +174,7 @@ def _usable(files: dict[str, Path]) -> Path:
     folders = {p.parent for p in files.values()}
     if not contents and len(folders) == 1:
         return folders.pop()
-    target = _cache_folder()
+    target = cache
     for n, p in files.items():
         dest = target / n
         if dest.exists() and dest.resolve() == p.resolve():
@@ -180,14 +204,14 @@ def locate(root: str | Path | None = None, *, download: bool = True) -> Path:
             raise VitlabError(f"root {root_path}: no Fashion-MNIST files there (expected train-images-idx3-ubyte[.gz], "
                               "train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz] and t10k-labels-idx1-ubyte[.gz], "
                               "directly or in FashionMNIST/raw/)", arg="root")
-        return _usable(files)
+        return _usable(files, cache=_cache_folder(root_path))
     places = [Path(os.environ["VITLAB_DATA"]).expanduser()] if os.environ.get("VITLAB_DATA") else []
-    places += [cache_dir(), DEBIAN_DIR]
+    places += [DEBIAN_DIR, _cache_folder()]
     for place in places:
         if place.is_dir():
             files = _idx_files(place)
             if files is not None:
-                return _usable(files)
+                return _usable(files, cache=_cache_folder(place))
     where = ", ".join(str(p) for p in places)
     ways = (f"install Debian's package (apt-get install {DEBIAN_PACKAGE}), or run once with network access (it is "
             f"downloaded through torchvision into {_cache_folder()}), or pass root (--root DIR) with the four idx files")
@@ -200,7 +224,7 @@ def locate(root: str | Path | None = None, *, download: bool = True) -> Path:
     except (RuntimeError, URLError, OSError) as e:
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise VitlabError(f"Fashion-MNIST not found (looked in {where}) and the download failed ({reason}); {ways}") from e
-    return _usable(_idx_files(target) or {})
+    return _usable(_idx_files(target) or {}, cache=target)
 
 
 def load_fashion_mnist(root: str | Path | None = None, *, train: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,16 +251,15 @@ def write_fashion_mnist_folder(out, *, root: str | Path | None = None, train_siz
     """Write Fashion-MNIST as an image folder, `out/train/<class>/<index>.png` (the training split, or its
     nested subset of `train_size` images) and `out/val/<class>/<index>.png` (the 10,000 test images).
 
-    Built under a temporary name and moved into place, so `out` is either complete or absent."""
-    out = Path(out).expanduser()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise VitlabError(f"out {out} already exists and is not empty; choose a new folder or delete it", arg="out")
+    `out` is checked first (vitlab.fileio: new or empty, a place that can be written); the folder is
+    built under a temporary name and moved into place, so `out` is either complete or absent, and a
+    write that fails (a full disk) is one VitlabError naming it."""
+    check_seed(seed)
+    out = check_out_folder(out, kind=None)  # new or empty: the folder is replaced as a whole
     keep = nested_subset(N_TRAIN, train_size, seed=seed)  # checked before anything is read or written
     splits = {"train": load_fashion_mnist(root, train=True), "val": load_fashion_mnist(root, train=False)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     counts = {}
-    try:
+    with temporary_folder(out) as tmp:
         for part, (x, y) in splits.items():
             idx = keep if part == "train" else torch.arange(len(y))
             for name in FOLDER_NAMES:
@@ -245,10 +268,6 @@ def write_fashion_mnist_folder(out, *, root: str | Path | None = None, train_siz
             for i in idx.tolist():
                 Image.fromarray(pixels[i], "L").save(tmp / part / FOLDER_NAMES[int(y[i])] / f"{i:05d}.png")
             counts[part] = len(idx)
-        os.replace(tmp, out)  # an empty `out` folder is replaced too
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return counts
 
 

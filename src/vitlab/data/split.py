@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 
 from vitlab.errors import VitlabError, check_range
+from vitlab.runtime import check_seed
 
 DEFAULT_VAL_SPLIT = 0.2  # the share of each class that goes to validation
 
@@ -18,6 +19,7 @@ def stratified_split(labels: torch.Tensor, val_fraction: float, *, seed: int = 0
     Every class gets at least one validation image; a class the split would leave with no training
     image is a VitlabError naming it (`names[label]`, or the label) before anything trains."""
     check_range("val_split", val_fraction, low=0, high=1, low_open=True, high_open=True)
+    check_seed(seed)
     g = torch.Generator().manual_seed(seed)
     train, val, starved = [], [], []
     for c in labels.unique(sorted=True):

@@ -26,7 +26,6 @@ import os
 import platform
 import queue
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -41,10 +40,10 @@ from vitlab.analysis.attention import boundary_attention_share
 from vitlab.analysis.plots import enlarge, overlay, save_figure, to_display
 from vitlab.data.synthetic import CLASS_NAMES, dataset_x_splits
 from vitlab.errors import VitlabError, check_range
-from vitlab.fileio import check_out_folder, output_folder, write_json
+from vitlab.fileio import check_out_folder, output_folder, temporary_folder, write_json
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config
-from vitlab.runtime import num_threads, process_pool, resolve_device, seed_everything
+from vitlab.runtime import check_seed, check_threads, num_threads, process_pool, resolve_device, seed_everything
 from vitlab.train.engine import Callback, TensorLoader, fit
 from vitlab.train.recipe import RECIPES
 
@@ -62,7 +61,7 @@ def check_options(*, epochs: int, seed: int, out: str | Path, n_train: int = N_T
     """Every option is checked before anything is written (no partial output after a mistake); `out` must
     be new, empty, an earlier demo's folder, or (with `force`) any folder (vitlab.fileio.check_out_folder)."""
     check_range("epochs", epochs, low=1, high=MAX_EPOCHS, integer=True, hint=" (the mini experiment uses 60)")
-    check_range("seed", seed, low=0, integer=True)
+    check_seed(seed)
     check_range("n_train", n_train, low=2, integer=True)
     check_range("n_val", n_val, low=1, integer=True)
     return check_out_folder(out, kind="demo", force=force)
@@ -122,7 +121,7 @@ def run_demo(
     `force`: write into a non-empty folder that is not an earlier demo's (files of the same names are replaced).
     """
     out = check_options(epochs=epochs, seed=seed, out=out, n_train=n_train, n_val=n_val, force=force)
-    check_range("threads", threads, low=1, integer=True, optional=True)
+    check_threads(threads)
     check_range("workers", workers, low=1, high=2, integer=True, optional=True,
                 hint=" (1: one run after the other; 2: side by side)")
     dev = resolve_device(device)  # an unavailable device is an error before anything is written
@@ -242,18 +241,11 @@ def _train_arm(pos: str, *, epochs, seed, out: Path, device: str, n_train, n_val
     train_loader = TensorLoader(x_train, y_train, batch_size=recipe.batch_size, shuffle=True, seed=seed)
     val_loader = TensorLoader(x_val, y_val, batch_size=250)
     run_dir = Path(out) / f"pos_{pos}"
-    tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".pos_{pos}."))
     t0 = time.perf_counter()
-    try:
+    with temporary_folder(run_dir) as tmp:  # moved into place when complete
         history = fit(model, train_loader, val_loader, recipe, device=device, out=tmp, progress=progress,
                       desc=f"pos_embed={pos}", callbacks=[_OnEpoch(on_epoch)])
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    train_s = time.perf_counter() - t0
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    os.replace(tmp, run_dir)
+        train_s = time.perf_counter() - t0
     return {"rows": history.rows, "train_s": train_s}
 
 

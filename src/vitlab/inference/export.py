@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vitlab.errors import VitlabError, check_range
-from vitlab.fileio import check_out_file, created_folders, write_error, write_json
+from vitlab.fileio import FILE_MODE, TMP_TAG, check_out_file, created_folders, remove_leftovers, umask, write_error, write_json
 from vitlab.weights.checkpoint import model_meta
 
 ONNX_TOLERANCE = 1e-4  # max abs difference of the logits, ONNX Runtime vs PyTorch (fp32)
@@ -60,17 +60,18 @@ def export_model(model: nn.Module, out: str | Path, *, check: bool = True, opset
 @contextmanager
 def _staging(out: Path):
     """A temporary folder next to `out`; its files are moved into place only if the block succeeds."""
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}{TMP_TAG}"))
     try:
         try:
             yield tmp
         except (OSError, SafetensorError) as e:  # a full disk: one line, nothing left behind
             raise write_error(out, e) from e
         for f in sorted(tmp.iterdir()):
-            f.chmod(0o644)  # temp files are created private (0600); the exported files are ordinary ones
+            f.chmod(FILE_MODE & ~umask())  # temp files may be private (0600); the exported files are ordinary ones
             os.replace(f, out.parent / f.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    remove_leftovers(out)
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from vitlab.data.transforms import AUTO_AUGMENTS
 from vitlab.errors import VitlabError, check_range
-from vitlab.runtime import check_precision
+from vitlab.runtime import check_precision, check_seed
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Recipe:
         check_range("label_smoothing", self.label_smoothing, low=0, high=1, high_open=True)
         check_range("grad_accum", self.grad_accum, low=1, integer=True)
         check_precision(self.precision)
-        check_range("seed", self.seed, low=0, integer=True)
+        check_seed(self.seed)
         check_range("freeze_epochs", self.freeze_epochs, low=0, high=self.epochs, integer=True,
                     hint=f" (at most epochs = {self.epochs})")
         check_range("layer_decay", self.layer_decay, low=0, high=1, low_open=True)

@@ -25,7 +25,6 @@ import json
 import os
 import pickle
 import shutil
-import tempfile
 import warnings
 import zipfile
 from pathlib import Path
@@ -36,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vitlab.errors import VitlabError
-from vitlab.fileio import write_error, write_json
+from vitlab.fileio import temporary_folder, write_error, write_json
 from vitlab.models.cnn import ResNetConfig, ResNetMini
 from vitlab.models.pretrained_cfg import PretrainedCfg
 from vitlab.models.vit import ViTConfig, VisionTransformer
@@ -82,28 +81,20 @@ def save_checkpoint(out_dir: str | Path, name: str, model: nn.Module, state: dic
 
 
 def _write_folder(final: Path, model: nn.Module, state: dict | None) -> Path:
-    """Write the folder under a temporary name, then rename it into place. A write that fails (a full
-    disk) is a VitlabError naming the folder, and leaves no partial folder behind."""
-    tmp = None
+    """Write the folder under a temporary name, then rename it into place (vitlab.fileio.temporary_folder).
+    A write that fails (a full disk) is a VitlabError naming the folder, and leaves no partial folder behind."""
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-        weights = {k: v.detach().contiguous().cpu() for k, v in unwrap(model).state_dict().items()}
-        save_file(weights, tmp / "model.safetensors")
-        write_json(tmp / "config.json", model_meta(model))
-        if state is not None:
-            try:
-                torch.save(state, tmp / "state.pt")
-            except RuntimeError as e:  # torch's zip writer reports a failed write as a RuntimeError
-                raise write_error(final / "state.pt", e) from e
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except (OSError, SafetensorError) as e:
+        with temporary_folder(final) as tmp:
+            weights = {k: v.detach().contiguous().cpu() for k, v in unwrap(model).state_dict().items()}
+            save_file(weights, tmp / "model.safetensors")
+            write_json(tmp / "config.json", model_meta(model))
+            if state is not None:
+                try:
+                    torch.save(state, tmp / "state.pt")
+                except RuntimeError as e:  # torch's zip writer reports a failed write as a RuntimeError
+                    raise write_error(final / "state.pt", e) from e
+    except SafetensorError as e:
         raise write_error(final, e) from e
-    finally:
-        if tmp is not None and tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
