@@ -25,7 +25,7 @@ O(N^2 D) in the number of patches, and `patch_size_tradeoff` makes it concrete.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +35,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config, get_variant
+from vitlab.models.size import (BYTES_FP32, MemoryEstimate, activation_elements, check_fits, training_memory,
+                                vit_parameters)
 from vitlab.models.vit import ViTConfig, VisionTransformer
 
-BYTES_FP32 = 4
 # The paper's Table 1 (Base, Large, Huge), with the paper's rounded sizes.
 TABLE1 = (("ViT-Base", "vit_base_patch16_224", "86M"), ("ViT-Large", "vit_large_patch16_224", "307M"),
               ("ViT-Huge", "vit_huge_patch14_224", "632M"))
@@ -123,7 +124,7 @@ def count_macs(cfg: ViTConfig) -> FlopCount:
     note = ""
     if cfg.stem == "hybrid":
         rows["hybrid CNN stem"] = _hybrid_stem_macs(cfg)
-        rows["patch embedding (1x1)"] = N * build_on_meta(cfg).patch_embed.backbone.out_channels * D
+        rows["patch embedding (1x1)"] = N * build_on_meta(cfg.replace(depth=1)).patch_embed.backbone.out_channels * D
         note = "hybrid stem measured with FlopCounterMode"
     else:
         rows["patch embedding"] = N * (C * P * P) * D  # one (C P^2) x D map per patch
@@ -138,7 +139,7 @@ def count_macs(cfg: ViTConfig) -> FlopCount:
 
 def _hybrid_stem_macs(cfg: ViTConfig) -> int:
 
-    stem = build_on_meta(cfg).patch_embed.backbone
+    stem = build_on_meta(cfg.replace(depth=1)).patch_embed.backbone
     x = torch.empty(1, cfg.in_chans, *cfg.img_size, device="meta")
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         stem(x)
@@ -172,64 +173,19 @@ def measured_flops(model: nn.Module, img_size: tuple[int, int], in_chans: int = 
     return int(counter.get_total_flops()), by_op
 
 
+def scaled_measured_flops(cfg: ViTConfig) -> int:
+    """`measured_flops` of the whole model from copies of one and two blocks on the meta device: every block
+    does the same work, so FLOPs(L) = FLOPs(1) + (L - 1) (FLOPs(2) - FLOPs(1)), exactly. The cost is that of
+    two small models whatever the depth (the counter spends ~10 ms a block)."""
+    one, _ = measured_flops(build_on_meta(cfg.replace(depth=1)), cfg.img_size, cfg.in_chans)
+    if cfg.depth == 1:
+        return one
+    two, _ = measured_flops(build_on_meta(cfg.replace(depth=2)), cfg.img_size, cfg.in_chans)
+    return one + (cfg.depth - 1) * (two - one)
+
+
 # ----------------------------------------------------------------------------------------------------
-# Memory
-
-
-@dataclass
-class MemoryEstimate:
-    """Bytes for training at one batch size in fp32 with AdamW.
-
-    Activations are the tensors autograd keeps for the backward pass (counted per block below);
-    weights, gradients and AdamW's two moment buffers are 4 bytes each per parameter (16 in all).
-    """
-
-    batch_size: int
-    params: int
-    activations: int  # with fused attention (SDPA keeps no T x T matrix)
-    attention_matrices: int  # extra, when the explicit path keeps softmax(QK^T/sqrt(d)) per layer
-    rows: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def weights(self) -> int:
-        return self.params * BYTES_FP32
-
-    @property
-    def optimizer_state(self) -> int:
-        return self.params * BYTES_FP32 * 3  # gradients + AdamW exp_avg + exp_avg_sq
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.optimizer_state + self.activations
-
-
-def activation_elements(cfg: ViTConfig) -> dict[str, int]:
-    """Elements autograd saves per image in one training forward pass (fused attention, no dropout).
-
-    Per block, per token: the LN1 input and output (D + D), the qkv output (3D: q, k, v are views of
-    it), the SDPA output (D; the output projection reads it as a view, heads concatenated), the LN2
-    input and output (D + D), the GELU input and output (M + M): 8D + 2M; plus each LayerNorm's mean
-    and 1/std (2 + 2) and SDPA's log-sum-exp (h). Before the blocks, the image (the patch projection's
-    input); after them, the final LN's input, output and statistics, and the loss's log-softmax.
-    The test checks this against what autograd actually saves (`measure_saved_activations`).
-    """
-    T, D, M, L = cfg.num_patches + cfg.num_prefix_tokens, cfg.dim, cfg.hidden_dim, cfg.depth
-    H, W = cfg.img_size
-    return {
-        "input image": cfg.in_chans * H * W,
-        "blocks": L * T * (8 * D + 2 * M + 4 + cfg.heads),
-        "final norm + head": T * (2 * D + 2) + cfg.num_classes,
-    }
-
-
-def training_memory(cfg: ViTConfig, batch_size: int, params: int) -> MemoryEstimate:
-    """An estimate of training memory at `batch_size` (fp32, AdamW); see `activation_elements`."""
-    if batch_size < 1:
-        raise VitlabError(f"batch_size must be at least 1; found {batch_size}", arg="batch_size")
-    T = cfg.num_patches + cfg.num_prefix_tokens
-    rows = {k: v * batch_size * BYTES_FP32 for k, v in activation_elements(cfg).items()}
-    attn = cfg.depth * cfg.heads * T * T * batch_size * BYTES_FP32  # one (h, T, T) matrix per layer
-    return MemoryEstimate(batch_size, params, sum(rows.values()), attn, rows)
+# Memory (the estimates live in vitlab.models.size, where create_model checks them)
 
 
 def _full_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -314,11 +270,11 @@ def info_report(name: str, *, img_size: int | None = None, patch_size: int | Non
     if not get_variant(name).is_vit:
         return _cnn_report(name, img_size or 32, batch_size)
     cfg = get_config(name, img_size=img_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads)
-    model = build_on_meta(cfg)
-    params = parameter_breakdown(model)
-    block = block_breakdown(model)
+    check_fits(cfg, what=name)  # counted from the config: a size no machine here could hold is one line
+    params = vit_parameters(cfg)  # analytic; every block is the same, so only one and two are built below
+    block = block_breakdown(build_on_meta(cfg.replace(depth=1)))
     count = count_macs(cfg)
-    measured, _ = measured_flops(model, cfg.img_size, cfg.in_chans)
+    measured = scaled_measured_flops(cfg)
     mem = training_memory(cfg, batch_size, params["total"])
     H, W = cfg.img_size
     gh, gw = cfg.grid_size
@@ -401,4 +357,6 @@ __all__ = [
     "patch_size_tradeoff",
     "info_report",
     "build_on_meta",
+    "scaled_measured_flops",
+    "BYTES_FP32",
 ]

@@ -14,7 +14,8 @@ import sys
 
 from vitlab import bench
 from vitlab.cli._common import add_device, add_threads, example
-from vitlab.errors import check_range
+from vitlab.models.registry import get_config
+from vitlab.models.size import check_fits, check_memory
 from vitlab.runtime import PRECISIONS, check_threads, num_threads, resolve_device
 
 HELP = "speed and memory next to timm, compiled timm and ONNX Runtime"  # its line in `vitlab --help`
@@ -77,6 +78,12 @@ def run(args) -> int:
                         matmul_size=1 if args.matmul_size is None else args.matmul_size, clock=args.clock)
     check_threads(args.threads)
     resolve_device(args.device)
+    n = args.matmul_size or 2048
+    check_memory(3 * n * n * 4 + 3 * n * n * 2, f"matmul_size {n}: the {n}^3 matrix-product probe (three {n} x {n} matrices in fp32 and "
+                 "bf16)", arg="matmul_size", fix="; choose a smaller size")
+    for name in models:
+        for b in args.batch_size or [32]:
+            check_fits(get_config(name), what=name, batch_size=b, training=args.train or args.memory)
     against = bench.parse_against(args.against)
     say = (lambda s: print(f"... {s}", file=sys.stderr, flush=True)) if not args.json else None
     with num_threads(args.threads):

@@ -55,7 +55,7 @@ def run(args) -> int:
     if args.json:
         doc = {"model": pcfg.architecture, "source": pcfg.source, "format": pcfg.format,
                "input_size": list(pcfg.input_size), "results": results}
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(doc, indent=2, allow_nan=False))  # no NaN reaches a result (predict_files)
     else:
         text = format_results(results)
         described = f"ViT {model.cfg.describe()}" if isinstance(model, VisionTransformer) else "model"

@@ -10,11 +10,13 @@ import torch.nn.functional as F
 from PIL import Image
 
 from vitlab.data.split import DEFAULT_VAL_SPLIT, stratified_split
-from vitlab.errors import VitlabError, check_range
+from vitlab.errors import check_range
 from vitlab.fileio import whole_folder
+from vitlab.models.size import check_memory
 from vitlab.runtime import check_seed
 
 CLASS_NAMES = tuple(str(i) for i in range(10))
+N_DIGITS = 1797
 
 
 def load_digits(
@@ -26,8 +28,10 @@ def load_digits(
     """
     from sklearn.datasets import load_digits as _load
 
-    if size < 8:
-        raise VitlabError(f"size must be at least 8 (the images are 8x8); found {size}", arg="size")
+    check_range("size", size, low=8, integer=True, hint=" (the images are 8x8)")
+    # the upsampled float images, their normalised copy over `channels`, and the uint8 copy a folder is written from
+    check_memory(N_DIGITS * size * size * (4 + 4 * channels + 1), f"size {size}: the {N_DIGITS:,} digits at {size}x{size} pixels",
+                 arg="size", fix="; choose a smaller size")
     d = _load()
     x = torch.tensor(d.images, dtype=torch.float32)[:, None] / 16.0  # (1797, 1, 8, 8)
     x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False).clamp(0, 1)

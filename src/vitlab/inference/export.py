@@ -18,6 +18,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
@@ -142,7 +143,7 @@ def export_onnx(model: nn.Module, out: Path, *, check: bool = True, opset: int |
         if check:
             report["max_abs_diff"] = check_onnx(model, tmp / out.name, batch_size=3)
             report["tolerance"] = ONNX_TOLERANCE
-            if report["max_abs_diff"] > ONNX_TOLERANCE:
+            if not report["max_abs_diff"] <= ONNX_TOLERANCE:  # NaN compares false: it fails too
                 raise VitlabError(
                     f"ONNX export to {out}: ONNX Runtime's logits differ from PyTorch's by {report['max_abs_diff']:.2e} "
                     f"(max abs), over the tolerance {ONNX_TOLERANCE:.0e}; nothing was written"
@@ -164,6 +165,10 @@ def check_onnx(model: nn.Module, path: str | Path, *, batch_size: int = 3, seed:
     (got,) = session.run(["logits"], {"image": x.numpy()})
     if got.shape != expected.shape:
         raise VitlabError(f"ONNX export {path}: output shape {got.shape}, expected {expected.shape}")
+    for who, out in (("PyTorch", expected), ("ONNX Runtime", got)):
+        if not np.isfinite(out).all():
+            raise VitlabError(f"ONNX export {path}: {who}'s logits are not finite (NaN or infinity), so nothing can be "
+                              "checked; the model's weights overflow")
     return float(abs(got - expected).max())
 
 

@@ -40,6 +40,11 @@ def predict_tensors(
     return top.values.cpu(), top.indices.cpu()
 
 
+def finite_rows(values: torch.Tensor) -> list[bool]:
+    """Which rows hold only finite numbers: a NaN or an infinity is no probability, never a result."""
+    return torch.isfinite(values).all(dim=-1).tolist()
+
+
 def check_options(*, topk: int = 5, batch_size: int = 16, device: str | torch.device | None = "auto",
                   precision: str = "fp32") -> torch.device:
     """predict_files' options, checkable before the model is loaded. Returns the device."""
@@ -103,7 +108,12 @@ def predict_files(
             continue
         batch = torch.stack([t for _, t in good])  # (B, 3, H, W)
         probs, indices = predict_tensors(runner, batch, topk=topk, device=dev, precision=precision)
-        for (path, _), p_row, i_row in zip(good, probs.tolist(), indices.tolist()):
+        for (path, _), p_row, i_row, finite in zip(good, probs.tolist(), indices.tolist(), finite_rows(probs)):
+            if not finite:
+                results[path] = {"file": path, "error": f"{path}: the model's scores for this image are not finite "
+                                 f"(NaN or infinity): its weights ({pcfg.source}) overflow at {precision}; nothing to "
+                                 "report"}
+                continue
             results[path] = {
                 "file": path,
                 "predictions": [

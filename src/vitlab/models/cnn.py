@@ -14,7 +14,20 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock
 
-from vitlab.errors import VitlabError
+from vitlab.errors import VitlabError, check_range
+
+
+def check_images(x, channels: int) -> None:
+    """A model's input must be a batch of images, (B, C, H, W) with its C channels: one line naming what was
+    found, not a convolution's error deep inside torch."""
+    if not isinstance(x, torch.Tensor) or x.ndim != 4 or x.shape[1] != channels:
+        found = f"a tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
+        fix = (" (one image: add the batch axis, x[None])" if isinstance(x, torch.Tensor) and x.ndim == 3
+               and x.shape[0] == channels else "")
+        raise VitlabError(f"the model takes a batch of images, a tensor (B, {channels}, H, W); found {found}{fix}")
+    if not x.is_floating_point():
+        raise VitlabError(f"the model takes float images (preprocessed, e.g. by vitlab.data.preprocess.eval_transform); "
+                          f"found {x.dtype}")
 
 
 def _stage(in_ch: int, out_ch: int, stride: int, blocks: int) -> nn.Sequential:
@@ -62,15 +75,15 @@ class ResNetConfig:
 
     def __post_init__(self) -> None:
         size = self.img_size
-        if isinstance(size, int):
+        if isinstance(size, int) and not isinstance(size, bool):
             size = (size, size)
-        if not (isinstance(size, (tuple, list)) and len(size) == 2 and all(isinstance(v, int) and v >= 8 for v in size)):
-            raise VitlabError(f"img_size must be an int or (height, width) of at least 8 pixels; found {self.img_size!r}")
+        if not (isinstance(size, (tuple, list)) and len(size) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 8 for v in size)):
+            raise VitlabError(f"img_size must be an int or (height, width) of at least 8 pixels; found {self.img_size!r}",
+                              arg="img_size")
         object.__setattr__(self, "img_size", tuple(size))
         for name in ("num_classes", "in_chans", "width", "blocks"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < (0 if name == "num_classes" else 1):
-                raise VitlabError(f"{name} must be a positive integer; found {value!r}", arg=name)
+            check_range(name, getattr(self, name), low=0 if name == "num_classes" else 1, integer=True)
 
     def replace(self, **overrides) -> "ResNetConfig":
         """A copy with some fields changed; an unknown field is an error that lists the valid ones."""
@@ -108,6 +121,7 @@ class ResNetMini(nn.Module):
         self.pretrained_cfg = None  # a vitlab.models.pretrained_cfg.PretrainedCfg, set by create_model
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        check_images(x, self.cfg.in_chans)
         return self.layer3(self.layer2(self.layer1(self.stem(x))))  # (B, 4w, H/4, W/4)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

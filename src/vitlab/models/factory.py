@@ -23,9 +23,10 @@ from torch import nn
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.cnn import ResNetMini
 from vitlab.models.registry import get_config, get_variant
+from vitlab.models.size import check_fits
 from vitlab.models.vit import ViTConfig, VisionTransformer
 from vitlab.weights import checkpoint as ckpt_format
-from vitlab.weights.pretrained import load_checkpoint, plan_load
+from vitlab.weights.pretrained import diff_keys, load_checkpoint, plan_load
 
 
 def create_model(
@@ -55,6 +56,7 @@ def create_model(
         return _from_weights(name, pretrained, str(pretrained), num_classes, img_size, overrides)
     variant = get_variant(name)
     config = get_config(name, num_classes=num_classes, img_size=img_size, **overrides)
+    check_fits(config, what=f"model {name}")  # counted from the config: nothing is allocated for a size that cannot fit
     model = VisionTransformer(config) if isinstance(config, ViTConfig) else ResNetMini(config)
     model.pretrained_cfg = variant.pretrained_cfg.replace(
         architecture=name, input_size=(config.in_chans, *config.img_size), num_classes=config.num_classes)
@@ -84,9 +86,8 @@ def _from_weights(name, source, label: str, num_classes, img_size, overrides) ->
 
 
 def _from_checkpoint(name, path: Path, num_classes, img_size, overrides) -> nn.Module:
-    if path.suffix == ".safetensors" and path.with_suffix(".json").is_file():
-        return _from_weights(name, path, str(path), num_classes, img_size, overrides)  # `vitlab export` output
-    folder = ckpt_format.resolve_checkpoint(path)
+    exported = path.suffix == ".safetensors" and path.with_suffix(".json").is_file()  # `vitlab export` output
+    folder = path if exported else ckpt_format.resolve_checkpoint(path)
     meta = ckpt_format.read_meta(folder)
     if meta["kind"] == "vit":
         return _from_weights(name, folder, str(folder), num_classes, img_size, overrides)
@@ -96,8 +97,16 @@ def _from_checkpoint(name, path: Path, num_classes, img_size, overrides) -> nn.M
                           f"model, not {name!r}; drop the model name or give its checkpoint", arg="model")
     if img_size is not None:
         overrides["img_size"] = img_size
-    model = ckpt_format.build_from_meta(meta, **overrides)
-    model.load_state_dict(ckpt_format.read_weights(folder))
+    config = ckpt_format.config_from_meta(meta, **overrides)
+    check_fits(config, what=f"the model of checkpoint {folder}")
+    model = ResNetMini(config)
+    weights = ckpt_format.read_weights(folder)
+    differences = diff_keys(model.state_dict(), weights)
+    if differences:
+        raise VitlabError(f"checkpoint {folder}: its weights do not fit the {meta['kind']} model its config describes "
+                          f"({config.width} channels, {config.blocks} block(s) per stage, {config.num_classes} classes): "
+                          f"{differences}")
+    model.load_state_dict(weights)
     pcfg = meta["pretrained_cfg"].replace(source=str(folder), format="vitlab", head="loaded",
                                           input_size=(model.cfg.in_chans, *model.cfg.img_size))
     if num_classes is not None and num_classes != model.num_classes:

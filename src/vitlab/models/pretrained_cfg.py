@@ -10,9 +10,15 @@ normalised its training images its own way and a mismatch silently costs accurac
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 
+from vitlab.errors import VitlabError
+
 HEAD_STATES = ("random", "loaded", "zero", "absent", "new", "none")
+CROP_MODES = ("center", "squash")
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "lanczos")
+RESIZE_BACKENDS = ("pil", "tensor")
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
@@ -53,6 +59,15 @@ PREPROCESSING = {
 }
 
 
+def _count(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _number(value, low: float | None) -> bool:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return ok and (low is None or value > low)
+
+
 @dataclass(frozen=True)
 class PretrainedCfg:
     source: str = "random init"  # a weights file, folder, hub id, vitlab checkpoint, or "random init"
@@ -79,6 +94,39 @@ class PretrainedCfg:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
+        self._check()
+
+    def _check(self) -> None:
+        """Every field of the right type and range (a config.json is user input): one message naming it."""
+        def fail(name: str, expected: str):
+            raise VitlabError(f"pretrained_cfg {name} must be {expected}; found {getattr(self, name)!r}", arg=name)
+
+        for name in ("source", "crop_mode", "interpolation", "resize_backend", "head"):
+            if not isinstance(getattr(self, name), str):
+                fail(name, "a string")
+        for name in ("format", "architecture"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                fail(name, "a string or null")
+        size = self.input_size
+        if not (isinstance(size, tuple) and len(size) == 3 and all(_count(v, 1) for v in size)):
+            fail("input_size", "(channels, height, width), three integers >= 1")
+        for name, low in (("mean", None), ("std", 0.0)):
+            v = getattr(self, name)
+            if not (isinstance(v, tuple) and 1 <= len(v) <= 4 and all(_number(x, low) for x in v)):
+                fail(name, "a list of 1 to 4 numbers" + (" > 0" if low is not None else "") + ", one per channel")
+        if not _number(self.crop_pct, 0.0) or self.crop_pct > 1:
+            fail("crop_pct", "a number in (0, 1]: the share of the resized image the centre crop keeps")
+        for name, choices in (("crop_mode", CROP_MODES), ("interpolation", INTERPOLATIONS),
+                              ("resize_backend", RESIZE_BACKENDS), ("head", HEAD_STATES)):
+            if getattr(self, name) not in choices:
+                fail(name, f"one of {', '.join(choices)}")
+        if not _count(self.num_classes, 0):
+            fail("num_classes", "an integer >= 0")
+        if self.label_names is not None and not (isinstance(self.label_names, tuple)
+                                                 and all(isinstance(n, str) for n in self.label_names)):
+            fail("label_names", "a list of strings or null")
+        if not (isinstance(self.notes, tuple) and all(isinstance(n, str) for n in self.notes)):
+            fail("notes", "a list of strings")
 
     @property
     def img_size(self) -> tuple[int, int]:
@@ -103,4 +151,4 @@ class PretrainedCfg:
         return cls(**{k: v for k, v in (data or {}).items() if k in known and v is not None})
 
 
-__all__ = ["PretrainedCfg", "HEAD_STATES", "PREPROCESSING", "IMAGENET_MEAN", "IMAGENET_STD", "CLIP_MEAN", "CLIP_STD"]
+__all__ = ["PretrainedCfg", "HEAD_STATES", "CROP_MODES", "INTERPOLATIONS", "RESIZE_BACKENDS", "PREPROCESSING", "IMAGENET_MEAN", "IMAGENET_STD", "CLIP_MEAN", "CLIP_STD"]

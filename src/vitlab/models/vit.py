@@ -61,7 +61,7 @@ from torch.utils.checkpoint import checkpoint
 from torchvision.ops import StochasticDepth
 
 from vitlab.errors import VitlabError, check_range
-from vitlab.models.cnn import ConvStem  # the hybrid stem is the CNN baseline's ResNet stages
+from vitlab.models.cnn import ConvStem, check_images  # the hybrid stem is the CNN baseline's ResNet stages
 
 POS_EMBEDS = ("learned", "learned2d", "sincos2d", "relative", "none")
 POOLS = ("cls", "mean", "cls+mean")
@@ -108,32 +108,45 @@ class ViTConfig:
     act: str = "gelu"  # the MLP's non-linearity: "gelu" (Section 3.1) or "quick_gelu" (OpenAI CLIP)
 
     def __post_init__(self) -> None:
+        # Every field is checked for its type and range before any arithmetic, in the field's own name, so a
+        # bad argument (or a bad field of a config.json) is one message naming it, never a deep TypeError.
         self.img_size = _pair(self.img_size, "img_size")
+        for name in ("patch_size", "in_chans", "dim", "depth", "heads", "stem_width"):
+            check_range(name, getattr(self, name), low=1, integer=True)
+        check_range("num_classes", self.num_classes, low=0, integer=True)
+        check_range("reg_tokens", self.reg_tokens, low=0, integer=True)
+        check_range("mlp_dim", self.mlp_dim, low=1, integer=True, optional=True)
+        check_range("mlp_ratio", self.mlp_ratio, low=0, low_open=True)
+        check_range("norm_eps", self.norm_eps, low=0, low_open=True, hint=" (LayerNorm divides by sqrt(var + eps))")
+        check_range("layer_scale", self.layer_scale, low=0, low_open=True, optional=True,
+                    hint=" (None: no LayerScale; else its initial gain)")
+        for name in ("dropout", "attn_dropout", "drop_path"):
+            check_range(name, getattr(self, name), low=0, high=1, high_open=True)
+        for name in ("qkv_bias", "class_token", "dist_token", "pre_norm", "patch_bias", "no_embed_class"):
+            _check_bool(name, getattr(self, name))
+        for name in ("fc_norm", "dist_head"):
+            _check_bool(name, getattr(self, name), optional=True)
         _check_choice("pos_embed", self.pos_embed, POS_EMBEDS)
         _check_choice("pool", self.pool, POOLS)
         _check_choice("patch_embed", self.patch_embed, PATCH_EMBEDS)
         _check_choice("stem", self.stem, STEMS)
+        _check_choice("act", self.act, ACTS)
         H, W = self.img_size
         P = self.patch_size
-        if P < 1 or H % P or W % P:
+        if H % P or W % P:
             raise VitlabError(
                 f"img_size {H}x{W} is not divisible by patch_size {P}: "
-                f"expected a multiple of {P} (for example {max(P, H // P * P)})"
+                f"expected a multiple of {P} (for example {max(P, H // P * P)})", arg="img_size"
             )
-        for name in ("dim", "depth", "heads", "num_classes", "in_chans"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < (0 if name == "num_classes" else 1):
-                raise VitlabError(f"{name} must be a positive integer, found {value!r}")
         if self.dim % self.heads:
             raise VitlabError(
                 f"dim {self.dim} is not divisible by heads {self.heads}: "
-                f"each head gets dim/heads channels (try heads in {_divisors(self.dim)})"
+                f"each head gets dim/heads channels (try heads in {_divisors(self.dim)})", arg="dim"
             )
         if self.pos_embed == "sincos2d" and self.dim % 4:
             raise VitlabError(f"pos_embed 'sincos2d' needs dim divisible by 4, found dim {self.dim}")
         if self.pos_embed == "learned2d" and self.dim % 2:
             raise VitlabError(f"pos_embed 'learned2d' needs an even dim, found dim {self.dim}")
-        _check_choice("act", self.act, ACTS)
         if self.pool in ("cls", "cls+mean") and not self.class_token:
             raise VitlabError(f"pool {self.pool!r} needs class_token=True; use pool='mean' without a class token")
         if self.dist_token and (not self.class_token or self.pool != "cls"):
@@ -141,18 +154,11 @@ class ViTConfig:
                               f"after the class token; found class_token={self.class_token}, pool={self.pool!r}")
         if self.dist_head and not self.dist_token:
             raise VitlabError("dist_head needs dist_token=True: the second head reads the distillation token")
-        if not isinstance(self.reg_tokens, int) or isinstance(self.reg_tokens, bool) or self.reg_tokens < 0:
-            raise VitlabError(f"reg_tokens must be an integer >= 0, found {self.reg_tokens!r}")
-        if self.layer_scale is not None and not self.layer_scale > 0:
-            raise VitlabError(f"layer_scale must be None (no LayerScale) or an initial gain > 0, found {self.layer_scale!r}")
         if self.no_embed_class and self.pos_embed != "learned":
             raise VitlabError(f"no_embed_class applies to the 1-D table (pos_embed 'learned'); pos_embed "
                               f"{self.pos_embed!r} never gives the prefix tokens a position")
         if self.stem == "hybrid" and (P & (P - 1)):
             raise VitlabError(f"stem 'hybrid' downsamples by powers of 2: patch_size must be one, found {P}")
-        for name in ("dropout", "attn_dropout", "drop_path"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise VitlabError(f"{name} must be in [0, 1), found {getattr(self, name)}")
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -223,18 +229,23 @@ class ViTConfig:
 
 
 def _pair(value, name: str) -> tuple[int, int]:
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         value = (value, value)
-    if isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, int) for v in value):
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
         for v in value:
             check_range(name, v, low=1, integer=True)
         return int(value[0]), int(value[1])
-    raise VitlabError(f"{name} must be an int or (height, width), found {value!r}")
+    raise VitlabError(f"{name} must be an integer or (height, width) of integers >= 1; found {value!r}", arg=name)
 
 
 def _check_choice(name: str, value, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise VitlabError(f"{name} must be one of {', '.join(choices)}; found {value!r}")
+    if not isinstance(value, str) or value not in choices:
+        raise VitlabError(f"{name} must be one of {', '.join(choices)}; found {value!r}", arg=name)
+
+
+def _check_bool(name: str, value, optional: bool = False) -> None:
+    if not (isinstance(value, bool) or (optional and value is None)):
+        raise VitlabError(f"{name} must be True or False{' (or None)' if optional else ''}; found {value!r}", arg=name)
 
 
 def _divisors(n: int) -> list[int]:
@@ -314,6 +325,7 @@ class PatchEmbed(nn.Module):
             self.proj = nn.Linear(in_chans * P * P, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_images(x, self.proj.in_channels if self.mode == "conv" else self.proj.in_features // self.patch_size**2)
         B, C, H, W = x.shape
         if (H, W) != tuple(self.img_size):
             raise VitlabError(
@@ -344,6 +356,7 @@ class HybridEmbed(nn.Module):
         self.proj = nn.Conv2d(self.backbone.out_channels, dim, kernel_size=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_images(x, self.backbone.stem[0].in_channels)
         if tuple(x.shape[-2:]) != tuple(self.img_size):
             raise VitlabError(f"input image is {x.shape[-2]}x{x.shape[-1]} but the model was built for {self.img_size}")
         x = self.backbone(x)  # (B, C', gh, gw)

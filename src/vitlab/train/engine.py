@@ -289,6 +289,10 @@ def fit(
         kept in the History and the checkpoints, and a resumed run takes the plan it was started with. The
         model comes back with the modules and attention kernel it came with.
     """
+    check_loaders(train_loader, val_loader)
+    if not isinstance(recipe, Recipe):
+        raise VitlabError(f"recipe must be a vitlab.train.Recipe (e.g. RECIPES['scratch'].replace(epochs=5)); found "
+                          f"{type(recipe).__name__}", arg="recipe")
     dist = dist or distributed.single_process(device)
     dev = dist.device
     out = Path(out).expanduser() if out is not None else None
@@ -388,6 +392,19 @@ def fit(
     for cb in callbacks:
         cb.on_fit_end(history)
     return history
+
+
+def check_loaders(train_loader, val_loader) -> None:
+    """`fit`'s loaders: iterables of batches with a length (a DataLoader, a TensorLoader), neither empty."""
+    for arg, loader in (("train_loader", train_loader), ("val_loader", val_loader)):
+        try:
+            n = len(loader)
+        except TypeError:
+            raise VitlabError(f"{arg} must be an iterable of (images, labels) batches with a length (a DataLoader, a "
+                              f"vitlab TensorLoader); found a {type(loader).__name__}", arg=arg) from None
+        if n == 0:
+            raise VitlabError(f"{arg} has no batches: {'no images to train on' if arg == 'train_loader' else 'nothing to validate on'} "
+                              "(an empty dataset, or fewer images than a batch with drop_last)", arg=arg)
 
 
 def _optimizer(model: nn.Module, recipe: Recipe, *, steps: int):

@@ -67,13 +67,18 @@ class Recipe:
         check_range("freeze_epochs", self.freeze_epochs, low=0, high=self.epochs, integer=True,
                     hint=f" (at most epochs = {self.epochs})")
         check_range("layer_decay", self.layer_decay, low=0, high=1, low_open=True)
-        if not (self.unfreeze in ("all", "head") or (self.unfreeze.startswith("last:") and self.unfreeze[5:].isdigit()
+        if not isinstance(self.unfreeze, str) or not (self.unfreeze in ("all", "head") or (self.unfreeze.startswith("last:") and self.unfreeze[5:].isdigit()
                                                       and int(self.unfreeze[5:]) >= 1)):
             raise VitlabError(f"unfreeze must be all, head or last:N (N >= 1 blocks); found {self.unfreeze!r}",
                               arg="unfreeze")
         check_range("crop_scale", self.crop_scale, low=0, high=1, low_open=True)
         check_range("color_jitter", self.color_jitter, low=0)
-        if self.auto_augment not in AUTO_AUGMENTS:
+        for name in ("augment",):
+            if not isinstance(getattr(self, name), bool):
+                raise VitlabError(f"{name} must be True or False; found {getattr(self, name)!r}", arg=name)
+        if self.hflip is not None and not isinstance(self.hflip, bool):
+            raise VitlabError(f"hflip must be True, False or None (the dataset's default); found {self.hflip!r}", arg="hflip")
+        if not isinstance(self.auto_augment, str) or self.auto_augment not in AUTO_AUGMENTS:
             raise VitlabError(f"auto_augment must be one of {', '.join(AUTO_AUGMENTS)}; found {self.auto_augment!r}",
                               arg="auto_augment")
         check_range("reprob", self.reprob, low=0, high=1)

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -33,6 +34,7 @@ from vitlab.data.memory import MemoryLoader
 from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import mark_folder
 from vitlab.models.factory import check_source, create_model
+from vitlab.models.size import check_fits
 from vitlab.runtime import seed_everything
 from vitlab.speed.fastpath import check_fast_path
 from vitlab.train import diagnostics, distributed, report
@@ -137,6 +139,9 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
                           "rank 0 (another folder at that path on their machine, or a different copy); every machine "
                           "needs the same data at the same path", arg="data")
     name = job.model or model.pretrained_cfg.architecture or type(model).__name__
+    recipe = _batch_for(recipe, len(scan.train), dist, say)
+    job = replace(job, recipe=recipe)
+    check_fits(model.cfg, what=name, batch_size=recipe.batch_size, training=True)
     if from_scratch:
         finding = diagnostics.tiny_from_scratch(len(scan.train), name)
         if finding:
@@ -168,6 +173,18 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     distributed.barrier(dist)
     distributed.cleanup(dist)
     return summary
+
+
+def _batch_for(recipe: Recipe, n_train: int, dist, say) -> Recipe:
+    """The recipe with its batch no larger than a process's share of the training images: a larger batch
+    would only be the whole set padded out in memory (and measured at a size no step has)."""
+    share = max(1, math.ceil(n_train / dist.world_size))
+    if recipe.batch_size <= share:
+        return recipe
+    each = f" ({share:,} per process of {dist.world_size})" if dist.world_size > 1 else ""
+    say(f"note: batch size {recipe.batch_size:,} is more than the {n_train:,} training images{each}; training with "
+        f"batch {share:,}, one step per epoch")
+    return recipe.replace(batch_size=share)
 
 
 def _folder(job: TrainJob, dist, say, show: bool) -> RunData:

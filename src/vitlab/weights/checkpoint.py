@@ -39,7 +39,7 @@ from vitlab.fileio import temporary_folder, write_error, write_json
 from vitlab.models.cnn import ResNetConfig, ResNetMini
 from vitlab.models.pretrained_cfg import PretrainedCfg
 from vitlab.models.vit import ViTConfig, VisionTransformer
-from vitlab.weights.formats import refused_global
+from vitlab.weights.formats import check_tensors, refused_global
 
 VERSION = 2
 # kind -> (configuration class, model class); the kind names are the ones earlier versions wrote
@@ -142,8 +142,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def read_meta(folder: str | Path) -> dict:
-    """config.json of a checkpoint folder, checked: {"kind", "config", "pretrained_cfg" (typed)}."""
-    path = Path(folder) / "config.json"
+    """config.json of a checkpoint folder (or the .json next to an exported .safetensors), checked:
+    {"kind", "config", "pretrained_cfg" (typed)}."""
+    folder = Path(folder)
+    path = folder.with_suffix(".json") if folder.suffix == ".safetensors" else folder / "config.json"
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -156,32 +158,52 @@ def read_meta(folder: str | Path) -> dict:
 
 
 def check_meta(meta, path: str | Path) -> dict:
-    """The one rule for vitlab's model metadata, wherever it is read (a checkpoint's config.json, an
-    export's .json): an object with a known "kind" and a "config" object."""
+    """The one schema of vitlab's model metadata, wherever it is read (a checkpoint's config.json, an
+    export's .json): an object with a known "kind", a "config" object whose every field is the right
+    type and in range for that kind (the config class checks them), and a "pretrained_cfg" object (or
+    none) whose preprocessing fields are valid. A file that fails is one VitlabError naming the file and
+    the field; nothing is built from it."""
     if not isinstance(meta, dict) or meta.get("kind") not in KINDS or not isinstance(meta.get("config"), dict):
         found = meta.get("kind") if isinstance(meta, dict) else type(meta).__name__
         raise VitlabError(f"checkpoint config {path} has model kind {found!r}; expected one of "
                           f"{', '.join(KINDS)} with a \"config\" object (is it a vitlab checkpoint?)")
+    version = meta.get("version")
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION):
+        raise VitlabError(f"checkpoint config {path} has version {version!r}; this vitlab reads versions 1..{VERSION} "
+                          "(a newer vitlab wrote it?)")
+    pcfg = meta.get("pretrained_cfg")
+    try:
+        config_from_meta(meta)
+        if pcfg is not None and not isinstance(pcfg, dict):
+            raise VitlabError(f"pretrained_cfg must be an object of preprocessing fields; found {type(pcfg).__name__}")
+        PretrainedCfg.from_dict(pcfg)
+    except VitlabError as e:  # the file's field, not a command-line flag of the same name
+        raise VitlabError(f"checkpoint config {path}: {e} (is it damaged? re-export it, or give its checkpoint folder)") from e
     return meta
+
+
+def config_from_meta(meta: dict, **overrides):
+    """The configuration (ViTConfig, ResNetConfig) that checked metadata describes, with `overrides`."""
+    config_cls, _ = KINDS[meta["kind"]]
+    known = {k: v for k, v in meta["config"].items() if k in config_cls.__dataclass_fields__}
+    return config_cls(**known).replace(**overrides) if overrides else config_cls(**known)
 
 
 def build_from_meta(meta: dict, **overrides) -> nn.Module:
     """A new model of the kind and configuration `read_meta` returned (weights not loaded)."""
-    config_cls, model_cls = KINDS[meta["kind"]]
-    known = {k: v for k, v in meta["config"].items() if k in config_cls.__dataclass_fields__}
-    try:
-        config = config_cls(**known).replace(**overrides)
-    except TypeError as e:
-        raise VitlabError(f"checkpoint config has fields that do not fit a {meta['kind']} model: {e}") from e
-    return model_cls(config)
+    return KINDS[meta["kind"]][1](config_from_meta(meta, **overrides))
 
 
 def read_weights(folder: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    path = Path(folder) / "model.safetensors"
+    """The weights of a checkpoint folder (or an exported .safetensors file), checked: floating point, all
+    finite (formats.check_tensors)."""
+    folder = Path(folder)
+    path = folder if folder.suffix == ".safetensors" else folder / "model.safetensors"
     try:
-        return load_file(path, device=str(device))
+        tensors = load_file(path, device=str(device))
     except (OSError, SafetensorError) as e:
         raise VitlabError(f"checkpoint weights {path} are unreadable or truncated ({type(e).__name__}: {e})") from e
+    return check_tensors(tensors, path)
 
 
 def read_state(folder: str | Path) -> dict:

@@ -84,6 +84,31 @@ def read_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
     raise VitlabError(f"weights file {path} has suffix {suffix!r}; expected one of {', '.join(WEIGHT_SUFFIXES)}")
 
 
+# Integer tensors a state dict may hold besides its weights: BatchNorm's step counter, Hugging Face's position ids.
+INTEGER_BUFFERS = ("num_batches_tracked", "position_ids")
+
+
+def check_tensors(tensors: dict[str, torch.Tensor], path) -> dict[str, torch.Tensor]:
+    """Weights are floating-point numbers, all finite: a NaN or an infinity in any of them makes every output
+    NaN, and an integer or boolean tensor where a weight belongs is not one. Raise a VitlabError naming the
+    file and the first tensor that fails; return `tensors` otherwise."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise VitlabError(f"{path}: {name} is a {type(t).__name__}, not a tensor of weights")
+        if not t.is_floating_point():
+            if name.endswith(INTEGER_BUFFERS) and not t.dtype == torch.bool:
+                continue
+            raise VitlabError(f"{path}: tensor {name} holds {str(t.dtype).removeprefix('torch.')} values; weights are "
+                              "floating-point numbers (is the file damaged, or not a model's weights?)")
+        finite = torch.isfinite(t)
+        if not bool(finite.all()):
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            what = " and ".join(w for w in (f"{nan:,} NaN" if nan else "", f"{inf:,} infinite" if inf else "") if w)
+            raise VitlabError(f"{path}: tensor {name} holds {what} value(s) of {t.numel():,}; a model with them gives NaN "
+                              "for every image (a run that diverged saved them?): use an earlier checkpoint")
+    return tensors
+
+
 def refused_global(e: pickle.UnpicklingError) -> str | None:
     """What torch.load(weights_only=True) refused to unpickle ("Unsupported global: GLOBAL posix.system ..."),
     or None when the file is simply not a pickle it can read."""
@@ -479,5 +504,5 @@ def _convert_jax(sd: dict) -> tuple[dict, list[str]]:
     return out, notes
 
 
-__all__ = ["FORMATS", "HF_PREFIXES", "WEIGHT_SUFFIXES", "read_weights_file", "read_json", "read_checkpoint", "is_hub_id",
+__all__ = ["FORMATS", "HF_PREFIXES", "WEIGHT_SUFFIXES", "INTEGER_BUFFERS", "check_tensors", "read_weights_file", "read_json", "read_checkpoint", "is_hub_id",
            "resolve_source", "download_from_hub", "detect_format", "convert_state_dict"]

@@ -45,9 +45,10 @@ import torch.nn.functional as F
 from vitlab.errors import VitlabError
 from vitlab.models.pretrained_cfg import PREPROCESSING, PretrainedCfg
 from vitlab.models.registry import VARIANTS, get_config
+from vitlab.models.size import check_fits
 from vitlab.models.vit import ACTS, ViTConfig, VisionTransformer
 from vitlab.weights.checkpoint import check_meta
-from vitlab.weights.formats import convert_state_dict, detect_format, read_checkpoint, resolve_source
+from vitlab.weights.formats import check_tensors, convert_state_dict, detect_format, read_checkpoint, resolve_source
 
 # The ViTConfig fields a checkpoint fixes; a named model that disagrees on any of them cannot load it.
 STRUCTURAL_FIELDS = ("patch_size", "in_chans", "dim", "depth", "heads", "mlp_dim", "qkv_bias", "class_token", "pool",
@@ -411,6 +412,7 @@ def load_checkpoint(source: str | Path, *, cache_dir: str | Path | None = None) 
     else:  # vitlab's own files may hold its hybrid stem or relative tables, which are in scope
         refuse_out_of_scope(raw, config, path)
     sd, notes = convert_state_dict(raw, fmt)
+    check_tensors({k: v for k, v in sd.items() if k != "_jax_heads"}, path)  # floating point and finite, every one
     _check_mlp_shapes(sd, path)
     try:
         cfg = infer_config(sd, config)
@@ -544,6 +546,7 @@ def plan_load(
     target_size = img_size if img_size is not None else overrides.get("img_size", base.img_size)
     keep = {"norm_eps": inferred["norm_eps"]} if "norm_eps" in inferred and "norm_eps" not in overrides else {}
     cfg = base.replace(num_classes=target_classes, img_size=target_size, **keep)
+    check_fits(cfg, what=f"the model of {ckpt.path}")  # before a position table is resampled to a size that cannot fit
 
     sd = dict(ckpt.state_dict)
     old_grid = ckpt.grid_size
@@ -723,10 +726,10 @@ def _key_report(cfg, ckpt: Checkpoint) -> str:
         model_sd = _meta_state_dict(cfg.replace(img_size=size, num_classes=ckpt.config.get("num_classes", cfg.num_classes)))
     except VitlabError:
         return ""
-    return _diff_keys(model_sd, ckpt.state_dict)
+    return diff_keys(model_sd, ckpt.state_dict)
 
 
-def _diff_keys(model_sd: dict, sd: dict, skip: tuple[str, ...] = ()) -> str:
+def diff_keys(model_sd: dict, sd: dict, skip: tuple[str, ...] = ()) -> str:
     missing = sorted(k for k in model_sd if k not in sd and k not in skip)
     unexpected = sorted(k for k in sd if k not in model_sd)
     shapes = sorted(
@@ -744,7 +747,7 @@ def _diff_keys(model_sd: dict, sd: dict, skip: tuple[str, ...] = ()) -> str:
 
 def _check_keys(cfg: ViTConfig, sd: dict, name, ckpt: Checkpoint, *, skip_head: bool) -> None:
     skip = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias") if skip_head else ()
-    report = _diff_keys(_meta_state_dict(cfg), sd, skip)
+    report = diff_keys(_meta_state_dict(cfg), sd, skip)
     if report:
         raise VitlabError(f"checkpoint {ckpt.path} ({ckpt.format} layout) does not load into model {name!r}: {report}")
 
@@ -765,4 +768,5 @@ __all__ = [
     "load_checkpoint",
     "plan_load",
     "imagenet_class_names",
+    "diff_keys",
 ]
