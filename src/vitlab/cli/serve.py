@@ -24,7 +24,7 @@ import torch
 from vitlab.cli._common import DefaultsFormatter, add_device, add_fast_path, add_model_source, add_precision, add_threads, example
 from vitlab.errors import VitlabError, check_range
 from vitlab.runtime import check_threads
-from vitlab.serve.models import ModelSource, ModelStore
+from vitlab.serve.models import KINDS, ModelSource, ModelStore
 from vitlab.serve.page import CSS, build_page, check_gradio, require_gradio, save_samples, theme
 
 HELP = "a local web page: top-5, attention, Figure 7, your runs"  # its line in `vitlab --help`
@@ -51,6 +51,14 @@ def register(subparsers) -> None:
     p.add_argument("--max-upload-mb", type=int, default=25, metavar="MB", help="largest image file the page accepts")
     p.add_argument("--max-models", type=int, default=3, metavar="N", help="models kept in memory at once; the one "
                    "used longest ago is dropped first")
+    p.add_argument("--max-model-memory", type=float, default=None, metavar="GB",
+                   help="memory the models may take in all (each counted as twice its fp32 weights: the model and the "
+                   "copy readied for the top-k); a model that cannot fit is refused before it is read (default: a "
+                   "quarter of this machine's memory)")
+    p.add_argument("--page-load", default=",".join(KINDS), metavar="KINDS",
+                   help="what the page's load box accepts: a comma list of checkpoint (vitlab runs), pretrained (weight "
+                   "files, folders, hub ids), model (registered names); none: only the models listed at start (this "
+                   "command's and the runs found). With --host 0.0.0.0, every visitor can use the box")
     add_device(p)
     add_precision(p)
     add_threads(p)
@@ -62,11 +70,42 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def free_port(host: str) -> int:
+def check_host(host: str) -> tuple[socket.AddressFamily, str]:
+    """(family, address) of --host, checked before anything loads: a name that resolves, to an address this
+    machine has (a socket is bound to it, on a port the system picks, and closed)."""
+    hint = "use 127.0.0.1 (this machine only), ::1, or 0.0.0.0 (every address of this machine)"
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, ValueError) as e:
+        raise VitlabError(f"--host {host!r} is not a host name or address this machine can resolve "
+                          f"({getattr(e, 'strerror', None) or e}); {hint}") from e
+    why = "no address"
+    for family, _, _, _, address in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((address[0], 0))
+            return family, address[0]
+        except OSError as e:
+            why = e.strerror or str(e)
+    raise VitlabError(f"--host {host} is not an address of this machine, so nothing can listen on it ({why}); {hint}")
+
+
+def free_port(host: str, family: socket.AddressFamily = socket.AF_INET) -> int:
     """A port that nothing listens on now (the system picks it)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+    with socket.socket(family) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def page_kinds(text: str) -> tuple[str, ...]:
+    """--page-load: a comma list of KINDS, or none."""
+    kinds = tuple(k.strip() for k in str(text).split(",") if k.strip())
+    if kinds == ("none",):
+        return ()
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise VitlabError(f"--page-load must be a comma list of {', '.join(KINDS)}, or none; found {text!r}")
+    return kinds
 
 
 @contextlib.contextmanager
@@ -97,13 +136,17 @@ def run(args) -> int:
     check_range("port", args.port, low=1, high=65535, integer=True, optional=True)
     check_threads(args.threads)
     check_range("max_models", args.max_models, low=1, integer=True)
+    check_range("max_model_memory", args.max_model_memory, low=0, low_open=True, optional=True)
+    loadable = page_kinds(args.page_load)
     if args.img_size is not None and not (args.model or args.pretrained or args.checkpoint):
         raise VitlabError("--img-size needs a model: give --model, --pretrained or --checkpoint")
+    family, address = check_host(args.host)
     check_gradio()  # before loading a model for nothing
     if args.threads:
         torch.set_num_threads(args.threads)
+    limit = int(args.max_model_memory * 2**30) if args.max_model_memory else None
     store = ModelStore(device=args.device, precision=args.precision, capacity=args.max_models,
-                       fast_path=args.fast_path)
+                       fast_path=args.fast_path, memory_limit=limit, loadable=loadable)
     key = None
     if args.model or args.pretrained or args.checkpoint:
         loaded = store.load(ModelSource(model=args.model, pretrained=args.pretrained, checkpoint=args.checkpoint,
@@ -114,13 +157,14 @@ def run(args) -> int:
     # No telemetry and no update check; Gradio reads this when it is imported and when it launches.
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
     gr = require_gradio()
-    port = args.port or free_port(args.host)
+    port = args.port or free_port(address, family)
     with tempfile.TemporaryDirectory(prefix="vitlab-serve-") as work:
         work_dir = Path(work)
         samples = save_samples(work_dir / "samples")
         page = build_page(store, runs_dir=args.runs, work_dir=work_dir, model=key, samples=samples)
         try:
-            page.launch(server_name=args.host, server_port=port, max_file_size=f"{args.max_upload_mb}mb",
+            server = f"[{address}]" if family == socket.AF_INET6 else args.host  # Gradio's way to an IPv6 address
+            page.launch(server_name=server, server_port=port, max_file_size=f"{args.max_upload_mb}mb",
                         ssr_mode=False, share=False, quiet=True, prevent_thread_lock=True, theme=theme(), css=CSS,
                         allowed_paths=[str(work_dir)], footer_links=["api", "settings"], show_error=False)
         except OSError as e:

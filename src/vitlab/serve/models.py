@@ -4,8 +4,12 @@ A `ModelSource` is the flags of `vitlab predict` (`--model`, `--pretrained` | `-
 `--img-size`) as data; its `label` is those flags written out, which is what the page lists. The
 `ModelStore` holds one copy of each loaded model, shared by every request and every browser tab,
 built through `vitlab.create_model`. A source that fails to load raises a VitlabError and changes
-nothing: the models already loaded stay loaded. At most `capacity` models are kept; the one used
-longest ago is dropped first (and loaded again if it is asked for again).
+nothing: the models already loaded stay loaded. At most `capacity` models are kept, and at most
+`memory_limit` bytes of them (each counted as its fp32 weights twice: the model as built and the copy
+readied for the top-k; estimated from its configuration or its file before it is loaded, so a model
+that cannot fit is refused without being read); the one used longest ago is dropped first (and loaded
+again if it is asked for again). What the page's load box may name is `loadable` (`vitlab serve
+--page-load`): a page open to other machines can keep visitors to the models it lists.
 
 A loaded model answers at once, as built; in the background a copy of it is readied for the top-k
 (`vitlab.speed.fastpath.serving_model`: the plan the fixed rules give this machine for one image at a
@@ -15,6 +19,10 @@ maps, Figure 7 and the token norms always use the model as built (they read its 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
+import math
 import shlex
 import threading
 import warnings
@@ -24,14 +32,19 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from vitlab.data.preprocess import describe
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.factory import check_source, create_model
+from vitlab.models.registry import get_config
+from vitlab.models.size import BYTES_FP32, format_bytes, parameters
 from vitlab.models.vit import VisionTransformer, count_parameters
-from vitlab.runtime import check_precision, resolve_device
+from vitlab.runtime import check_precision, machine_memory, resolve_device
 from vitlab.speed.fastpath import check_fast_path, serving_model
+from vitlab.weights import checkpoint as ckpt
+from vitlab.weights.formats import is_hub_id
 
 KINDS = ("checkpoint", "pretrained", "model")  # what the page's "load" box can name, as the flags
 
@@ -72,9 +85,35 @@ class ModelSource:
                 parts += [f"--{flag.replace('_', '-')}", shlex.quote(str(value))]
         return " ".join(parts)
 
+    @property
+    def kind(self) -> str:
+        """The flag that says where the weights come from: checkpoint, pretrained, or model (a name alone)."""
+        return "checkpoint" if self.checkpoint else "pretrained" if self.pretrained else "model"
+
     def create(self) -> nn.Module:
         """A new copy of the model, through vitlab.create_model with these arguments."""
         return create_model(self.model, pretrained=self.pretrained, checkpoint=self.checkpoint, img_size=self.img_size)
+
+    def weights_estimate(self) -> int | None:
+        """Bytes of the model's fp32 weights, known before loading it: from the registry's configuration for a
+        name, from the tensor shapes in a .safetensors header (or the file's size) for weights on disk; None
+        when that cannot be known without reading it (a hub id, an image size that resamples a file)."""
+        try:
+            if self.kind == "model":
+                return parameters(get_config(self.model, img_size=self.img_size)) * BYTES_FP32
+            if self.img_size is not None:
+                return None
+            if self.kind == "checkpoint":
+                path = Path(self.checkpoint).expanduser()
+                files = [path] if path.suffix == ".safetensors" else [ckpt.resolve_checkpoint(path) / "model.safetensors"]
+            elif is_hub_id(self.pretrained):
+                return None
+            else:
+                path = Path(self.pretrained).expanduser()
+                files = (sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))) if path.is_dir() else [path]
+            return sum(_file_weights(f) for f in files) or None
+        except (VitlabError, OSError, SafetensorError):
+            return None  # the load itself says what is wrong with the source
 
 
 @dataclass
@@ -130,19 +169,77 @@ class LoadedModel:
         return "  \n".join(lines)
 
 
+def _file_weights(path: Path) -> int:
+    """fp32 bytes of the tensors in a weights file: the shapes of a .safetensors header, else the file's size."""
+    if path.suffix == ".safetensors":
+        with safe_open(str(path), framework="pt") as f:
+            return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys()) * BYTES_FP32
+    return path.stat().st_size
+
+
+def _give_back_memory() -> None:
+    """After a model is dropped: collect it, and ask the C allocator to return the freed pages to the system
+    (glibc keeps them otherwise, and the process stays as large as its largest model)."""
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):
+        ctypes.CDLL(libc).malloc_trim(0)
+
+
+def default_memory_limit() -> int:
+    """A quarter of the machine's memory: the page's models never take the machine from its other work."""
+    return machine_memory() // 4
+
+
 class ModelStore:
     """The loaded models, one copy each, keyed by their source's label; safe to use from many threads."""
 
     def __init__(self, *, device: str | torch.device = "auto", precision: str = "fp32", capacity: int = 3,
-                 fast_path: str = "auto"):
+                 fast_path: str = "auto", memory_limit: int | None = None, loadable: tuple[str, ...] = KINDS):
         check_range("capacity", capacity, low=1, integer=True)
+        check_range("memory_limit", memory_limit, low=1, integer=True, optional=True)
+        unknown = [k for k in loadable if k not in KINDS]
+        if unknown:
+            raise VitlabError(f"loadable must name kinds among {', '.join(KINDS)}; found {', '.join(map(str, unknown))}",
+                              arg="loadable")
         self.device = resolve_device(device)
         self.precision = check_precision(precision)
         self.fast_path = check_fast_path(fast_path)
         self.capacity = capacity
+        self.memory_limit = memory_limit or default_memory_limit()
+        self.loadable = tuple(loadable)
         self._sources: dict[str, ModelSource] = {}  # every source the page has listed, loaded or not
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
+
+    def request(self, kind: str, value: str) -> LoadedModel:
+        """The page's load box: `--<kind> <value>`, if this page lets visitors load that kind of source."""
+        if kind not in self.loadable:
+            allowed = ", ".join(f"--{k}" for k in self.loadable) or "no other models"
+            raise VitlabError(f"this page does not load models given by --{kind} (it was started with "
+                              f"--page-load {','.join(self.loadable) or 'none'}: {allowed}); choose one from the list")
+        return self.load(ModelSource.of(kind, value))
+
+    def memory_used(self) -> int:
+        return sum(self._cost(m.model) for m in self._loaded.values())
+
+    @staticmethod
+    def _cost(model: nn.Module) -> int:
+        """A loaded model's memory: its fp32 weights, twice (the model as built, the copy readied for the top-k)."""
+        return 2 * sum(p.numel() for p in model.parameters()) * BYTES_FP32
+
+    def _make_room(self, key: str, need: int) -> None:
+        """Drop the models used longest ago until `need` more bytes fit the limit; refuse what never fits."""
+        if need > self.memory_limit:
+            raise VitlabError(f"{key} needs about {format_bytes(need)} (its weights, and the copy readied for the "
+                              f"top-k), more than the {format_bytes(self.memory_limit)} this page keeps for models "
+                              "(vitlab serve --max-model-memory GB); choose a smaller model")
+        dropped = False
+        while self._loaded and self.memory_used() + need > self.memory_limit:
+            self._loaded.popitem(last=False)
+            dropped = True
+        if dropped:
+            _give_back_memory()
 
     def add(self, source: ModelSource) -> str:
         """List a source without loading it (a run found on disk); returns its key."""
@@ -173,17 +270,28 @@ class ModelStore:
             if key in self._loaded:
                 self._loaded.move_to_end(key)
                 return self._loaded[key]
+            estimate = source.weights_estimate()
+            if estimate is not None:  # before anything is read: a model that cannot fit is never loaded
+                self._make_room(key, 2 * estimate)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 model = source.create()
+            try:
+                self._make_room(key, self._cost(model))  # what it turned out to be
+            except VitlabError:
+                del model
+                _give_back_memory()
+                raise
             model = model.to(self.device).eval().requires_grad_(False)
             loaded = LoadedModel(source=source, model=model, device=self.device, precision=self.precision,
                                  notes=[str(w.message) for w in caught], fast_path=self.fast_path)
             threading.Thread(target=loaded.warm_up, name=f"vitlab-warm-up {key}", daemon=True).start()
             self._sources.setdefault(key, source)
             self._loaded[key] = loaded
-            while len(self._loaded) > self.capacity:
-                self._loaded.popitem(last=False)  # the least recently used; its memory goes with it
+            if len(self._loaded) > self.capacity:
+                while len(self._loaded) > self.capacity:
+                    self._loaded.popitem(last=False)  # the least recently used; its memory goes with it
+                _give_back_memory()
             return loaded
 
 
@@ -200,4 +308,4 @@ def run_sources(runs: list[Path], *, cwd: Path | None = None) -> list[ModelSourc
     return out
 
 
-__all__ = ["KINDS", "ModelSource", "LoadedModel", "ModelStore", "run_sources"]
+__all__ = ["KINDS", "ModelSource", "LoadedModel", "ModelStore", "run_sources", "default_memory_limit"]

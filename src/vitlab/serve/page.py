@@ -145,7 +145,7 @@ def build_page(
     def load_model(kind, value, current):
         """The load box: load `--<kind> <value>` and select it, or say why not (the current model stays)."""
         try:
-            loaded = store.load(ModelSource.of(kind, value))
+            loaded = store.request(kind, value)
         except VitlabError as e:
             return gr.update(), current, gr.update(), look.error_html(e.for_cli()), *([gr.update()] * 3)
         key = loaded.source.label

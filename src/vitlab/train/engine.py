@@ -463,53 +463,125 @@ def _state(epoch, optimizer, scheduler, ema, rows, recipe: Recipe, identity: dic
     return state
 
 
-def _read_last(out: Path) -> tuple[Path, dict, dict[str, torch.Tensor]]:
-    """The checkpoint last.json points at: its folder, its training state and its weights (on the CPU)."""
+def _read_last(out: Path) -> tuple[Path, dict, dict[str, torch.Tensor], int | None]:
+    """The checkpoint last.json points at: its folder, its training state, its weights (on the CPU), and the
+    epoch last.json says it ends."""
     folder = ckpt.resolve_checkpoint(out / "last.json")
-    return folder, ckpt.read_state(folder), ckpt.read_weights(folder)
+    return folder, ckpt.read_state(folder), ckpt.read_weights(folder), ckpt.read_pointer(out / "last.json").get("epoch")
+
+
+HISTORY_KEYS = ("epoch", "lr", "train_loss", "train_acc", "val_loss", "val_acc")  # every metrics row has these
+
+
+def check_state(state: dict, path: Path, *, recipe: Recipe, pointer_epoch: int | None, ema: bool) -> int:
+    """The one schema of a training state (state.pt) before anything is restored from it or written: every
+    field resume reads, of the type and in the range `fit` writes it. Returns the epoch it ends. A state.pt
+    is a file from disk like any other: a field that fails is one VitlabError naming the file and the field,
+    and the run's files are left as they are."""
+    def bad(field: str, expected: str, found) -> VitlabError:
+        shown = f"a {type(found).__name__}" if isinstance(found, (torch.Tensor, dict, list)) else repr(found)
+        return VitlabError(f"resume: {path} is not a training state vitlab can continue: its {field} should be "
+                           f"{expected}; found {shown}. Resume from an earlier checkpoint or start a new run",
+                           arg="resume")
+
+    if state.get("version") != STATE_VERSION:
+        raise VitlabError(f"resume: {path} was written by an earlier vitlab (state version {state.get('version', 1)}, "
+                          f"this one reads {STATE_VERSION}); its weights still load as a checkpoint (fine-tune from "
+                          "it), but the run cannot be resumed", arg="resume")
+    missing = [k for k in STATE_KEYS + (("ema",) if ema else ()) if k not in state]
+    if missing:
+        raise VitlabError(f"resume: {path} is not a complete training state (it lacks {', '.join(missing)}); resume "
+                          "from an earlier checkpoint or start a new run", arg="resume")
+    epoch = state["epoch"]
+    if not _integer(epoch) or not 1 <= epoch <= recipe.epochs:
+        raise bad("epoch", f"a whole number of epochs done, 1 .. {recipe.epochs} (the run's epochs)", epoch)
+    if pointer_epoch is not None and pointer_epoch != epoch:
+        raise bad("epoch", f"{pointer_epoch}, the epoch last.json says this checkpoint ends", epoch)
+    for name, kind in (("recipe", dict), ("identity", dict), ("optimizer", dict), ("scheduler", dict),
+                       ("history", list), ("rng_cpu", list)):
+        if not isinstance(state.get(name, {} if name == "identity" else None), kind):
+            raise bad(name, f"a {kind.__name__}", state.get(name))
+    rows = state["history"]
+    if len(rows) != epoch:
+        raise bad("history", f"{epoch} rows of metrics, one per epoch done", f"{len(rows)} rows")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or row.get("epoch") != i + 1:
+            raise bad(f"history row {i + 1}", f"the metrics of epoch {i + 1}", row)
+        for key in HISTORY_KEYS[1:]:
+            if not _number(row.get(key)):
+                raise bad(f"history row {i + 1}", f"a number for {key}", row.get(key, "nothing"))
+        if not 0 <= row["val_acc"] <= 1 or not 0 <= row["train_acc"] <= 1:
+            raise bad(f"history row {i + 1}", "accuracies between 0 and 1", row)
+    size = torch.get_rng_state().shape
+    rng = state["rng_cpu"]
+    if not rng or not all(isinstance(r, torch.Tensor) and r.dtype == torch.uint8 and r.shape == size for r in rng):
+        raise bad("rng_cpu", f"one CPU random-generator state per process (uint8 tensors of {size[0]} bytes)",
+                  rng[0] if rng else rng)
+    if "rng_cuda" in state and not (isinstance(state["rng_cuda"], torch.Tensor) and state["rng_cuda"].dtype == torch.uint8):
+        raise bad("rng_cuda", "a CUDA random-generator state (a uint8 tensor)", state["rng_cuda"])
+    world = state.get("world_size", len(rng))
+    if not _integer(world) or world != len(rng):
+        raise bad("world_size", f"the number of processes that saved it ({len(rng)} random states)", world)
+    groups = state["optimizer"].get("param_groups")
+    if not isinstance(groups, list) or not isinstance(state["optimizer"].get("state"), dict) or not all(
+            isinstance(g, dict) and _number(g.get("lr")) and g["lr"] >= 0 for g in groups):
+        raise bad("optimizer", "AdamW's state_dict (param_groups with a learning rate each, and state)", groups)
+    last = state["scheduler"].get("last_epoch")
+    if not _integer(last) or last < 0:
+        raise bad("scheduler", "the schedule's state_dict (last_epoch: the optimizer steps taken)", last)
+    if ema and not isinstance(state["ema"], dict):
+        raise bad("ema", "the moving average's state_dict", state["ema"])
+    if "plan" in state:
+        try:
+            Plan.from_dict(state["plan"])
+        except (ValueError, TypeError):
+            raise bad("plan", "the fast path the run trained on (attention, products, compile, pieces, source)",
+                      state["plan"]) from None
+    return epoch
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identity: dict,
              dist: DistInfo) -> tuple[int, list[dict], Plan | None]:
     """Load the training state of `out`'s last checkpoint; returns its epoch, its metrics rows and the plan the
     run trained on (None for a state from before plans were kept). Rank 0 reads it from its `out` and hands
-    it to the other processes, whose machines need not see that folder."""
-    folder, state, weights = distributed.on_main(lambda: _read_last(out), dist)
-    if state.get("version") != STATE_VERSION:
-        raise VitlabError(f"resume: {folder / 'state.pt'} was written by an earlier vitlab (state version "
-                          f"{state.get('version', 1)}, this one reads {STATE_VERSION}); its weights still load as a "
-                          "checkpoint (fine-tune from it), but the run cannot be resumed", arg="resume")
-    missing = [k for k in STATE_KEYS + (("ema",) if ema is not None else ()) if k not in state]
-    if missing or not isinstance(state["recipe"], dict) or not isinstance(state.get("identity", {}), dict):
-        raise VitlabError(f"resume: {folder / 'state.pt'} is not a complete training state (it lacks "
-                          f"{', '.join(missing) or 'a readable recipe'}); resume from an earlier checkpoint or start "
-                          "a new run", arg="resume")
-    saved = state["recipe"]
-    diff = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in recipe.to_dict().items() if saved.get(k) != v]
-    diff += [f"{k} {state.get('identity', {}).get(k)!r} -> {v!r}" for k, v in identity.items()
-             if state.get("identity", {}).get(k) != v]
-    if diff:
-        raise VitlabError(f"resume {out}: the run being resumed was made with other settings ({'; '.join(diff)}); "
-                          "resume with the same ones, or start a new run in another folder", arg="resume")
-    try:  # state.pt is checked like any file from disk: a damaged one is a message, not a traceback
+    it to the other processes, whose machines need not see that folder; every field is checked (check_state)
+    before anything is restored from it or written."""
+    folder, state, weights, pointer_epoch = distributed.on_main(lambda: _read_last(out), dist)
+    saved = state.get("recipe")
+    if isinstance(saved, dict) and state.get("version") == STATE_VERSION:  # settings first: the likelier mistake
+        diff = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in recipe.to_dict().items() if saved.get(k) != v]
+        theirs = state.get("identity") if isinstance(state.get("identity"), dict) else {}
+        diff += [f"{k} {theirs.get(k)!r} -> {v!r}" for k, v in identity.items() if theirs.get(k) != v]
+        if diff:
+            raise VitlabError(f"resume {out}: the run being resumed was made with other settings ({'; '.join(diff)}); "
+                              "resume with the same ones, or start a new run in another folder", arg="resume")
+    epoch = check_state(state, folder / "state.pt", recipe=recipe, pointer_epoch=pointer_epoch, ema=ema is not None)
+    try:  # what the schema cannot see (shapes against this model) is a message too, not a traceback
         model.load_state_dict(weights)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         if ema is not None:
             ema.load_state_dict(state["ema"])
-        rows = [dict(r) for r in state["history"]]
-        epoch = int(state["epoch"])
         plan = Plan.from_dict(state["plan"]) if "plan" in state else None
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         if isinstance(e, VitlabError):
             raise
         raise VitlabError(f"resume: {folder} does not fit this run ({type(e).__name__}: {str(e).splitlines()[0]}); "
                           "resume from an earlier checkpoint or start a new run", arg="resume") from e
+    rows = [dict(r) for r in state["history"]]
     rng = state["rng_cpu"]
     if len(rng) == dist.world_size:
         torch.set_rng_state(rng[dist.rank])
     else:
-        seed_everything(recipe.seed + 7919 * state["epoch"] + dist.rank)
+        seed_everything(recipe.seed + 7919 * epoch + dist.rank)
         if dist.is_main:
             print(f"note: the run was saved with {len(rng)} process(es) and resumes with {dist.world_size}; "
                   "random augmentation continues with a new stream (not bitwise the original)")
