@@ -68,9 +68,13 @@ def predict_json(capsys, photo: Path, source: Path, *extra: str) -> tuple[int, d
 
 def assert_same_top5(doc: dict, probs: torch.Tensor) -> None:
     preds = doc["results"][0]["predictions"]
+    assert same_top5([p["index"] for p in preds], [p["prob"] for p in preds], probs), (preds, probs.topk(5))
+
+
+def same_top5(indices: list[int], values: list[float], probs: torch.Tensor) -> bool:
+    """The top-5 of `probs`: the same classes in the same order, each probability within TOL."""
     top = probs.topk(5)
-    assert [p["index"] for p in preds] == top.indices.tolist()
-    assert max(abs(p["prob"] - float(v)) for p, v in zip(preds, top.values)) <= TOL
+    return indices == top.indices.tolist() and max(abs(p - float(v)) for p, v in zip(values, top.values)) <= TOL
 
 
 def timm_transform(preset: str, size: int):
@@ -150,7 +154,7 @@ def test_timm_family_predicts_like_timm_without_a_model_name(case, timm_files, p
     if layout == "file" and ref.embed_dim in (192, 384):  # heads from the family's rule, said as a warning
         assert f"{ref.embed_dim // 64}, from the family's rule (heads of width 64" in err
     if preprocessing not in ("timm", "timm-config"):  # the family the tensors show decides the preprocessing
-        assert "preprocessing is used" in err
+        assert "does not say how its images were preprocessed; inferred from its tensors" in err
 
 
 def test_what_the_files_say_becomes_the_config(timm_files):
@@ -176,11 +180,72 @@ def test_what_the_files_say_becomes_the_config(timm_files):
     assert deit3.cfg.layer_scale is not None and deit3.pretrained_cfg.mean == PREPROCESSING["deit"]["mean"]
 
 
+def random_timm(name: str, seed: int = 0) -> torch.nn.Module:
+    """timm's full-size model `name` with random weights, fast: built on the meta device (no initialisation),
+    then every tensor drawn around what training leaves (norm gains near 1, everything else N(0, 0.05))."""
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False)
+    model = model.to_empty(device="cpu")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g) * 0.05
+            p.copy_(noise + 1 if re.search(r"norm[^.]*\.weight$", key) else noise)
+    return model.eval()
+
+
+# Bare files of three families whose preprocessing is not timm's default (crop 0.9, mean = std = 0.5); timm's
+# own pretrained_cfg of the model says what it is.
+BARE_FILES = {
+    "vit_base_patch16_clip_224": dict(mean=(0.48145466, 0.4578275, 0.40821073), crop_pct=0.95),  # CLIP-style tower
+    "vit_tiny_patch16_384": dict(mean=(0.5, 0.5, 0.5), crop_pct=1.0),  # 384 px
+    "vit_medium_patch16_gap_256": dict(mean=(0.5, 0.5, 0.5), crop_pct=0.95),  # the GAP medium family at 256
+}
+
+
+@pytest.mark.parametrize("name", list(BARE_FILES))
+def test_bare_timm_files_get_their_familys_preprocessing_and_predict_as_timm(name, tmp_path, photo, capsys):
+    """A .safetensors of timm's model with no config: `vitlab predict` finds the architecture and the preprocessing
+    from the tensors, and gives timm's top-5 with timm's own preprocessing (its pretrained_cfg) to 1e-4; it says
+    the preprocessing was inferred and how to give another."""
+    ref = random_timm(name)
+    data = resolve_data_config(model=ref)
+    assert {k: data[k] for k in BARE_FILES[name]} == BARE_FILES[name]  # what timm 1.0.31 says, and this test pins
+    source = tmp_path / f"{name}.safetensors"
+    save_file(ref.state_dict(), source)
+    rc, doc, err = predict_json(capsys, photo, source, "--fast-path", "off")
+    assert rc == 0, err
+    image = Image.open(photo).convert("RGB")
+    with torch.no_grad():
+        probs = ref(create_transform(**data)(image)[None]).softmax(-1)[0]
+        default = ref(timm_transform("timm", data["input_size"][1])(image)[None]).softmax(-1)[0]
+    assert_same_top5(doc, probs)
+    top = default.topk(5)  # timm's default preprocessing (vitlab's guess before) would not pass: the test can fail
+    assert not same_top5(top.indices.tolist(), top.values.tolist(), probs)
+    inferred = [line for line in err.splitlines() if "does not say how its images were preprocessed" in line]
+    assert len(inferred) == 1 and f"crop_pct {BARE_FILES[name]['crop_pct']}" in inferred[0]
+    assert "put a config.json next to it" in inferred[0]
+
+
+def test_a_config_next_to_a_bare_file_overrides_the_inferred_preprocessing(tmp_path, photo, capsys):
+    ref = random_timm("vit_tiny_patch16_384")
+    source = tmp_path / "tiny384.safetensors"
+    save_file(ref.state_dict(), source)
+    mine = dict(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], crop_pct=0.875)
+    (tmp_path / "tiny384.json").write_text(json.dumps({"pretrained_cfg": mine}))
+    rc, doc, err = predict_json(capsys, photo, source, "--fast-path", "off")
+    assert rc == 0 and "does not say how its images were preprocessed" not in err, err
+    transform = create_transform(input_size=(3, 384, 384), interpolation="bicubic", crop_mode="center", **mine)
+    with torch.no_grad():
+        probs = ref(transform(Image.open(photo).convert("RGB"))[None]).softmax(-1)[0]
+    assert_same_top5(doc, probs)
+
+
 def test_dinov2_backbone_without_head_gives_features_and_predict_says_no_classifier(tmp_path, photo, capsys):
     torch.manual_seed(0)
     ref = perturb(_timm("vit_small_patch14_reg4_dinov2", depth=1, img_size=28))  # num_classes=0, as released
     save_file(ref.state_dict(), tmp_path / "dinov2.safetensors")
-    with pytest.warns(PretrainedWarning, match="DINOv2's preprocessing"):
+    with pytest.warns(PretrainedWarning, match="a DINOv2 model: DINOv2's preprocessing"):
         model = create_model(pretrained=str(tmp_path / "dinov2.safetensors"))
     assert model.cfg.num_classes == 0 and model.pretrained_cfg.head == "none"
     x = torch.randn(2, 3, 28, 28)

@@ -84,7 +84,8 @@ def machine_memory() -> int:
         total = 2**40
     for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
-            text = open(limit_file).read().strip()
+            with open(limit_file) as f:
+                text = f.read().strip()
         except OSError:
             continue
         if text.isdigit() and 0 < int(text) < total:

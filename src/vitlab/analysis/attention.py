@@ -60,8 +60,9 @@ def check_vit(model: nn.Module) -> None:
                           "need a ViT (`vitlab info` lists the models)")
 
 
-def _layer_list(model: nn.Module, layers: int | str | Iterable[int] | None) -> list[int]:
-    """`None`/"all" -> every layer; an int (negative counts from the end) or a list -> those, sorted."""
+def _layer_list(model: nn.Module, layers: int | str | Iterable[int] | None, arg: str = "layer") -> list[int]:
+    """`None`/"all" -> every layer; an int (negative counts from the end) or a list -> those, sorted. `arg`:
+    the argument's name in messages (layer, start_layer, end_layer)."""
     depth = len(model.blocks)
     if layers is None or layers == "all":
         return list(range(depth))
@@ -72,12 +73,12 @@ def _layer_list(model: nn.Module, layers: int | str | Iterable[int] | None) -> l
         try:
             i = int(layer)
         except (TypeError, ValueError):
-            raise VitlabError(f"layer {layer!r} is not a layer index; expected an int in 0..{depth - 1} or 'all'",
-                              arg="layer") from None
+            raise VitlabError(f"{arg} {layer!r} is not a layer index; expected an int in 0..{depth - 1} or 'all'",
+                              arg=arg) from None
         j = i + depth if i < 0 else i
         if not 0 <= j < depth:
-            raise VitlabError(f"layer {i} does not exist: this model has layers 0..{depth - 1} (or -{depth}..-1)",
-                              arg="layer")
+            raise VitlabError(f"{arg} {i} does not exist: this model has layers 0..{depth - 1} (or -{depth}..-1)",
+                              arg=arg)
         out.append(j)
     return sorted(set(out))
 
@@ -339,7 +340,7 @@ def rollout(
     `end_layer` (inclusive; negative counts from the end)."""
     check_vit(model)
     cfg = model.cfg
-    start, end = _layer_list(model, start_layer)[0], _layer_list(model, end_layer)[0]
+    start, end = _layer_list(model, start_layer, "start_layer")[0], _layer_list(model, end_layer, "end_layer")[0]
     if start > end:
         raise VitlabError(f"rollout start layer {start} is after its end layer {end}")
     maps = []
@@ -378,7 +379,7 @@ def explain(
             raise VitlabError(f"head {head!r}: rollout fuses the heads of every layer; use mean, max or min", arg="head")
         m = rollout(model, images, head_fusion=str(head), discard_ratio=discard_ratio, start_layer=start_layer,
                     end_layer=chosen[-1], batch_size=batch_size, fast_path=fast_path, log=log)  # (B, gh, gw)
-        start = _layer_list(model, start_layer)[0]
+        start = _layer_list(model, start_layer, "start_layer")[0]
         return m[:, None, None], [f"rollout {start}-{chosen[-1]}"], [f"{head} of heads"]
     if method != "cls":
         raise VitlabError(f"method must be cls or rollout; found {method!r}", arg="method")

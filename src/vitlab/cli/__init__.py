@@ -1,72 +1,34 @@
-"""`vitlab`: a thin command line over the library.
+"""`vitlab`: a thin command line over the library (the parser and `main` are in `vitlab.cli.commands`).
 
-Each command lives in its own module of this package, with `register(subparsers)` adding its parser
-and a `run(args)` function that calls the library; the flags several commands share are declared
-once (`_common`). `main(argv)` is importable and returns the exit code: 0 for success, 2 for a user
-mistake (printed as one line `error: ...`, with a library argument's name written as its flag),
-tracebacks only for bugs.
+`main(argv)` is importable (`from vitlab.cli import main`) and returns the exit code. This module itself
+imports nothing heavy: `run()`, the console script, loads the commands (and torch, seconds) inside its
+own guard, so Ctrl-C while vitlab starts is one line, `error: interrupted`, like Ctrl-C at any later
+moment, not a traceback through the imports.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import sys
 
-from vitlab import __version__
-from vitlab.cli import (attention, bench, data, demo, export, finetune, info, inspect, predict, reproduce, serve, train,
-                        tune)
-from vitlab.cli._common import Formatter, example
-from vitlab.errors import VitlabError
-
-# The commands, in the order `vitlab --help` lists them: the order a newcomer meets them (the demo, then the
-# README's quick start, then the rest). Each module's HELP is its one line there, its EXAMPLE the last line of its help.
-COMMANDS = [demo, data, train, predict, attention, finetune, export, serve, info, inspect, reproduce, bench, tune]
+_COMMANDS_MODULE = "vitlab.cli.commands"
+_NAMES = ("main", "build_parser", "COMMANDS", "command_name")
 
 
-def command_name(module) -> str:
-    return module.__name__.rsplit(".", 1)[1]
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad option is one line `error: ...` (exit 2), not a usage dump; help kept as written
-    where it is a list or an example."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", Formatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):  # noqa: D401 - argparse's hook
-        raise VitlabError(f"{self.prog}: {message}")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    width = max(len(command_name(m)) for m in COMMANDS) + 2
-    listing = "\n".join(f"  {command_name(m):<{width}}{m.HELP}" for m in COMMANDS)
-    parser = _Parser(prog="vitlab", usage="vitlab [-h] [--version] COMMAND ...", description="The Vision Transformer paper, runnable.\n\ncommands, in the order "
-                     f"a newcomer meets them (vitlab COMMAND --help says more):\n{listing}",
-                     epilog=example("vitlab demo"))
-    parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, help=argparse.SUPPRESS, prog="vitlab")
-    for command in COMMANDS:
-        command.register(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        if not getattr(args, "func", None):
-            parser.print_help()
-            return 2
-        return int(args.func(args) or 0)
-    except VitlabError as e:
-        print(f"error: {e.for_cli()}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+def __getattr__(name: str):
+    """`main`, `build_parser`, `COMMANDS`, `command_name`: from vitlab.cli.commands, loaded on first use (PEP 562)."""
+    if name in _NAMES:
+        return getattr(importlib.import_module(_COMMANDS_MODULE), name)
+    raise AttributeError(f"module 'vitlab.cli' has no attribute {name!r}")
 
 
 def run() -> None:  # pragma: no cover - the console script
+    try:
+        main = importlib.import_module(_COMMANDS_MODULE).main
+    except KeyboardInterrupt:
+        print("error: interrupted while vitlab was starting", file=sys.stderr)
+        sys.exit(130)
     sys.exit(main())
+
+
+__all__ = ["main", "build_parser", "COMMANDS", "command_name", "run"]

@@ -94,7 +94,7 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
     x.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_threads(x)
     add_fast_path(x)
-    p.set_defaults(func=run, preset=preset)
+    p.set_defaults(func=run, preset=preset, flag_names={field: f"--{flag}" for flag, field in RENAMED.items()})
 
 
 def job_from_args(args) -> TrainJob:

@@ -163,10 +163,11 @@ def scan_folder(
         empty = [c for c in dirs if not good[part][c]]
         if empty:
             bad = [f"{base / c}" for c in empty]
+            inside = [f"{Path(p).name}: {why}" for p, why in skipped if any(Path(p).is_relative_to(b) for b in bad)]
+            shown = "; ".join(inside[:3]) + (f"; and {len(inside) - 3} more" if len(inside) > 3 else "")
             raise VitlabError(
                 f"class folder(s) with no readable image: {', '.join(bad)}; add images (.jpg, .png, ...) "
-                "or remove the folder"
-                + (" (see the skipped files listed above)" if skipped else "")
+                "or remove the folder" + (f" (skipped there: {shown})" if inside else "")
             )
 
     train = [(p, index[c]) for c in classes for p in good["train"][c]]

@@ -58,7 +58,11 @@ class Variant:
 
 def _vit(size: str, patch: int, img: int) -> Variant:
     dim, depth, heads, source = SIZES[size]
-    return Variant(ViTConfig(img_size=img, patch_size=patch, dim=dim, depth=depth, heads=heads), source)
+    config = ViTConfig(img_size=img, patch_size=patch, dim=dim, depth=depth, heads=heads)
+    if img < 384:
+        return Variant(config, source)
+    # timm's ViTs at 384 (vit_base_patch16_384.augreg_in21k_ft_in1k, ...): the whole image, no crop
+    return Variant(config, source, PretrainedCfg(**{**PREPROCESSING["timm"], "crop_pct": 1.0}, input_size=(3, img, img)))
 
 
 def _member(size: str, patch: int, img: int, source: str, preprocessing: str, num_classes: int = 1000, **options) -> Variant:

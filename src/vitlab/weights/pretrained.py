@@ -156,9 +156,10 @@ def _refuse(path, feature: str, shown: list[str]) -> None:
 
 
 def _check_mlp_shapes(sd: dict, path) -> None:
-    """timm's packed SwiGLU (DINOv2 ViT-g) keeps the names fc1/fc2: fc1's output is twice fc2's input."""
+    """timm's packed SwiGLU (DINOv2 ViT-g) keeps the names fc1/fc2: fc1's output is twice fc2's input. Any
+    other disagreement is a damaged file, which the key check reports tensor by tensor."""
     fc1, fc2 = sd.get("blocks.0.mlp.fc1.weight"), sd.get("blocks.0.mlp.fc2.weight")
-    if fc1 is not None and fc2 is not None and fc1.shape[0] != fc2.shape[1]:
+    if fc1 is not None and fc2 is not None and fc1.ndim == fc2.ndim == 2 and fc1.shape[0] == 2 * fc2.shape[1]:
         _refuse(path, f"a gated MLP (SwiGLU, as DINOv2 ViT-g: fc1 gives {fc1.shape[0]} channels, fc2 takes {fc2.shape[1]})",
                 ["blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight"])
 
@@ -182,7 +183,10 @@ def infer_config(sd: dict[str, torch.Tensor], config: dict | None = None) -> dic
     else:  # linear patch embedding (D, C*P*P), only written by vitlab, whose config says the rest
         cfg.update(dim=w.shape[0], patch_embed="linear")
     D = cfg["dim"]
-    cfg["depth"] = 1 + max((int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))), default=-1)
+    blocks = {int(m.group(1)) for k in sd if (m := re.fullmatch(r"blocks\.(\d+)\.attn\.qkv\.weight", k))}
+    cfg["depth"] = next(i for i in range(len(blocks) + 1) if i not in blocks)  # blocks 0, 1, ...: a stray key is no block
+    if not blocks:
+        cfg["depth"] = 1 + max((int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))), default=-1)
     if "blocks.0.mlp.fc1.weight" in sd:
         cfg["mlp_dim"] = sd["blocks.0.mlp.fc1.weight"].shape[0]
     cfg["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
@@ -577,7 +581,7 @@ def plan_load(
     strict = head not in ("new", "absent", "none")
     _check_keys(cfg, sd, name, ckpt, skip_head=not strict)
 
-    preprocessing = _plan_preprocessing(ckpt, name, family, notes)
+    preprocessing = _plan_preprocessing(ckpt, name, family, notes, inferred)
     labels = ckpt.pretrained_cfg.label_names if head in ("loaded", "zero") else None
     if labels is not None and len(labels) != target_classes:
         labels = None
@@ -624,24 +628,63 @@ def _family_config(family, inferred: dict, ckpt: Checkpoint, notes: list[str]) -
     return ruled
 
 
-def _plan_preprocessing(ckpt: Checkpoint, name: str | None, family, notes: list[str]) -> dict:
+def bare_file_preprocessing(cfg: dict, family) -> tuple[dict, list[str]]:
+    """The preprocessing of a file that does not say it, from what its tensors show, following the conventions
+    of the models it looks like, as timm's pretrained configs give them (timm 1.0.31,
+    `timm.create_model(name).pretrained_cfg`). Returns (the preprocessing fields, the rules that decided
+    them, each with the models it follows; none: timm's default, bicubic, crop 0.9, mean = std = 0.5).
+
+    - the family the tensors show (`family_of`): DeiT's, DINOv2's or CLIP's mean and std (CLIP-style towers:
+      OpenAI CLIP's, as every vit_*_clip_* of timm); an image-text CLIP tower keeps OpenAI's crop 1.0;
+    - a CLIP-style tower with an ImageNet-1k head at 224 px: crop 0.95, as timm's vit_base_patch16_clip_224
+      (laion2b_ft_in12k_in1k, openai_ft_in12k_in1k: its default weights);
+    - a GAP ViT at 256 px with a classifier (no class token, the mean of the patch tokens): crop 0.95, as timm's
+      vit_medium_patch16_gap_256 (sw_in12k_ft_in1k) and the *_gap_256 ViTs of its SBB family;
+    - a model at 384 px or more: crop 1.0, as timm's vit_{tiny,small,base,large}_patch*_384 (augreg), deit_base_patch16_384
+      and the CLIP fine-tunes at 336-448 px: at that size the whole image is the input.
+    """
+    out = dict(PREPROCESSING["timm"])
+    rules = []
+    if family is not None:
+        label, preset, _, _ = FAMILY_RULES[family[0]]
+        out = dict(PREPROCESSING[preset])
+        rules.append(f"{family[1]}, a {label} model: {label}'s preprocessing")
+    size = cfg.get("img_size") or (224, 224)
+    side = min(size) if isinstance(size, (tuple, list)) else size
+    classes = cfg.get("num_classes", 0)
+    if family is not None and family[0] == "clip" and classes == 1000 and side == 224:
+        out["crop_pct"] = 0.95
+        rules.append("an ImageNet-1k head on a CLIP tower at 224 px: crop 0.95, as timm's vit_base_patch16_clip_224 "
+                     "(laion2b_ft_in12k_in1k)")
+    if not cfg.get("class_token") and cfg.get("pool") == "mean" and side == 256 and classes:
+        out["crop_pct"] = 0.95
+        rules.append("a GAP ViT at 256 px (no class token, the mean of the patches): crop 0.95, as timm's "
+                     "vit_medium_patch16_gap_256")
+    if side >= 384:
+        out["crop_pct"] = 1.0
+        rules.append(f"{side} px images: crop 1.0, as timm's ViTs at 384 px (vit_base_patch16_384.augreg_in21k_ft_in1k)")
+    return out, rules
+
+
+def _plan_preprocessing(ckpt: Checkpoint, name: str | None, family, notes: list[str], inferred: dict) -> dict:
     """The preprocessing fields to use. A bare timm-layout file says none: the named model's source's
-    (registry), else the family's the tensors show (with a warning), else timm's default."""
+    (registry), else what its structure shows (`bare_file_preprocessing`, with a warning that says so and
+    how to override it)."""
     if ckpt.preprocessing != "default":
         return {}
     if name is not None:
         pcfg = VARIANTS[name].pretrained_cfg
         return {f: getattr(pcfg, f) for f in PREPROCESSING_FIELDS}
-    if family is None:
+    p, rules = bare_file_preprocessing(inferred, family)
+    if not rules:
         return {}
-    label, preset, _, _ = FAMILY_RULES[family[0]]
-    p = PREPROCESSING[preset]
     what = f"{p['interpolation']}, crop_pct {p['crop_pct']}, mean {tuple(p['mean'])}, std {tuple(p['std'])}"
-    note = (f"the file does not say how its images were preprocessed; the tensors show {family[1]}, a {label} model, "
-            f"so {label}'s preprocessing is used ({what})")
+    note = (f"the file does not say how its images were preprocessed; inferred from its tensors ({'; '.join(rules)}): "
+            f"{what}. If it was trained otherwise, put a config.json next to it with \"pretrained_cfg\": "
+            "{\"mean\": [...], \"std\": [...], \"crop_pct\": ...} (timm's hub layout), or name the model (model=..., --model)")
     notes.append(note)
     _warn(f"{ckpt.path}: {note}")
-    return dict(p)
+    return p
 
 
 def _head_state(sd: dict, num_classes: int) -> str:
@@ -749,7 +792,8 @@ def _check_keys(cfg: ViTConfig, sd: dict, name, ckpt: Checkpoint, *, skip_head: 
     skip = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias") if skip_head else ()
     report = diff_keys(_meta_state_dict(cfg), sd, skip)
     if report:
-        raise VitlabError(f"checkpoint {ckpt.path} ({ckpt.format} layout) does not load into model {name!r}: {report}")
+        what = f"model {name!r}" if name else "the model its tensors and config describe"
+        raise VitlabError(f"checkpoint {ckpt.path} ({ckpt.format} layout) does not load into {what}: {report}")
 
 
 __all__ = [
@@ -769,4 +813,5 @@ __all__ = [
     "plan_load",
     "imagenet_class_names",
     "diff_keys",
+    "bare_file_preprocessing",
 ]
