@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,9 +28,17 @@ from safetensors.torch import load_file, save_file
 
 import vitlab
 from vitlab import bench, create_model
-from vitlab.cli import main
+from vitlab.cli import info, main
 from vitlab.data.digits import write_digits_folder
+from vitlab.data.fashion_mnist import cache_dir
+from vitlab.errors import VitlabError
+from vitlab.fileio import TMP_TAG, umask
+from vitlab.models import size
+from vitlab.models.pretrained_cfg import PretrainedCfg
 from vitlab.runtime import available_cpus
+from vitlab.serve.models import ModelStore
+from vitlab.train import RECIPES, Recipe
+from vitlab.train.engine import TensorLoader, fit
 from vitlab.weights import checkpoint as ckpt
 
 CPUS = available_cpus()
@@ -57,6 +66,7 @@ def lab(tmp_path_factory) -> Path:
     (lab / "mine" / "metrics.csv").write_text("the user's own numbers\n")
     (lab / "mine" / "summary.json").write_text('{"mine": true}\n')
     (lab / "notes.txt").write_text("a file, not a folder\n")
+    fake_fashion(lab / "fashion")
     return lab
 
 
@@ -203,6 +213,7 @@ class Case:
     setup: Callable | None = None
     patch: Callable | None = None  # (monkeypatch, lab, tmp) -> None, for what the OS will not do as root
     after: Callable | None = field(default=None)  # (lab, tmp) -> None: more checks on a success
+    stderr: str | None = None  # on a success: stderr exactly
 
 
 RUN, PHOTO = "{lab}/run", "{lab}/photo.png"
@@ -226,7 +237,7 @@ CASES = {
     "predict_export_json_unknown_kind": Case(f"predict {PHOTO} --checkpoint {{tmp}}/m.safetensors", 2, "m.json has model kind 'alien'", export_kind),
     "predict_config_not_json": Case(f"predict {PHOTO} --checkpoint {{tmp}}/run", 2, "config.json is not readable JSON", meta_not_json),
     "predict_weights_truncated": Case(f"predict {PHOTO} --checkpoint {{tmp}}/run", 2, "could not read weights file {tmp}/run/checkpoints/epoch_0001/model.safetensors", weights_truncated),
-    "predict_patch_embedding_7_rows": Case(f"predict {PHOTO} --checkpoint {{tmp}}/run", 2, "does not fit vit_mini: shape differences (2): patch_embed.proj.bias model (64,) vs checkpoint (7,); patch_embed.proj.weight model (64, 3, 4, 4) vs checkpoint (7, 3, 4, 4)", patch_embed_rows),
+    "predict_patch_embedding_7_rows": Case(f"predict {PHOTO} --checkpoint {{tmp}}/run", 2, "its tensors do not match its own config (dim: config 64 vs tensors 7: shape differences (2): patch_embed.proj.bias model (64,) vs checkpoint (7,); patch_embed.proj.weight model (64, 3, 4, 4) vs checkpoint (7, 3, 4, 4))", patch_embed_rows),
     "predict_malicious_pth": Case(f"predict {PHOTO} --pretrained {{tmp}}/weights.pth", 2, "refused to load", evil_pth),
     "predict_symlink_loop": Case(f"predict {{tmp}}/loop.png --checkpoint {RUN}", 2, "loop.png: a loop of symbolic links", image_links),
     "predict_dangling_link": Case(f"predict {{tmp}}/gone.png --checkpoint {RUN}", 2, "gone.png: a symbolic link to nowhere.png, which does not exist", image_links),
@@ -325,6 +336,328 @@ CASES = {
 }
 
 
+# ----------------------------------------------------------------------------------------------------
+# Round 2 (issue 31): silent wrong data, NaN called success, a run folder's every field, sizes that cannot
+# fit, the library's arguments, messages that pointed the wrong way. Helpers first, then the cases.
+
+
+def _idx_gz(path: Path, data, magic: int) -> None:
+    import gzip
+    import struct
+
+    path.write_bytes(gzip.compress(struct.pack(f">{1 + data.ndim}I", magic, *data.shape) + data.tobytes(), compresslevel=1))
+
+
+def fake_fashion(folder: Path) -> Path:
+    """Four well-formed Fashion-MNIST .gz files of made-up images (stripes) and labels: what a --root holds."""
+    import numpy as np
+
+    folder.mkdir(parents=True)
+    for split, n in (("train", 60_000), ("t10k", 10_000)):
+        images = ((np.arange(n)[:, None, None] + np.arange(28)[None, :, None] * 9) % 256).astype(np.uint8)
+        _idx_gz(folder / f"{split}-images-idx3-ubyte.gz", np.broadcast_to(images, (n, 28, 28)).copy(), 2051)
+        _idx_gz(folder / f"{split}-labels-idx1-ubyte.gz", (np.arange(n) % 10).astype(np.uint8), 2049)
+    return folder
+
+
+def fashion_root(replace: str, kind: str):
+    """A --root of `lab/fashion`'s files with one replaced: all-black images, or labels outside 0..9."""
+    import numpy as np
+
+    def setup(lab, tmp):
+        root = tmp / "root"
+        root.mkdir()
+        for f in (lab / "fashion").iterdir():
+            if not f.name.startswith(replace):
+                (root / f.name).symlink_to(f)
+        n = 60_000 if replace.startswith("train") else 10_000
+        if kind == "black":
+            _idx_gz(root / f"{replace}.gz", np.zeros((n, 28, 28), np.uint8), 2051)
+        else:
+            _idx_gz(root / f"{replace}.gz", np.full(n, 12, np.uint8), 2049)
+    return setup
+
+
+def state_with(**fields):
+    """The run's state.pt with some fields replaced (a callable gets the state and returns the new value)."""
+    def setup(lab, tmp):
+        f = _last_folder(_run_copy(lab, tmp)) / "state.pt"
+        state = torch.load(f, weights_only=True)
+        for k, v in fields.items():
+            state[k] = v(state) if callable(v) else v
+        torch.save(state, f)
+    return setup
+
+
+def weights_with(change: Callable[[dict], None], *, cnn: bool = False):
+    """The run's (or the CNN checkpoint's) model.safetensors, changed in place."""
+    def setup(lab, tmp):
+        folder = tmp / "cnn" if cnn else _last_folder(_run_copy(lab, tmp))
+        if cnn:
+            shutil.copytree(lab / "cnn", folder)
+        sd = load_file(folder / "model.safetensors")
+        change(sd)
+        save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors")
+    return setup
+
+
+def config_with(change: Callable[[dict], None], *, cnn: bool = False):
+    """The run's (or the CNN checkpoint's) config.json, changed in place."""
+    def setup(lab, tmp):
+        folder = tmp / "cnn" if cnn else _last_folder(_run_copy(lab, tmp))
+        if cnn:
+            shutil.copytree(lab / "cnn", folder)
+        meta = json.loads((folder / "config.json").read_text())
+        change(meta)
+        (folder / "config.json").write_text(json.dumps(meta))
+    return setup
+
+
+def _set(d: dict, path: str, value) -> None:
+    *keys, last = path.split(".")
+    for k in keys:
+        d = d[k]
+    d[last] = value
+
+
+def _poison(key: str, value: float):
+    def change(sd):
+        sd[key] = sd[key].clone()
+        sd[key].view(-1)[0] = value
+    return change
+
+
+def bare_timm_file(change: Callable[[dict], None] | None = None):
+    """A bare .safetensors in timm's layout (vit_mini's tensors, no config next to it)."""
+    def setup(lab, tmp):
+        sd = dict(load_file(_last_folder(lab / "run") / "model.safetensors"))
+        if change:
+            change(sd)
+        save_file({k: v.contiguous() for k, v in sd.items()}, tmp / "bare.safetensors")
+    return setup
+
+
+def cnn_export(lab, tmp):
+    assert main(["export", "--checkpoint", str(lab / "cnn"), "--out", str(tmp / "cnn.safetensors")]) == 0
+
+
+def overflowing_head(sd):
+    """Finite weights whose every logit overflows: the final norm gives 1 everywhere, the head multiplies by 3e38."""
+    sd["norm.weight"], sd["norm.bias"] = torch.zeros_like(sd["norm.weight"]), torch.ones_like(sd["norm.bias"])
+    sd["head.weight"] = torch.full_like(sd["head.weight"], 3e38)
+
+
+def leftovers(lab, tmp):
+    """What a killed `data digits --out digits` leaves next to its folder, and a killed checkpoint write."""
+    (tmp / f".digits{TMP_TAG}abc123" / "train").mkdir(parents=True)
+    (tmp / f".notes.txt{TMP_TAG}xyz").write_text("half a file")
+
+
+def ordinary_modes(*paths: str):
+    """Everything under `paths` has the permissions the user's umask gives (0644 files, 0755 folders here)."""
+    def check(lab, tmp):
+        mask = umask()
+        for root in paths:
+            for p in [tmp / root, *(tmp / root).rglob("*")]:
+                want = (0o777 if p.is_dir() else 0o666) & ~mask
+                assert p.stat().st_mode & 0o777 == want, (p, oct(p.stat().st_mode & 0o777), oct(want))
+        return True
+    return check
+
+
+def warns(monkeypatch, lab, tmp):
+    """A library warning while a command runs (as torch's, PIL's, onnxscript's come)."""
+    real = info.info_report
+
+    def report(*a, **k):
+        warnings.warn("a library says something", UserWarning)
+        return real(*a, **k)
+
+    monkeypatch.setattr(info, "info_report", report)
+
+
+def memory_of(gib: int):
+    """This machine as one of `gib` GiB (the checks read vitlab.runtime.machine_memory)."""
+    def patch(monkeypatch, lab, tmp):
+        monkeypatch.setattr(size, "machine_memory", lambda: gib * 2**30)
+    return patch
+
+
+PHOTO_RUN = f"predict {PHOTO} --checkpoint {{tmp}}/run"
+RESUME = "train --data {lab}/digits " + " ".join(SMALL) + " --no-hflip --fast-path off --resume --out {tmp}/run"
+NOT_STATE = "is not a training state vitlab can continue: its"
+CASES.update({
+    # 1. silent wrong data: a --root is checked before it is read or copied, and never stands in for the dataset
+    "data_fashion_root_black_images": Case("data fashion-mnist --root {tmp}/root --train-size 20 --out {tmp}/fm", 2,
+                                           "{tmp}/root/train-images-idx3-ubyte.gz: every pixel of every image is 0",
+                                           fashion_root("train-images-idx3-ubyte", "black")),
+    "data_fashion_root_labels_12": Case("data fashion-mnist --root {tmp}/root --train-size 20 --out {tmp}/fm", 2,
+                                        "{tmp}/root/t10k-labels-idx1-ubyte.gz: label 12 at item 0 (10,000 labels outside 0..9)",
+                                        fashion_root("t10k-labels-idx1-ubyte", "labels")),
+    "train_fashion_root_black_test_images": Case("train --dataset fashion-mnist --root {tmp}/root --model vit_mini --out {tmp}/r", 2,
+                                                 "t10k-images-idx3-ubyte.gz: every pixel of every image is 0, so these are not photos",
+                                                 fashion_root("t10k-images-idx3-ubyte", "black")),
+    # 2. NaN is not a result: weights refused on load, naming the tensor; a non-finite score is an error
+    "predict_nan_weight": Case(PHOTO_RUN, 2, "epoch_0001: tensor blocks.0.attn.qkv.weight holds 1 NaN value(s) of 12,288",
+                               weights_with(_poison("blocks.0.attn.qkv.weight", float("nan")))),
+    "predict_inf_weight": Case(PHOTO_RUN, 2, "tensor norm.weight holds 1 infinite value(s) of 64",
+                               weights_with(_poison("norm.weight", float("inf")))),
+    "predict_bool_weight": Case(PHOTO_RUN, 2, "tensor head.bias holds bool values; weights are floating-point numbers",
+                                weights_with(lambda sd: sd.update({"head.bias": sd["head.bias"] > 0}))),
+    "predict_int64_weight": Case(PHOTO_RUN, 2, "tensor pos_embed holds int64 values",
+                                 weights_with(lambda sd: sd.update({"pos_embed": sd["pos_embed"].long()}))),
+    "predict_bare_file_nan": Case(f"predict {PHOTO} --pretrained {{tmp}}/bare.safetensors", 2,
+                                  "bare.safetensors: tensor cls_token holds 1 NaN value(s)",
+                                  bare_timm_file(_poison("cls_token", float("nan")))),
+    "predict_cnn_nan_weight": Case(f"predict {PHOTO} --checkpoint {{tmp}}/cnn", 2, "tensor head.weight holds 1 NaN value(s)",
+                                   weights_with(_poison("head.weight", float("nan")), cnn=True)),
+    "predict_json_overflowing_scores": Case(f"{PHOTO_RUN} --json", 2, "photo.png: the model's scores for this image are not "
+                                            "finite (NaN or infinity)", weights_with(overflowing_head)),
+    "predict_config_negative_norm_eps": Case(PHOTO_RUN, 2, "config.json: norm_eps must be a number > 0; found -1e-06",
+                                             config_with(lambda m: _set(m, "config.norm_eps", -1e-6))),
+    "export_onnx_nan_weight": Case("export --checkpoint {tmp}/run --out {tmp}/m.onnx", 2, "holds 1 NaN value(s)",
+                                   weights_with(_poison("blocks.1.mlp.fc2.bias", float("nan")))),
+    "attention_nan_weight": Case(f"attention {PHOTO} --checkpoint {{tmp}}/run --out {{tmp}}/a", 2, "holds 1 NaN value(s)",
+                                 weights_with(_poison("pos_embed", float("nan")))),
+    "finetune_from_nan_weight": Case("finetune --data {lab}/digits --checkpoint {tmp}/run --epochs 1 --freeze-epochs 0 --out {tmp}/ft", 2,
+                                     "holds 1 infinite value(s)", weights_with(_poison("patch_embed.proj.bias", float("-inf")))),
+    # 3. --resume: every field of state.pt checked before anything is restored or written
+    "train_resume_epoch_negative": Case(RESUME, 2, f"{NOT_STATE} epoch should be a whole number of epochs done, 1 .. 1 (the "
+                                        "run's epochs); found -4", state_with(epoch=-4)),
+    "train_resume_epoch_99_of_1": Case(RESUME, 2, f"{NOT_STATE} epoch should be a whole number of epochs done, 1 .. 1",
+                                       state_with(epoch=99)),
+    "train_resume_epoch_text": Case(RESUME, 2, "found 'one'", state_with(epoch="one")),
+    "train_resume_epoch_not_last_json": Case(RESUME, 2, f"{NOT_STATE} epoch should be 0, the epoch last.json says",
+                                             pointer('{"checkpoint": "checkpoints/epoch_0001", "epoch": 0}')),
+    "train_resume_rng_an_int": Case(RESUME, 2, f"{NOT_STATE} rng_cpu should be a list; found 5", state_with(rng_cpu=5)),
+    "train_resume_rng_wrong_size": Case(RESUME, 2, "rng_cpu should be one CPU random-generator state per process",
+                                        state_with(rng_cpu=[torch.zeros(7, dtype=torch.uint8)])),
+    "train_resume_history_without_val_acc": Case(RESUME, 2, "history row 1 should be a number for val_acc; found 'nothing'",
+                                                 state_with(history=lambda s: [{k: v for k, v in r.items() if k != "val_acc"}
+                                                                               for r in s["history"]])),
+    "train_resume_history_short": Case(RESUME, 2, "history should be 1 rows of metrics, one per epoch done; found '0 rows'",
+                                       state_with(history=[])),
+    "train_resume_history_nan": Case(RESUME, 2, "history row 1 should be a number for train_loss; found nan",
+                                     state_with(history=lambda s: [{**r, "train_loss": float("nan")} for r in s["history"]])),
+    "train_resume_optimizer_a_list": Case(RESUME, 2, f"{NOT_STATE} optimizer should be a dict; found a list",
+                                          state_with(optimizer=[1, 2])),
+    "train_resume_optimizer_lr_text": Case(RESUME, 2, "optimizer should be AdamW's state_dict",
+                                           state_with(optimizer=lambda s: {**s["optimizer"], "param_groups": [
+                                               {**g, "lr": "fast"} for g in s["optimizer"]["param_groups"]]})),
+    "train_resume_scheduler_negative": Case(RESUME, 2, "scheduler should be the schedule's state_dict (last_epoch: the "
+                                            "optimizer steps taken); found -5",
+                                            state_with(scheduler=lambda s: {**s["scheduler"], "last_epoch": -5})),
+    "train_resume_world_size_lies": Case(RESUME, 2, "world_size should be the number of processes that saved it (1 random "
+                                         "states); found 4", state_with(world_size=4)),
+    # 4. sizes and counts: (the sizes that would allocate run in a process of their own: SIZE_CASES below)
+    "train_threads_1000": Case("train --data {lab}/digits --model vit_mini --threads 1000 --out {tmp}/r", 2,
+                               f"--threads must be an integer in [1, {CPUS}]; found 1000"),
+    "bench_threads_1000": Case("bench --quick --threads 1000", 2, f"--threads must be an integer in [1, {CPUS}]; found 1000"),
+    "demo_threads_1000": Case("demo --threads 1000 --out {tmp}/demo", 2, f"--threads must be an integer in [0, {CPUS}]"),
+    "train_seed_too_large": Case("train --data {lab}/digits --model vit_mini --seed 100000000000000000000 --out {tmp}/r", 2,
+                                 "--seed must be an integer in [0, 4294967295]; found 100000000000000000000"),
+    "demo_seed_too_large": Case("demo --seed 4294967296 --out {tmp}/demo", 2, "--seed must be an integer in [0, 4294967295]"),
+    "data_digits_seed_too_large": Case("data digits --seed 99999999999 --out {tmp}/d", 2, "--seed must be an integer in [0, "),
+    "data_scan_seed_negative": Case("data scan {lab}/digits --seed -1", 2, "--seed must be an integer in [0, 4294967295]; found -1"),
+    "train_batch_larger_than_the_data": Case("train --data {lab}/digits " + " ".join(SMALL[:-4]) + " --batch-size 2048 "
+                                             "--device cpu --fast-path off --no-hflip --out {tmp}/r", 0,
+                                             "note: batch size 2,048 is more than the 50 training images; training with "
+                                             "batch 50, one step per epoch",
+                                             after=lambda lab, tmp: json.loads((tmp / "r/summary.json").read_text())
+                                             ["settings"]["recipe"]["batch_size"] == 50),
+    "train_activations_cannot_fit": Case("train --data {lab}/digits --model vit_mini --img-size 2048 --batch-size 64 "
+                                         "--out {tmp}/r", 2, "training vit_mini (dim 64, depth 4, MLP 128, 262,144 patches of "
+                                         "2048x2048 images: 16,915,146 parameters) at batch 50 would need about 160.5 GiB of "
+                                         "memory; this machine has 8.0 GiB", patch=memory_of(8)),
+    # 5. a run folder's config.json: one schema, checked where it is read, named as the file's field
+    "predict_config_mean_a_string": Case(PHOTO_RUN, 2, "config.json: pretrained_cfg mean must be a list of 1 to 4 numbers",
+                                         config_with(lambda m: _set(m, "pretrained_cfg.mean", "0.5"))),
+    "predict_config_crop_negative": Case(PHOTO_RUN, 2, "pretrained_cfg crop_pct must be a number in (0, 1]",
+                                         config_with(lambda m: _set(m, "pretrained_cfg.crop_pct", -0.9))),
+    "predict_config_pretrained_cfg_a_list": Case(PHOTO_RUN, 2, "pretrained_cfg must be an object of preprocessing fields; "
+                                                 "found list", config_with(lambda m: _set(m, "pretrained_cfg", [0.5]))),
+    "predict_config_config_a_list": Case(PHOTO_RUN, 2, "\"config\" should be an object of vit fields; found list",
+                                         config_with(lambda m: _set(m, "config", [64, 4]))),
+    "predict_config_patch_size_text": Case(PHOTO_RUN, 2, "config.json: patch_size must be an integer >= 1; found '4'",
+                                           config_with(lambda m: _set(m, "config.patch_size", "4"))),
+    "predict_config_interpolation_unknown": Case(PHOTO_RUN, 2, "pretrained_cfg interpolation must be one of nearest, "
+                                                 "bilinear, bicubic, lanczos", config_with(lambda m: _set(m, "pretrained_cfg.interpolation", "magic"))),
+    "predict_config_future_version": Case(PHOTO_RUN, 2, "has version 99; this vitlab reads versions 1..2",
+                                          config_with(lambda m: _set(m, "version", 99))),
+    "predict_head_rows_not_its_config": Case(PHOTO_RUN, 2, "its tensors do not match its own config (num_classes: config 10 "
+                                             "vs tensors 7: shape differences (2): head.bias model (10,) vs checkpoint (7,)", weights_with(lambda sd: sd.update(
+                                                 {"head.weight": sd["head.weight"][:7], "head.bias": sd["head.bias"][:7]}))),
+    "predict_cnn_config_width_text": Case(f"predict {PHOTO} --checkpoint {{tmp}}/cnn", 2, "cnn/config.json: width must be an "
+                                          "integer >= 1; found 'wide'", config_with(lambda m: _set(m, "config.width", "wide"), cnn=True)),
+    "predict_cnn_head_rows_not_its_config": Case(f"predict {PHOTO} --checkpoint {{tmp}}/cnn", 2, "its weights do not fit the "
+                                                 "resnet_mini model its config describes (16 channels, 1 block(s) per stage, 10 "
+                                                 "classes): shape differences (2): head.bias model (10,) vs checkpoint (7,)",
+                                                 weights_with(lambda sd: sd.update({"head.weight": sd["head.weight"][:7],
+                                                                                     "head.bias": sd["head.bias"][:7]}), cnn=True)),
+    "finetune_config_mean_a_string": Case("finetune --data {lab}/digits --checkpoint {tmp}/run --out {tmp}/ft", 2,
+                                          "pretrained_cfg std must be a list of 1 to 4 numbers > 0",
+                                          config_with(lambda m: _set(m, "pretrained_cfg.std", [0.5, 0, 0.5]))),
+    "export_config_head_state_unknown": Case("export --checkpoint {tmp}/run --out {tmp}/m.safetensors", 2,
+                                             "pretrained_cfg head must be one of random, loaded",
+                                             config_with(lambda m: _set(m, "pretrained_cfg.head", "maybe"))),
+    # 6. every writer through vitlab.fileio's output checks
+    "data_fashion_out_under_proc": Case("data fashion-mnist --root {lab}/fashion --out /proc/vitlab/fm", 2,
+                                        "--out /proc/vitlab/fm cannot be created: cannot write in /proc"),
+    "data_fashion_out_is_a_file": Case("data fashion-mnist --root {lab}/fashion --out {lab}/notes.txt", 2,
+                                       "notes.txt is a file; expected a folder"),
+    "data_fashion_out_users_folder": Case("data fashion-mnist --root {lab}/fashion --out {lab}/mine", 2,
+                                          "already exists and is not empty"),
+    "data_fashion_out_under_a_file": Case("data fashion-mnist --root {lab}/fashion --out {lab}/notes.txt/fm", 2,
+                                          "notes.txt is a file, not a folder"),
+    # 7. vitlab serve: the host, what the page may load, the models' memory (all before Gradio starts)
+    "serve_host_unresolvable": Case("serve --host no-such-host.invalid --runs {tmp}/runs", 2,
+                                    "--host 'no-such-host.invalid' is not a host name or address this machine can resolve"),
+    "serve_host_not_this_machine": Case("serve --host 192.0.2.1 --runs {tmp}/runs", 2,
+                                        "--host 192.0.2.1 is not an address of this machine, so nothing can listen on it"),
+    "serve_page_load_unknown": Case("serve --page-load everything --runs {tmp}/runs", 2,
+                                    "--page-load must be a comma list of checkpoint, pretrained, model, or none; found 'everything'"),
+    "serve_max_model_memory_0": Case("serve --max-model-memory 0 --runs {tmp}/runs", 2, "--max-model-memory must be a number > 0"),
+    "serve_model_over_its_memory": Case("serve --model vit_huge_patch14_224 --max-model-memory 1 --runs {tmp}/runs", 2,
+                                        "--model vit_huge_patch14_224 needs about 4.7 GiB (its weights, and the copy readied "
+                                        "for the top-k), more than the 1.0 GiB this page keeps for models"),
+    # 9. messages that pointed the wrong way
+    "predict_stray_key_is_one_unexpected_key": Case(PHOTO_RUN, 2, "does not load into model 'vit_mini': unexpected keys (1): "
+                                                    "blocks.71.extra", weights_with(lambda sd: sd.update({"blocks.71.extra": torch.zeros(3)}))),
+    "predict_damaged_mlp_is_named_not_swiglu": Case(PHOTO_RUN, 2, "shape differences (1): blocks.0.mlp.fc1.weight model "
+                                                    "(128, 64) vs checkpoint (100, 64)",
+                                                    weights_with(lambda sd: sd.update({"blocks.0.mlp.fc1.weight": sd["blocks.0.mlp.fc1.weight"][:100]}))),
+    "predict_bare_file_stray_key_names_no_model_none": Case(f"predict {PHOTO} --pretrained {{tmp}}/bare.safetensors", 2,
+                                                            "does not load into the model its tensors and config describe: "
+                                                            "unexpected keys (1): pos_embed_extra",
+                                                            bare_timm_file(lambda sd: sd.update({"pos_embed_extra": torch.zeros(2)}))),
+    "train_smoothing_named_as_its_flag": Case("train --data {lab}/digits --model vit_mini --smoothing 1.5 --out {tmp}/r", 2,
+                                              "--smoothing must be a number in [0, 1); found 1.5"),
+    "attention_start_layer_named_as_its_flag": Case(f"attention {PHOTO} --checkpoint {RUN} --method rollout --start-layer 99 "
+                                                    "--out {tmp}/a", 2, "--start-layer 99 does not exist: this model has layers 0..3"),
+    "train_class_of_unreadable_files_lists_them": Case("train --data {tmp}/few --model vit_mini --out {tmp}/r", 2,
+                                                       "class folder(s) with no readable image: {tmp}/few/b; add images (.jpg, "
+                                                       ".png, ...) or remove the folder (skipped there: junk.png: not an image file",
+                                                       lambda lab, tmp: (tiny_classes(lab, tmp), [p.unlink() for p in (tmp / "few/b").iterdir()],
+                                                                         (tmp / "few/b/junk.png").write_bytes(b"not a png"))),
+    "predict_cnn_export_reads_back": Case(f"predict {PHOTO} --checkpoint {{tmp}}/cnn.safetensors", 0, "photo.png", cnn_export),
+    "data_digits_ordinary_permissions_and_no_leftovers": Case("data digits --size 8 --per-class 2 --out {tmp}/digits", 0,
+                                                              "wrote", leftovers, after=lambda lab, tmp: ordinary_modes("digits")(lab, tmp)
+                                                              and not list(tmp.glob(f".digits{TMP_TAG}*"))),
+    "train_run_folder_ordinary_permissions": Case("train --data {lab}/digits " + " ".join(SMALL) + " --fast-path off "
+                                                  "--no-hflip --out {tmp}/r", 0, "wrote", after=ordinary_modes("r")),
+    "export_ordinary_permissions": Case(f"export --checkpoint {RUN} --out {{tmp}}/e/m.safetensors", 0, "wrote",
+                                        after=ordinary_modes("e")),
+    "info_library_warning_is_one_line": Case("info vit_mini", 0, "vit_mini: D=64", patch=warns,
+                                             stderr="warning: a library says something\n"),
+    "info_patch_size_0_named_as_its_flag": Case("info vit_mini --patch-size 0", 2, "--patch-size must be an integer >= 1; found 0"),
+})
+
+
+def _listing(root: Path) -> dict[str, tuple[int, int]]:
+    """(size, modification time) of every file under `root`: cheap enough for a cache of large files."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")} if root.exists() else {}
+
+
 def _tree(*roots: Path) -> dict[str, str]:
     """Every file (its checksum), link and folder under `roots`."""
     out = {}
@@ -351,13 +684,15 @@ def test_hostile_input(name, lab, tmp_path, monkeypatch, capsys):
     case = CASES[name]
     if "/proc/" in case.argv and not Path("/proc/self").exists():
         pytest.skip("the case writes under Linux's /proc, which refuses new files even to root")
+    if name == "serve_model_over_its_memory":
+        pytest.importorskip("gradio", reason="vitlab serve needs its extra: pip install -e '.[serve]'")
     if case.setup:
         case.setup(lab, tmp_path)
     if case.patch:
         case.patch(monkeypatch, lab, tmp_path)
     monkeypatch.chdir(tmp_path)  # anything written to the working directory is found too
     capsys.readouterr()
-    before = _tree(lab, tmp_path)
+    before, cache = _tree(lab, tmp_path), _listing(cache_dir())
     argv = [a.format(lab=lab, tmp=tmp_path) for a in case.argv.split()]
     rc = main(argv)  # a traceback would escape here and fail the test
     out, err = capsys.readouterr()
@@ -370,9 +705,12 @@ def test_hostile_input(name, lab, tmp_path, monkeypatch, capsys):
         assert len(lines) == 1 and lines[0].startswith("error: "), err
         assert expect in lines[0]
         assert after == before  # nothing of the user's changed, nothing left behind
+        assert _listing(cache_dir()) == cache  # nor a copy of refused data in the shared cache
     else:
         assert "error" not in err
         assert expect in out
+        if case.stderr is not None:
+            assert err == case.stderr
         changed = [p for p in before if p.startswith(str(lab)) and after.get(p) != before[p]]
         assert not changed and not any(p.startswith(str(lab)) for p in set(after) - set(before))
         if case.after:
@@ -383,8 +721,226 @@ def test_hostile_input(name, lab, tmp_path, monkeypatch, capsys):
 def test_the_table_covers_every_command():
     commands = {c.argv.split()[0] for c in CASES.values()}
     assert commands == {"predict", "train", "finetune", "demo", "reproduce", "attention", "inspect", "export",
-                        "data", "bench", "info"}
-    assert len(CASES) >= 60
+                        "data", "bench", "info", "serve"}
+    assert len(CASES) >= 160 and len(SIZE_CASES) >= 10 and len(LIBRARY_CASES) >= 15  # 102 + 60 in the table before issue 31
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sizes that cannot fit, and work that could hang: each case runs in a process of its own, forked from one
+# that has imported vitlab (a fresh interpreter per case would cost seconds of imports each), so that its
+# peak memory is its own (under 1 GB: nothing was allocated for the size refused) and its time is bounded
+# by this test's own limit (SIZE_LIMIT_S: a case still running then was hanging, and is killed).
+
+SIZE_LIMIT_S = 120
+PEAK_LIMIT = 2**30
+
+SIZE_CASES = {  # the sizes are beyond any machine's memory (terabytes), so every machine refuses them
+    "train_img_size_1000000": Case("train --data {lab}/digits --model vit_mini --img-size 1000000 --out {tmp}/r", 2,
+                                   "model vit_mini (dim 64, depth 4, MLP 128, 62,500,000,000 patches of 1000000x1000000 "
+                                   "images: 4,000,000,137,930 parameters): its weights alone would need about 14.6 TiB"),
+    "predict_img_size_1000000": Case(f"predict {PHOTO} --checkpoint {RUN} --img-size 1000000", 2,
+                                     "epoch_0001 (dim 64, depth 4, MLP 128, 62,500,000,000 patches"),
+    "attention_img_size_1000000": Case(f"attention {PHOTO} --checkpoint {RUN} --img-size 1000000 --out {{tmp}}/a", 2,
+                                       "its weights alone would need about 14.6 TiB of memory; this machine has"),
+    "data_digits_size_100000": Case("data digits --size 100000 --out {tmp}/d", 2, "--size 100000: the 1,797 digits at "
+                                    "100000x100000 pixels would need about 147.1 TiB of memory; this machine has"),
+    "bench_matmul_size_1000000": Case("bench --quick --matmul-size 1000000", 2, "--matmul-size 1000000: the 1000000^3 "
+                                      "matrix-product probe (three 1000000 x 1000000 matrices in fp32 and bf16) would need "
+                                      "about 16.4 TiB"),
+    "bench_batch_size_1e9": Case("bench --quick --batch-size 1000000000", 2, "running vit_mini_x (dim 32, depth 2, MLP 64, 64 "
+                                 "patches of 32x32 images: 20,898 parameters) on 1,000,000,000 image(s) would need about 56.6 TiB"),
+    "info_dim_1e9": Case("info vit_mini --dim 1000000000", 2, "vit_mini (dim 1000000000, depth 4, MLP 128, 64 patches of 32x32 "
+                         "images: 16,000,001,187,000,000,522 parameters): its weights alone would need about 56843.4 PiB"),
+    "info_img_size_1000000": Case("info vit_mini --img-size 1000000", 2, "its weights alone would need about 14.6 TiB"),
+    "info_depth_100000_answers": Case("info vit_mini --depth 100000", 0, "vit_mini: D=64 L=100000 h=4"),
+    "predict_cnn_config_width_1e7": Case(f"predict {PHOTO} --checkpoint {{tmp}}/cnn", 2, "the model of checkpoint {tmp}/cnn "
+                                         "(width 10000000, 1 block(s) per stage", config_with(lambda m: _set(m, "config.width", 10**7), cnn=True)),
+    "predict_cnn_config_depth_1e8": Case(f"predict {PHOTO} --checkpoint {{tmp}}/cnn", 2, "(width 16, 100000000 block(s) per "
+                                         "stage, 32x32 images: 9,721,599,980,826 parameters): its weights alone would need about 35.4 TiB", config_with(lambda m: _set(m, "config.blocks", 10**8), cnn=True)),
+    "library_create_model_dim_1e9": Case("py:vitlab.create_model('vit_mini', dim=10**9)", 2,
+                                         "model vit_mini (dim 1000000000, depth 4, MLP 128"),
+    "library_vit_config_depth_1e9": Case("py:vitlab.create_model('vit_base_patch16_224', depth=10**9)", 2,
+                                         "its weights alone would need about"),
+}
+
+SIZE_FORKER = """
+import io, json, os, sys, time, traceback
+import torch
+import vitlab
+from vitlab.cli.commands import main
+from vitlab.errors import VitlabError
+torch.set_num_threads(1)
+
+def run_case(argv):
+    if argv[0].startswith("py:"):  # a library call: a VitlabError is printed as the command line prints it
+        try:
+            exec(" ".join(argv)[3:], {"vitlab": vitlab})
+            return 0
+        except VitlabError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    return main(argv)
+
+for line in sys.stdin:  # one case a line: fork a process that runs it, wait (bounded), report how it ended
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(req["cwd"])
+        sys.stdout, sys.stderr = open(req["out"], "w"), open(req["err"], "w")
+        try:
+            rc = run_case(req["argv"])
+        except BaseException:
+            traceback.print_exc()
+            rc = 1
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(rc)
+    deadline, status, usage = time.monotonic() + float(sys.argv[1]), None, None
+    while time.monotonic() < deadline:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(pid, 9)
+        _, status, usage = os.wait4(pid, 0)
+        status = None
+    rc = None if status is None else os.waitstatus_to_exitcode(status)
+    print(json.dumps({"rc": rc, "peak": usage.ru_maxrss * 1024}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def forker():
+    """A process that has imported vitlab and forks one child per case; yields run(argv, cwd, out, err)."""
+    if not hasattr(os, "fork"):
+        pytest.skip("the cases are forked from one process (POSIX only)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(vitlab.__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", SIZE_FORKER, str(SIZE_LIMIT_S)], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def run(argv: list[str], cwd: Path, out: Path, err: Path) -> dict:
+        proc.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd), "out": str(out), "err": str(err)}) + "\n")
+        proc.stdin.flush()
+        return json.loads(proc.stdout.readline())
+
+    try:
+        yield run
+    finally:
+        proc.stdin.close()
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("name", list(SIZE_CASES))
+def test_sizes_that_cannot_fit_are_refused_before_anything_is_allocated(name, lab, forker, tmp_path, tmp_path_factory):
+    case = SIZE_CASES[name]
+    work = tmp_path / "case"
+    work.mkdir()
+    if case.setup:
+        case.setup(lab, work)
+    logs = tmp_path_factory.mktemp("logs")
+    before = _tree(lab, work)
+    argv = [case.argv] if case.argv.startswith("py:") else [a.format(lab=lab, tmp=work) for a in case.argv.split()]
+    result = forker(argv, work, logs / "out", logs / "err")
+    out, err = (logs / "out").read_text(), (logs / "err").read_text()
+    assert result["rc"] is not None, f"still running after {SIZE_LIMIT_S} s: killed (a hang)"
+    assert result["rc"] == case.rc, err
+    assert "Traceback" not in err
+    assert result["peak"] < PEAK_LIMIT, f"peak memory {result['peak'] / 2**30:.2f} GiB"  # no allocation was attempted
+    expect = case.expect.format(lab=lab, tmp=work)
+    if case.rc == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], err
+        assert _tree(lab, work) == before  # nothing written, nothing changed
+    else:
+        assert expect in out and not err.strip(), err
+
+
+# ----------------------------------------------------------------------------------------------------
+# The library checks its arguments like the command line: a VitlabError naming the argument, never a deep
+# torch error, and nothing written
+
+
+def _store(**kwargs):
+    return ModelStore(device="cpu", fast_path="off", **kwargs)
+
+
+def _fit(train, val, recipe=None):
+    model = create_model("vit_mini", img_size=16)
+    return fit(model, train, val, recipe or RECIPES["mini"].replace(epochs=1), device="cpu", fast_path="off")
+
+
+def _loader(n: int, **kwargs):
+    return TensorLoader(torch.zeros(n, 3, 16, 16), torch.zeros(n, dtype=torch.long), batch_size=4, **kwargs)
+
+
+LIBRARY_CASES = {  # name: (a call that must refuse, the message's part)
+    "create_model_patch_size_0": (lambda lab: create_model("vit_mini", patch_size=0), "patch_size must be an integer >= 1; found 0"),
+    "create_model_patch_size_text": (lambda lab: create_model("vit_mini", patch_size="4"), "patch_size must be an integer >= 1; found '4'"),
+    "create_model_mlp_dim_negative": (lambda lab: create_model("vit_mini", mlp_dim=-5), "mlp_dim must be an integer >= 1; found -5"),
+    "create_model_norm_eps_negative": (lambda lab: create_model("vit_mini", norm_eps=-1.0), "norm_eps must be a number > 0; found -1.0"),
+    "create_model_dim_a_bool": (lambda lab: create_model("vit_mini", dim=True), "dim must be an integer >= 1; found True"),
+    "create_model_pool_a_list": (lambda lab: create_model("vit_mini", pool=["cls"]), "pool must be one of cls, mean, cls+mean; found ['cls']"),
+    "create_model_dropout_text": (lambda lab: create_model("vit_mini", dropout="a lot"), "dropout must be a number in [0, 1); found 'a lot'"),
+    "create_model_nan_checkpoint": (lambda lab: create_model(checkpoint=_nan_run(lab)), "tensor blocks.2.norm1.weight holds 1 NaN value(s) of 64"),
+    "model_on_an_unbatched_image": (lambda lab: create_model("vit_mini")(torch.zeros(3, 32, 32)),
+                                    "the model takes a batch of images, a tensor (B, 3, H, W); found a tensor of shape (3, 32, 32) "
+                                    "(one image: add the batch axis, x[None])"),
+    "model_on_a_grey_image": (lambda lab: create_model("vit_mini")(torch.zeros(2, 1, 32, 32)),
+                              "found a tensor of shape (2, 1, 32, 32)"),
+    "cnn_on_a_grey_image": (lambda lab: create_model("resnet_mini")(torch.zeros(2, 1, 32, 32)), "(B, 3, H, W); found a tensor of shape (2, 1, 32, 32)"),
+    "model_on_uint8_pixels": (lambda lab: create_model("vit_mini")(torch.zeros(1, 3, 32, 32, dtype=torch.uint8)),
+                              "the model takes float images"),
+    "recipe_unfreeze_an_int": (lambda lab: Recipe(unfreeze=5), "unfreeze must be all, head or last:N (N >= 1 blocks); found 5"),
+    "recipe_augment_text": (lambda lab: Recipe(augment="yes"), "augment must be True or False; found 'yes'"),
+    "recipe_seed_beyond_torch": (lambda lab: Recipe(seed=2**64), "seed must be an integer in [0, 4294967295]; found 18446744073709551616"),
+    "fit_empty_train_loader": (lambda lab: _fit(_loader(0), _loader(4)), "train_loader has no batches: no images to train on"),
+    "fit_empty_val_loader": (lambda lab: _fit(_loader(4), []), "val_loader has no batches: nothing to validate on"),
+    "fit_a_loader_without_length": (lambda lab: _fit(iter(_loader(4)), _loader(4)), "train_loader must be an iterable of "
+                                    "(images, labels) batches with a length"),
+    "fit_recipe_a_dict": (lambda lab: _fit(_loader(4), _loader(4), {"epochs": 1}), "recipe must be a vitlab.train.Recipe"),
+    "pretrained_cfg_mean_text": (lambda lab: PretrainedCfg(mean="0.5"), "pretrained_cfg mean must be a list of 1 to 4 numbers"),
+    "serve_store_refuses_a_kind": (lambda lab: _store(loadable=("checkpoint",)).request("model", "vit_huge_patch14_224"),
+                                   "this page does not load models given by --model (it was started with --page-load "
+                                   "checkpoint: --checkpoint)"),
+    "serve_store_refuses_a_model_over_its_memory": (lambda lab: _store(memory_limit=100 * 2**20).request("model", "vit_base_patch16_224"),
+                                                    "--model vit_base_patch16_224 needs about 660.5 MiB (its weights, and the "
+                                                    "copy readied for the top-k), more than the 100.0 MiB"),
+}
+
+
+def _nan_run(lab: Path) -> Path:
+    folder = lab.parent / "nan_run"  # outside lab: lab is checked unchanged
+    if not folder.exists():
+        shutil.copytree(_last_folder(lab / "run"), folder)
+        sd = load_file(folder / "model.safetensors")
+        _poison("blocks.2.norm1.weight", float("nan"))(sd)
+        save_file(sd, folder / "model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("name", list(LIBRARY_CASES))
+def test_the_library_refuses_bad_arguments_in_one_message(name, lab, tmp_path, monkeypatch):
+    call, expect = LIBRARY_CASES[name]
+    monkeypatch.chdir(tmp_path)
+    before = _tree(lab, tmp_path)
+    with pytest.raises(VitlabError) as refused:  # a VitlabError, not a TypeError from deep inside torch
+        call(lab)
+    assert expect in str(refused.value) and "\n" not in str(refused.value)
+    assert _tree(lab, tmp_path) == before
+
+
+def test_ctrl_c_while_vitlab_starts_is_one_line():
+    """SIGINT a moment after `python -m vitlab` starts, while it imports torch: one line, exit 130."""
+    env = {**os.environ, "PYTHONPATH": str(Path(vitlab.__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "vitlab", "info", "vit_base_patch16_224"], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted"), err
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -435,7 +991,8 @@ def test_a_full_disk_mid_run_stops_in_one_line_and_the_run_resumes(lab, small_di
     _fill(small_disk / "filler")
     before = _tree(small_disk)
     for argv in (["export", "--checkpoint", str(lab / "run"), "--out", str(small_disk / "m.safetensors")],
-                 ["data", "digits", "--size", "16", "--per-class", "4", "--out", str(small_disk / "digits")]):
+                 ["data", "digits", "--size", "16", "--per-class", "4", "--out", str(small_disk / "digits")],
+                 ["data", "fashion-mnist", "--root", str(lab / "fashion"), "--train-size", "20", "--out", str(small_disk / "fm")]):
         assert main(argv) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: could not write") and "no space left on the disk" in lines[0]

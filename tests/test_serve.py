@@ -156,6 +156,25 @@ def test_the_token_norm_map_is_the_one_vitlab_inspect_draws(store, mini, images,
     assert all(f"- {line.strip()}" in text for line in norms["lines"])
 
 
+def test_the_models_memory_is_bounded_and_counted_before_a_model_is_read(mini):
+    """Each model counts twice its fp32 weights (the model, the copy readied for the top-k); loading one that does not
+    fit with the others drops the ones used longest ago; one that never fits is refused before it is built."""
+    small = ModelSource.of("model", "vit_mini_x")  # 20,898 parameters: 167 kB counted
+    assert small.weights_estimate() == 20_898 * 4 and ModelSource(checkpoint=str(mini)).weights_estimate() > 0
+    store = ModelStore(device="cpu", fast_path="off", memory_limit=300_000)
+    a = store.load(small)
+    assert store.memory_used() == 2 * 20_898 * 4
+    b = store.load(ModelSource.of("model", "vit_mini_x", img_size=64))  # another 167 kB: a goes to make room
+    assert store.loaded_keys() == [b.source.label] and store.memory_used() <= store.memory_limit
+    with pytest.raises(VitlabError, match="--model vit_base_patch16_224 needs about 660.5 MiB"):
+        store.load(ModelSource.of("model", "vit_base_patch16_224"))
+    assert store.loaded_keys() == [b.source.label]  # a refusal changes nothing
+    visitors = ModelStore(device="cpu", fast_path="off", loadable=())
+    with pytest.raises(VitlabError, match="this page does not load models given by --checkpoint .*--page-load none"):
+        visitors.request("checkpoint", str(mini))
+    assert visitors.load(small).source.label == a.source.label  # what vitlab serve itself loads is not a visitor's
+
+
 def test_one_copy_per_model_and_a_failed_load_changes_nothing(mini, tmp_path):
     store = ModelStore(device="cpu", capacity=2)
     a = store.load(ModelSource(checkpoint=str(mini)))

@@ -268,6 +268,11 @@ def _tmp_prefix(path: Path) -> str:
     return f".{path.name}{TMP_TAG}"
 
 
+def ordinary_permissions(path: str | Path) -> None:
+    """The permissions `open(path, "w")` would give a file (0666 less the umask): for files a library creates private."""
+    os.chmod(path, FILE_MODE & ~umask())
+
+
 def remove_leftovers(path: str | Path) -> None:
     """Remove what a killed write of `path` left next to it: `.NAME.vitlab-tmp-*` files and folders."""
     path = Path(path)

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from vitlab.data.split import DEFAULT_VAL_SPLIT, stratified_split
 from vitlab.data.preprocess import open_image
 from vitlab.errors import VitlabError
+from vitlab.runtime import check_seed
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
 
@@ -94,6 +95,7 @@ def scan_folder(
     """
     # Absolute, but not resolved: a folder reached through a symlink keeps its name, and every file's
     # path is `root` joined with its place in the folder (the run's data fingerprint relies on it).
+    check_seed(seed)
     given, root = str(root), Path(os.path.abspath(Path(root).expanduser()))
     if not root.exists():
         raise VitlabError(f"data {root}: no such folder", arg="data")

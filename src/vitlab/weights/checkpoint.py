@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vitlab.errors import VitlabError
-from vitlab.fileio import temporary_folder, write_error, write_json
+from vitlab.fileio import ordinary_permissions, temporary_folder, write_error, write_json
 from vitlab.models.cnn import ResNetConfig, ResNetMini
 from vitlab.models.pretrained_cfg import PretrainedCfg
 from vitlab.models.vit import ViTConfig, VisionTransformer
@@ -87,6 +87,7 @@ def _write_folder(final: Path, model: nn.Module, state: dict | None) -> Path:
         with temporary_folder(final) as tmp:
             weights = {k: v.detach().contiguous().cpu() for k, v in unwrap(model).state_dict().items()}
             save_file(weights, tmp / "model.safetensors")
+            ordinary_permissions(tmp / "model.safetensors")  # safetensors creates its files private (0600)
             write_json(tmp / "config.json", model_meta(model))
             if state is not None:
                 try:
@@ -163,10 +164,14 @@ def check_meta(meta, path: str | Path) -> dict:
     type and in range for that kind (the config class checks them), and a "pretrained_cfg" object (or
     none) whose preprocessing fields are valid. A file that fails is one VitlabError naming the file and
     the field; nothing is built from it."""
-    if not isinstance(meta, dict) or meta.get("kind") not in KINDS or not isinstance(meta.get("config"), dict):
+    if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
         found = meta.get("kind") if isinstance(meta, dict) else type(meta).__name__
         raise VitlabError(f"checkpoint config {path} has model kind {found!r}; expected one of "
                           f"{', '.join(KINDS)} with a \"config\" object (is it a vitlab checkpoint?)")
+    if not isinstance(meta.get("config"), dict):
+        found = type(meta.get("config")).__name__ if "config" in meta else "nothing"
+        raise VitlabError(f"checkpoint config {path}: \"config\" should be an object of {meta['kind']} fields; found "
+                          f"{found} (is it damaged? re-export it, or give its checkpoint folder)")
     version = meta.get("version")
     if version is not None and (not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION):
         raise VitlabError(f"checkpoint config {path} has version {version!r}; this vitlab reads versions 1..{VERSION} "

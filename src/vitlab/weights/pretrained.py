@@ -187,7 +187,9 @@ def infer_config(sd: dict[str, torch.Tensor], config: dict | None = None) -> dic
     cfg["depth"] = next(i for i in range(len(blocks) + 1) if i not in blocks)  # blocks 0, 1, ...: a stray key is no block
     if not blocks:
         cfg["depth"] = 1 + max((int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))), default=-1)
-    if "blocks.0.mlp.fc1.weight" in sd:
+    if "blocks.0.mlp.fc2.weight" in sd:  # the MLP's width is what its second layer takes (a damaged fc1 is then named)
+        cfg["mlp_dim"] = sd["blocks.0.mlp.fc2.weight"].shape[-1]
+    elif "blocks.0.mlp.fc1.weight" in sd:
         cfg["mlp_dim"] = sd["blocks.0.mlp.fc1.weight"].shape[0]
     cfg["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
     cfg["patch_bias"] = "patch_embed.proj.bias" in sd
@@ -423,6 +425,8 @@ def load_checkpoint(source: str | Path, *, cache_dir: str | Path | None = None) 
     except VitlabError as e:
         raise VitlabError(f"{path}: {e}") from e
     sd.pop("_jax_heads", None)
+    if fmt == "vitlab":
+        _check_own_config(cfg, _vitlab_config(config), sd, path)
     architecture = config.get("architecture") or (config.get("pretrained_cfg") or {}).get("architecture")
     pretrained_cfg, origin = _source_pretrained_cfg(fmt, config, preproc)
     return Checkpoint(
@@ -436,6 +440,28 @@ def load_checkpoint(source: str | Path, *, cache_dir: str | Path | None = None) 
         notes=notes,
         preprocessing=origin,
     )
+
+
+def _check_own_config(inferred: dict, stored: dict, sd: dict, path) -> None:
+    """A vitlab file states its whole config: the tensors must be what it says (a head of 7 rows under a
+    config of 10 classes is a damaged file, not a 7-class model)."""
+    try:
+        stated = ViTConfig(**stored)
+    except (VitlabError, TypeError):
+        return  # the config's own fields were checked where it was read
+    diffs = [f"{f}: config {_structural(stated, f)!r} vs tensors {_inferred(inferred, f)!r}"
+             for f in (*STRUCTURAL_FIELDS, "num_classes")
+             if _inferred(inferred, f) is not None and (f != "num_classes" or "num_classes" in stored)
+             and _structural(stated, f) != _inferred(inferred, f)]
+    if diffs:
+        grid = inferred.get("grid_size")
+        try:
+            size = tuple(g * stated.patch_size for g in grid) if grid else stated.img_size
+            report = diff_keys(_meta_state_dict(stated.replace(img_size=size)), sd)
+        except VitlabError:
+            report = ""
+        raise VitlabError(f"{path}: its tensors do not match its own config ({'; '.join(diffs)}{': ' + report if report else ''})"
+                          "; the file is damaged or was edited: use another checkpoint, or export this one again")
 
 
 def _config_path(path: Path) -> Path:
