@@ -49,7 +49,8 @@ def register(subparsers) -> None:
                        f"{FOLDER_NAMES[0]} .. {FOLDER_NAMES[-1]} (the label first, so their sorted order is the label order).")
     f.add_argument("--out", required=True, metavar="DIR", help="new folder to write (must not exist or be empty)")
     f.add_argument("--root", metavar="DIR", help="the folder with Fashion-MNIST's idx files (.gz or not; default: "
-                   "$VITLAB_DATA, vitlab's cache folder, /usr/share/datasets/fashion-mnist, else a download)")
+                   "$VITLAB_DATA, /usr/share/datasets/fashion-mnist, an earlier download, else a download; a --root serves "
+                   "this command only)")
     f.add_argument("--train-size", type=int, default=None, metavar="N",
                    help="write N training images: the first N of one permutation seeded by --seed (default: all 60,000)")
     f.add_argument("--seed", type=int, default=0, help="seed of the --train-size subset (default 0)")

@@ -36,7 +36,8 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
                    "a download), digits (scikit-learn's, 10 classes) or x (dataset X of the mini experiment: 2,000 / 500 synthetic 32x32 images, left or right half "
                    "brighter, 2 classes)")
     d.add_argument("--root", metavar="DIR", help="the folder with Fashion-MNIST's idx files (.gz or not; default: "
-                   "$VITLAB_DATA, vitlab's cache folder, /usr/share/datasets/fashion-mnist, else a download)")
+                   "$VITLAB_DATA, /usr/share/datasets/fashion-mnist, an earlier download, else a download; a --root serves "
+                   "this command only)")
     d.add_argument("--train-size", type=int, default=None, metavar="N",
                    help="train on N images of the training split: the first N of one permutation seeded by --seed, so "
                    "smaller training sets are inside larger ones (default: all)")
