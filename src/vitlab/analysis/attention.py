@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.errors import VitlabError, check_range
+from vitlab.models.size import check_memory
 from vitlab.models.vit import VisionTransformer
 from vitlab.speed.fastpath import InferenceRunner
 
@@ -128,6 +129,9 @@ def _plan(model: nn.Module, layers: list[int], batch_size: int | None, max_bytes
     weights of one pass stay under `max_bytes` (at least one image and one layer per pass)."""
     T = model.cfg.num_patches + model.cfg.num_prefix_tokens
     per_layer_image = model.cfg.heads * T * T * 4  # bytes of one (h, T, T) float32 map
+    # one image's maps of every layer asked for are kept, and one more is being computed
+    check_memory((len(layers) + 1) * per_layer_image, f"the attention weights of {len(layers)} layer(s) of one image "
+                 f"({model.cfg.heads} heads x {T:,} x {T:,} tokens each)", fix="; ask for fewer layers, or a smaller image size")
     group = max(1, min(len(layers), max_bytes // per_layer_image))
     groups = [layers[i : i + group] for i in range(0, len(layers), group)]
     if batch_size is None:

@@ -16,6 +16,7 @@ from torch import nn
 
 from vitlab.data.preprocess import eval_transform, load_images
 from vitlab.errors import VitlabError, check_range
+from vitlab.models.size import check_fits
 from vitlab.runtime import autocast, check_precision, resolve_device
 from vitlab.speed.fastpath import InferenceRunner
 
@@ -79,6 +80,7 @@ def predict_files(
     """
     dev = check_options(topk=topk, batch_size=batch_size, device=device, precision=precision)
     pcfg = model.pretrained_cfg
+    check_fits(model.cfg, what=pcfg.architecture or "the model", batch_size=max(1, min(batch_size, len(paths))))
     head = model.head
     if isinstance(head, nn.Identity):  # num_classes=0: DINO/DINOv2 and other self-supervised backbones
         raise VitlabError(
