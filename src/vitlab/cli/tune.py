@@ -15,7 +15,7 @@ from vitlab.cli._common import add_threads, example
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_variant
-from vitlab.runtime import PRECISIONS, num_threads
+from vitlab.runtime import PRECISIONS, check_threads, num_threads
 from vitlab.speed import tune
 from vitlab.speed.fastpath import choose_plan
 from vitlab.speed.machine import this_machine
@@ -59,7 +59,7 @@ def run(args) -> int:
     for b in args.batch_size:
         check_range("batch_size", b, low=1, integer=True)
     check_range("repeats", args.repeats, low=1, integer=True)
-    check_range("threads", args.threads, low=1, integer=True, optional=True)
+    check_threads(args.threads)
     device = torch.device("cpu")
     with num_threads(args.threads):
         model = create_model(args.model, img_size=args.img_size)
