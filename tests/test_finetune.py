@@ -187,9 +187,12 @@ def test_resume_refuses_changed_options_or_data(data, tmp_path, capsys):
 
 
 def test_nan_loss_stops_with_a_diagnosis(data, tmp_path, capsys):
+    """Finite weights that overflow (weights holding NaN are refused when they are read): the position table
+    at +-3e38, whose LayerNorm means are infinite, so the loss is NaN from the first step."""
     model = create_model("vit_mini", num_classes=5, **TINY)
     with torch.no_grad():
-        model.pos_embed.fill_(float("nan"))
+        model.pos_embed.fill_(3e38)
+        model.pos_embed[..., ::2] = -3e38
     save_checkpoint(tmp_path / "bad", "bad", model, {"epoch": 0})
     run = tmp_path / "run"
     code = main(["finetune", "--data", str(data / "small"), "--checkpoint", str(tmp_path / "bad"), "--epochs", "2",
@@ -197,7 +200,9 @@ def test_nan_loss_stops_with_a_diagnosis(data, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 2
     assert "diagnosis: loss became non-finite" in out and "no checkpoint was written yet" in out
-    assert err.strip().startswith("error: training stopped") and not (run / "last.json").exists()
+    lines = err.strip().splitlines()  # the new head's warning, one line, then the error
+    assert lines[0].startswith("warning: ") and "made a new zero-initialised head for 10 classes" in lines[0]
+    assert lines[-1].startswith("error: training stopped") and len(lines) == 2 and not (run / "last.json").exists()
 
 
 def _rows(train_loss, val_acc, train_acc=None):
