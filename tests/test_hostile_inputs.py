@@ -448,9 +448,11 @@ def overflowing_head(sd):
 
 
 def leftovers(lab, tmp):
-    """What a killed `data digits --out digits` leaves next to its folder, and a killed checkpoint write."""
-    (tmp / f".digits{TMP_TAG}abc123" / "train").mkdir(parents=True)
-    (tmp / f".notes.txt{TMP_TAG}xyz").write_text("half a file")
+    """What a killed `data digits --out digits` left next to its folder (its process, 999999999, is gone), what
+    another process is writing now (this one's id: left alone), and a half file of another name."""
+    (tmp / f".digits{TMP_TAG}999999999-abc123" / "train").mkdir(parents=True)
+    (tmp / f".digits{TMP_TAG}{os.getpid()}-busy").mkdir()
+    (tmp / f".notes.txt{TMP_TAG}999999999-xyz").write_text("half a file")
 
 
 def ordinary_modes(*paths: str):
@@ -642,7 +644,9 @@ CASES.update({
     "predict_cnn_export_reads_back": Case(f"predict {PHOTO} --checkpoint {{tmp}}/cnn.safetensors", 0, "photo.png", cnn_export),
     "data_digits_ordinary_permissions_and_no_leftovers": Case("data digits --size 8 --per-class 2 --out {tmp}/digits", 0,
                                                               "wrote", leftovers, after=lambda lab, tmp: ordinary_modes("digits")(lab, tmp)
-                                                              and not list(tmp.glob(f".digits{TMP_TAG}*"))),
+                                                              and [p.name for p in tmp.glob(f".digits{TMP_TAG}*")]
+                                                              == [f".digits{TMP_TAG}{os.getpid()}-busy"]
+                                                              and (tmp / f".notes.txt{TMP_TAG}999999999-xyz").exists()),
     "train_run_folder_ordinary_permissions": Case("train --data {lab}/digits " + " ".join(SMALL) + " --fast-path off "
                                                   "--no-hflip --out {tmp}/r", 0, "wrote", after=ordinary_modes("r")),
     "export_ordinary_permissions": Case(f"export --checkpoint {RUN} --out {{tmp}}/e/m.safetensors", 0, "wrote",

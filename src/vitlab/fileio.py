@@ -37,7 +37,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 from vitlab.errors import VitlabError
 
 MARKER = ".vitlab"  # in a folder vitlab made: {"kind": "run" | "demo" | ...}, the kind of output it holds
-TMP_TAG = ".vitlab-tmp-"  # in the name of everything written under a temporary name: .NAME.vitlab-tmp-XXXXXXXX
+TMP_TAG = ".vitlab-tmp-"  # in the name of everything written under a temporary name: .NAME.vitlab-tmp-PID-XXXXXXXX
 
 
 def cache_root() -> Path:
@@ -264,8 +264,23 @@ def mark_folder(folder: str | Path, kind: str) -> None:
 # Atomic writes
 
 
-def _tmp_prefix(path: Path) -> str:
-    return f".{path.name}{TMP_TAG}"
+def tmp_prefix(path: str | Path) -> str:
+    """The start of a temporary name for `path`: its name, the tag, and the writing process's id."""
+    return f".{Path(path).name}{TMP_TAG}{os.getpid()}-"
+
+
+def _writer_alive(name: str, stem: str) -> bool:
+    """Whether the process that made the temporary `name` (`stem` + PID-...) still runs: its write may be in progress."""
+    pid = name[len(stem):].split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def ordinary_permissions(path: str | Path) -> None:
@@ -274,10 +289,14 @@ def ordinary_permissions(path: str | Path) -> None:
 
 
 def remove_leftovers(path: str | Path) -> None:
-    """Remove what a killed write of `path` left next to it: `.NAME.vitlab-tmp-*` files and folders."""
+    """Remove what a killed write of `path` left next to it: `.NAME.vitlab-tmp-PID-*` files and folders whose
+    process no longer runs (another process's write in progress is left alone)."""
     path = Path(path)
+    stem = f".{path.name}{TMP_TAG}"
     with contextlib.suppress(OSError):
-        for p in path.parent.glob(glob.escape(_tmp_prefix(path)) + "*"):
+        for p in path.parent.glob(glob.escape(stem) + "*"):
+            if _writer_alive(p.name, stem):
+                continue
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
             else:
@@ -290,7 +309,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=tmp_prefix(path), dir=path.parent)
         os.close(fd)
     except OSError as e:
         raise write_error(path, e) from e
@@ -317,7 +336,7 @@ def temporary_folder(path: str | Path) -> Iterator[Path]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(path), dir=path.parent))
         os.chmod(tmp, FOLDER_MODE & ~umask())  # mkdtemp makes 0700; give the folder ordinary permissions
         yield tmp
         if path.is_dir() and not path.is_symlink() and any(path.iterdir()):

@@ -25,7 +25,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vitlab.errors import VitlabError, check_range
-from vitlab.fileio import FILE_MODE, TMP_TAG, check_out_file, created_folders, remove_leftovers, umask, write_error, write_json
+from vitlab.fileio import (FILE_MODE, check_out_file, created_folders, remove_leftovers, tmp_prefix, umask, write_error,
+                           write_json)
 from vitlab.weights.checkpoint import model_meta
 
 ONNX_TOLERANCE = 1e-4  # max abs difference of the logits, ONNX Runtime vs PyTorch (fp32)
@@ -61,7 +62,7 @@ def export_model(model: nn.Module, out: str | Path, *, check: bool = True, opset
 @contextmanager
 def _staging(out: Path):
     """A temporary folder next to `out`; its files are moved into place only if the block succeeds."""
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}{TMP_TAG}"))
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=tmp_prefix(out)))
     try:
         try:
             yield tmp
