@@ -55,7 +55,9 @@ TABS = ("Predict and look", "Inside (Figure 7)", "Runs", "Reproduce report")
 # ----------------------------------------------------------------------------------------------------
 # The server
 
-STATUS = re.compile(r"^(processing|queue: \S+) \| [\d.]+s$")  # Gradio's progress line in a pending output
+# Gradio's progress line in a pending output ("processing | 0.8s", "queue: 1/2 | 0.3s", or the timer alone, "0.1s",
+# before the event is queued: seen on a loaded machine)
+STATUS = re.compile(r"^((processing|queue: \S+) \| )?[\d.]+s$")
 
 
 def offline_env() -> dict:

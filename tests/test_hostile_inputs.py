@@ -437,6 +437,15 @@ def bare_timm_file(change: Callable[[dict], None] | None = None):
     return setup
 
 
+def bare_384_file(lab, tmp):
+    """A bare timm-layout file of a ViT at 384 px (random weights, a trained-looking head), no config next to it."""
+    torch.manual_seed(0)
+    model = create_model("vit_mini", img_size=384, patch_size=32)  # 12 x 12 patches: quick
+    with torch.no_grad():
+        model.head.weight.normal_()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp / "bare384.safetensors")
+
+
 def cnn_export(lab, tmp):
     assert main(["export", "--checkpoint", str(lab / "cnn"), "--out", str(tmp / "cnn.safetensors")]) == 0
 
@@ -641,6 +650,10 @@ CASES.update({
                                                        ".png, ...) or remove the folder (skipped there: junk.png: not an image file",
                                                        lambda lab, tmp: (tiny_classes(lab, tmp), [p.unlink() for p in (tmp / "few/b").iterdir()],
                                                                          (tmp / "few/b/junk.png").write_bytes(b"not a png"))),
+    # 10. a bare weights file: the preprocessing of the models it looks like, said to be inferred
+    "predict_bare_384_file_crops_nothing": Case(f"predict {PHOTO} --pretrained {{tmp}}/bare384.safetensors", 0,
+                                                "preprocessing: resize short side to 384 (bicubic), centre-crop 384x384",
+                                                bare_384_file),
     "predict_cnn_export_reads_back": Case(f"predict {PHOTO} --checkpoint {{tmp}}/cnn.safetensors", 0, "photo.png", cnn_export),
     "data_digits_ordinary_permissions_and_no_leftovers": Case("data digits --size 8 --per-class 2 --out {tmp}/digits", 0,
                                                               "wrote", leftovers, after=lambda lab, tmp: ordinary_modes("digits")(lab, tmp)
