@@ -129,7 +129,9 @@ def test_a_one_off_root_of_other_files_never_stands_in_for_fashion_mnist(fashion
     assert np.array_equal(_png(out / "train" / FOLDER_NAMES[int(y[i])] / f"{i:05d}.png"), x[i, 0].numpy())  # lossless
     for j in (0, 9_999):  # the real test images, not the inverted ones of the run before
         assert np.array_equal(_png(out / "val" / FOLDER_NAMES[int(yt[j])] / f"{j:05d}.png"), xt[j, 0].numpy())
-    assert main(["data", "fashion-mnist", "--out", str(out)]) == 2  # not over an existing folder
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    assert main(["data", "fashion-mnist", "--out", str(tmp_path / "mine")]) == 2  # not over someone else's folder
     assert "already exists and is not empty" in capsys.readouterr().err
 
 

@@ -14,6 +14,17 @@ heavy, so the command line starts inside its own Ctrl-C guard (vitlab.cli.run).
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for readers and tools (type checkers, the API docs); at run time each name loads on first use
+    from vitlab.analysis.attention import attention_maps, attention_rollout
+    from vitlab.errors import VitlabError
+    from vitlab.models.factory import create_model
+    from vitlab.models.pretrained_cfg import PretrainedCfg
+    from vitlab.models.registry import VARIANTS, get_config, model_names
+    from vitlab.models.vit import ViTConfig, VisionTransformer, count_parameters
+    from vitlab.train.engine import fit
+    from vitlab.train.recipe import RECIPES, Recipe
 
 __version__ = "0.1.0"
 

@@ -226,31 +226,32 @@ def whole_folder(path: str | Path, *, kind: str, arg: str = "out") -> Iterator[P
     path = Path(path).expanduser()
     again = path.is_dir() and out_kind(path) == kind
     path = check_out_folder(path, kind=kind if again else None, arg=arg)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the folder ordinary permissions
-    except OSError as e:
-        raise write_error(path, e) from e
-    old = None
-    try:
-        yield tmp
-        (tmp / MARKER).write_text(json.dumps({"kind": kind}) + "\n")  # in the temporary folder: no need to be atomic
-        if path.is_dir() and any(path.iterdir()):  # this kind's earlier output (or its marker alone)
-            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old."))
-            os.replace(path, old)  # onto an empty folder: one move
-        os.replace(tmp, path)  # an empty `path` folder is replaced too
-    except BaseException as e:
-        if old is not None and not path.exists():
-            os.replace(old, path)  # the earlier output back in place
-            old = None
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):  # a full disk: one line, and nothing left behind
+    with created_folders(path.parent):  # parents made for it are removed again if the block fails
+        try:
+            tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=tmp_prefix(path)))
+            os.chmod(tmp, FOLDER_MODE & ~umask())  # mkdtemp makes 0700; give the folder ordinary permissions
+        except OSError as e:
             raise write_error(path, e) from e
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        old = None
+        try:
+            yield tmp
+            (tmp / MARKER).write_text(json.dumps({"kind": kind}) + "\n")  # in the temporary folder: need not be atomic
+            if path.is_dir() and any(path.iterdir()):  # this kind's earlier output (or its marker alone)
+                old = Path(tempfile.mkdtemp(dir=path.parent, prefix=tmp_prefix(path) + "old-"))
+                os.replace(path, old)  # onto an empty folder: one move
+            os.replace(tmp, path)  # an empty `path` folder is replaced too
+        except BaseException as e:
+            if old is not None and not path.exists():
+                os.replace(old, path)  # the earlier output back in place
+                old = None
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, OSError):  # a full disk: one line, and nothing left behind
+                raise write_error(path, e) from e
+            raise
+        finally:
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+    remove_leftovers(path)  # what a killed earlier write left next to it
 
 
 def mark_folder(folder: str | Path, kind: str) -> None:

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for readers and tools; at run time loaded on first use (below)
+    from vitlab.cli.commands import COMMANDS, build_parser, command_name, main
 
 _COMMANDS_MODULE = "vitlab.cli.commands"
 _NAMES = ("main", "build_parser", "COMMANDS", "command_name")

@@ -40,7 +40,7 @@ from PIL import Image
 from torchvision.datasets import FashionMNIST
 
 from vitlab.errors import VitlabError, check_range
-from vitlab.fileio import cache_root, check_out_folder, temporary_folder, write_bytes
+from vitlab.fileio import cache_root, whole_folder, write_bytes
 from vitlab.runtime import check_seed
 
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
@@ -251,15 +251,15 @@ def write_fashion_mnist_folder(out, *, root: str | Path | None = None, train_siz
     """Write Fashion-MNIST as an image folder, `out/train/<class>/<index>.png` (the training split, or its
     nested subset of `train_size` images) and `out/val/<class>/<index>.png` (the 10,000 test images).
 
-    `out` is checked first (vitlab.fileio: new or empty, a place that can be written); the folder is
-    built under a temporary name and moved into place, so `out` is either complete or absent, and a
-    write that fails (a full disk) is one VitlabError naming it."""
+    `out` is checked first (vitlab.fileio.whole_folder: new, empty, or this function's earlier output, which is
+    replaced whole; a place that can be written); the folder is built under a temporary name and moved into
+    place, so `out` is either complete or as it was, and a write that fails (a full disk) is one VitlabError
+    naming it."""
     check_seed(seed)
-    out = check_out_folder(out, kind=None)  # new or empty: the folder is replaced as a whole
     keep = nested_subset(N_TRAIN, train_size, seed=seed)  # checked before anything is read or written
-    splits = {"train": load_fashion_mnist(root, train=True), "val": load_fashion_mnist(root, train=False)}
-    counts = {}
-    with temporary_folder(out) as tmp:
+    with whole_folder(out, kind="fashion-mnist") as tmp:  # new, empty, or its own earlier output: replaced whole
+        splits = {"train": load_fashion_mnist(root, train=True), "val": load_fashion_mnist(root, train=False)}
+        counts = {}
         for part, (x, y) in splits.items():
             idx = keep if part == "train" else torch.arange(len(y))
             for name in FOLDER_NAMES:
