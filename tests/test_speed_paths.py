@@ -105,6 +105,7 @@ def test_the_rules_send_each_cpu_kind_where_its_measurements_say():
         assert (p.products, p.compile, p.attention) == ("onednn", False, "fused"), amd.kind
         assert plan(amd, "train") == Plan(source=f"rules ({amd.kind}, amd)")  # training: as built
     assert plan(AMD_ZEN5, "train", "bf16").attention == plan(AMD_ZEN5, "inference", "bf16").attention == "explicit"
+    assert plan(AMD_ZEN5, "inference", "bf16").compile and not plan(AMD_ZEN5, "inference", "bf16", items=10).compile
     long = plan(XEON_AMX)
     assert (long.products, long.compile, long.pieces) == ("aten", True, 4) and long.source == "rules (amx, intel)"
     assert plan(XEON_AMX, batch=4).pieces == 0  # no pieces of a batch as small as a piece
