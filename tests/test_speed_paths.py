@@ -93,16 +93,20 @@ def test_the_machine_kind_is_read_from_its_flags():
 
 
 def test_the_rules_send_each_cpu_kind_where_its_measurements_say():
-    """One table (`vitlab.speed.rules.RULES`): AMD infers on weights packed for oneDNN and never compiles fp32
-    (freezing packs for MKL), and trains fp32 as built; an Intel Xeon with AMX compiles a long inference run, a few images at a time, and trains
-    bf16 on the explicit attention products; a small model, a short run or a GPU runs as built."""
+    """One table (`vitlab.speed.rules.RULES`): AMD infers on weights packed for oneDNN (compiled over them for a
+    long run, in fp32 from batch 2 and only on the kind measured: AVX-512 with bf16), and trains fp32 as built;
+    an Intel Xeon with AMX compiles a long inference run, a few images at a time, and trains bf16 on the
+    explicit attention products; a small model, a short run or a GPU runs as built."""
     def plan(machine, mode="inference", precision="fp32", batch=32, flops=VIT_S, items=10**6, device="cpu"):
         return rules.plan_by_rules(machine, mode=mode, precision=precision, batch_size=batch, flops_per_item=flops,
                                    items=items, device_type=device)
 
     for amd in (AMD_ZEN5, AMD_EPYC_AVX2):
-        p = plan(amd)
+        p = plan(amd, batch=1)
         assert (p.products, p.compile, p.attention) == ("onednn", False, "fused"), amd.kind
+    assert plan(AMD_ZEN5).compile and not plan(AMD_EPYC_AVX2).compile  # fp32 compiles from batch 2 where measured
+    assert plan(AMD_ZEN5).pieces == 0 and not plan(AMD_ZEN5, items=100).compile
+    for amd in (AMD_ZEN5, AMD_EPYC_AVX2):
         assert plan(amd, "train") == Plan(source=f"rules ({amd.kind}, amd)")  # training: as built
     assert plan(AMD_ZEN5, "train", "bf16").attention == plan(AMD_ZEN5, "inference", "bf16").attention == "explicit"
     assert plan(AMD_ZEN5, "inference", "bf16").compile and not plan(AMD_ZEN5, "inference", "bf16", items=10).compile

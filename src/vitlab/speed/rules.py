@@ -13,9 +13,10 @@ Each row of the table is the fastest path measured on that kind of machine, with
 
 - AMD processors run torch's fp32 products (Intel's MKL) far below their rate; oneDNN runs them at it:
   ViT-S/16's inference ran 2.5x as fast with its weights packed once for oneDNN on an AMD EPYC (Zen 5)
-  (`vitlab.speed.onednn`). torch.compile's freezing packs fp32 weights for MKL, so compiled fp32 gains
-  little there, and AMD does not compile fp32 inference; compiled over the packed bf16 weights, the
-  explicit attention products and the fused element-wise work ran 1.4x the eager bf16 model. Training
+  (`vitlab.speed.onednn`). torch.compile's own freezing packs fp32 weights for MKL, so AMD compiles
+  over the weights packed for oneDNN instead: in bf16 (with the explicit attention products) that ran
+  1.4x the eager packed model; in fp32 it gained 6-18% at batch 32 and lost up to 11% at batch 1 (where
+  there is little element-wise work left to fuse), so fp32 compiles from batch 2 only. Training
   reorders the weights at every step, which ate the gain (2-4%), so training takes torch's products
   everywhere.
 - On an Intel Xeon with AMX, compiled inference with freezing (which packs every weight once) is the
@@ -91,6 +92,7 @@ class Rule:
     attention: str = "fused"
     products: str = "aten"
     compile: bool = False  # for runs of at least COMPILE_FLOPS
+    compile_batch: int = 1  # ... at batches of at least this many images
     pieces: int = 0  # with compile, at batches above it
 
     def matches(self, machine: Machine, mode: str, precision: str) -> bool:
@@ -101,6 +103,7 @@ class Rule:
 # The first row that matches decides. Figures behind each row: docs/speed.md.
 RULES = (
     # AMD: inference on weights packed for oneDNN; compiled bf16 for a long run (fp32: freezing packs for MKL)
+    Rule("amd", "avx512-bf16", "inference", "fp32", products="onednn", compile=True, compile_batch=2),
     Rule("amd", "*", "inference", "fp32", products="onednn"),
     Rule("amd", "avx512-bf16", "inference", "bf16", attention="explicit", products="onednn", compile=True),
     Rule("amd", "avx512-bf16", "train", "bf16", attention="explicit"),
@@ -126,7 +129,7 @@ def plan_by_rules(machine: Machine, *, mode: str, precision: str, batch_size: in
         return replace(AS_BUILT, source=f"{source}: a small model")
     rule = next(r for r in RULES if r.matches(machine, mode, precision))
     images = items * (batch_size if mode == "train" else 1)
-    compile_ = rule.compile and images * flops_per_item >= COMPILE_FLOPS
+    compile_ = rule.compile and batch_size >= rule.compile_batch and images * flops_per_item >= COMPILE_FLOPS
     pieces = rule.pieces if compile_ and 0 < rule.pieces < batch_size else 0
     return Plan(attention=rule.attention, products=rule.products, compile=compile_, pieces=pieces, source=source)
 
