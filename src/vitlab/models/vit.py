@@ -68,6 +68,7 @@ POOLS = ("cls", "mean", "cls+mean")
 ACTS = ("gelu", "quick_gelu")
 PATCH_EMBEDS = ("conv", "linear")
 STEMS = ("patch", "hybrid")
+INITS = ("trunc_normal", "jax")  # VisionTransformer.init_weights
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -543,30 +544,70 @@ class VisionTransformer(nn.Module):
 
     # --- initialisation ---------------------------------------------------------------------------
 
-    def init_weights(self) -> None:
-        """JAX/timm-style init: truncated normal 0.02 for linear maps and tables, zero biases, and a
-        zero head (Section 3.2: "we remove the pre-trained prediction head and attach a zero-initialized
-        D x K feedforward layer")."""
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Conv2d)):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
+    def init_weights(self, mode: str = "trunc_normal", head_std: float = 0.0) -> None:
+        """Initialise every weight, in one of two schemes (`INITS`):
+
+        "trunc_normal" (what the constructor does): timm's truncated normal of std 0.02, here for every linear
+            map, convolution and position table; zero biases.
+        "jax" (the original release, big_vision and vit_jax's models_vit.py): Xavier-uniform linear maps,
+            q, k and v each as its own D x D map; a LeCun-normal (truncated, variance 1/fan_in) patch
+            projection; MLP biases N(0, 1e-6), other biases zero; position table N(0, 0.02); class token 0.
+
+        Both: LayerNorm gain 1 and bias 0, and a zero head (Section 3.2: "we remove the pre-trained
+        prediction head and attach a zero-initialized D x K feedforward layer"), or with `head_std` > 0 a
+        truncated normal of that std (timm's 0.02). The two schemes agree in scale for ViT-B (D = 768:
+        Xavier's std is 0.023-0.026), but for the small models trained here from random weights std 0.02
+        is 4-6x below Xavier's (D = 64: 0.088-0.125) and a patch of 16-48 pixels gets 0.02 instead of
+        0.14-0.25: such a model learns several times slower (docs/recipe.md measures it).
+        """
+        if mode not in INITS:
+            raise VitlabError(f"init must be one of {', '.join(INITS)}; found {mode!r}", arg="init")
+        check_range("head_init", head_std, low=0)
+        for name, m in self.named_modules():
+            if isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
+                continue
+            if not isinstance(m, (nn.Linear, nn.Conv2d)):
+                continue
+            if mode == "trunc_normal":  # the heads too (zeroed below): the random stream of every release so far
+                nn.init.trunc_normal_(m.weight, std=0.02)
+            elif name in ("head", "head_dist"):
+                continue
+            elif isinstance(m, nn.Conv2d) or name == "patch_embed.proj":  # LeCun normal, flax's Conv default
+                std = m.weight[0].numel() ** -0.5 / 0.87962566103423978  # / the std of N(0, 1) truncated at +-2
+                nn.init.trunc_normal_(m.weight, std=std, a=-2 * std, b=2 * std)
+            elif name.endswith("attn.qkv"):  # (3D, D): q, k and v are three D x D maps in the release
+                for part in m.weight.data.chunk(3, dim=0):
+                    nn.init.xavier_uniform_(part)
+            else:
+                nn.init.xavier_uniform_(m.weight)
+            if m.bias is not None:
+                if mode == "jax" and ".mlp." in f".{name}.":
+                    nn.init.normal_(m.bias, std=1e-6)
+                else:
+                    nn.init.zeros_(m.bias)
         for p in (self.pos_embed, self.pos_embed_row, self.pos_embed_col):
             if p is not None:
-                nn.init.trunc_normal_(p, std=0.02)
+                if mode == "jax":
+                    nn.init.normal_(p, std=0.02)
+                else:
+                    nn.init.trunc_normal_(p, std=0.02)
         if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
+            if mode == "jax":
+                nn.init.zeros_(self.cls_token)
+            else:
+                nn.init.normal_(self.cls_token, std=1e-6)
         if self.dist_token is not None:
             nn.init.trunc_normal_(self.dist_token, std=0.02)  # as DeiT
         if self.reg_token is not None:
             nn.init.normal_(self.reg_token, std=1e-6)  # as timm
         for head in (self.head, self.head_dist):
             if isinstance(head, nn.Linear):
-                nn.init.zeros_(head.weight)
+                if head_std > 0:
+                    nn.init.trunc_normal_(head.weight, std=head_std)
+                else:
+                    nn.init.zeros_(head.weight)
                 nn.init.zeros_(head.bias)
 
     # --- Eq. 1-3 ----------------------------------------------------------------------------------
