@@ -17,7 +17,8 @@ import argparse
 from vitlab.cli._common import DefaultsFormatter, add_device, add_fast_path, add_model_source, add_out, add_precision, add_threads, example
 from vitlab.data.datasets import BUNDLED
 from vitlab.runtime import num_threads
-from vitlab.train.recipe import RECIPES, Recipe
+from vitlab.models.vit import INITS
+from vitlab.train.recipe import AUG_MIN_EPOCHS, RECIPES, Recipe, auto_crop_scale
 from vitlab.train.run import TrainJob, run as run_job
 
 HELP = "train a ViT or the CNN baseline from random weights"  # its line in `vitlab --help`
@@ -47,6 +48,10 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
                    help="data-loading processes for a folder too large to keep in memory, read from disk every epoch "
                    "(default: 0 on CPU, up to 8 on GPU); data in memory needs none")
     add_model_source(p, weights="optional" if finetune else "none")
+    p.add_argument("--crop-pct", type=float, default=None, metavar="F",
+                   help="evaluation resize: the image resized to the model's input / F, then centre-cropped to it "
+                   "(timm's crop_pct; also the training images' resize without augmentation); default: 1 (the whole "
+                   "image) for a model from random weights, the weights' own for pretrained weights")
     p.add_argument("--drop-path", type=float, default=0.0, metavar="R", help="stochastic depth rate of the last block (ViTs)")
     r = p.add_argument_group("recipe")
     r.add_argument("--epochs", type=int, default=preset.epochs, metavar="E", help="epochs in total")
@@ -56,7 +61,9 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
                    + ("; 1e-5 to 1e-4 is usual for pretrained weights" if finetune else ""))
     r.add_argument("--weight-decay", type=float, default=preset.weight_decay, metavar="W", help="AdamW weight decay (matrices only)")
     r.add_argument("--warmup-epochs", type=float, default=preset.warmup_epochs, metavar="E",
-                   help="linear warmup at the start of each stage, then cosine")
+                   help="linear warmup at the start of each stage, then cosine (default: "
+                   + (f"{preset.warmup_epochs:g})" if preset.warmup_epochs is not None else
+                      f"{preset.warmup_fraction:g} of each stage's steps, whatever the run's length)"))
     r.add_argument("--min-lr-ratio", type=float, default=preset.min_lr_ratio, metavar="F", help="cosine floor as a fraction of --lr")
     r.add_argument("--clip-grad", type=float, default=preset.clip_grad, metavar="C", help="gradient norm clipping (0 = off)")
     r.add_argument("--freeze-epochs", type=int, default=preset.freeze_epochs, metavar="K",
@@ -65,14 +72,28 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
                    help="stage 2: train the last N blocks (+ final norm and head), or all")
     r.add_argument("--layer-decay", type=float, default=preset.layer_decay, metavar="D",
                    help="layer-wise lr decay: block i of L gets lr x D^(L+1-i) (1 = off)")
+    if not finetune:
+        r.add_argument("--init", choices=INITS, default=preset.init,
+                       help="initialisation of the ViT's random weights: jax (the original release: Xavier linear maps, "
+                       "LeCun patch projection) or trunc_normal (timm's std 0.02, which suits ViT-B but makes the small "
+                       "models train several times slower)")
+        r.add_argument("--head-init", type=float, default=preset.head_init, metavar="STD",
+                       help="std of the head's random weights; 0 = the zero head of the paper's fine-tuning (Section 3.2), "
+                       "slower from random weights")
     a = p.add_argument_group("augmentation and regularisation")
-    a.add_argument("--no-aug", dest="augment", action="store_false", default=preset.augment,
-                   help="no random augmentation: train images are preprocessed like val images")
+    a.add_argument("--aug", dest="augment", action=argparse.BooleanOptionalAction, default=preset.augment,
+                   help="random augmentation (crops, flips and what the flags below add); --no-aug: train images are "
+                   "preprocessed like val images. Default: on for runs of at least "
+                   f"{AUG_MIN_EPOCHS} epochs or when an augmentation flag is given, else off. Augmentation trades "
+                   "short-run accuracy for long-run accuracy: in a short run it slows learning, in a long one it "
+                   "keeps the model from memorising the training images")
     a.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=preset.hflip,
                    help="random horizontal flips; --no-hflip for digits, text, anything with a handedness "
                    "(default: on for image folders and fashion-mnist, off for the bundled digits and dataset X)")
     a.add_argument("--crop-scale", type=float, default=preset.crop_scale, metavar="S",
-                   help="RandomResizedCrop keeps between S and all of the image area")
+                   help="RandomResizedCrop keeps between S and all of the image area (default: by the model's input "
+                   f"side, {auto_crop_scale(32):g} at 32 px or less to {auto_crop_scale(224):g} at 224 px or more; "
+                   "a smaller S regularises more and learns slower)")
     a.add_argument("--color-jitter", type=float, default=preset.color_jitter, metavar="F",
                    help="brightness/contrast/saturation jitter")
     a.add_argument("--auto-augment", choices=("none", "rand", "trivial"), default=preset.auto_augment,

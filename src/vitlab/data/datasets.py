@@ -145,7 +145,8 @@ def make_loaders(data: RunData, model, recipe, *, dist, workers: int | None = No
     dataset X). MixUp/CutMix need full batches (a partner for each image), so they drop the last.
     """
     check_range("workers", workers, low=0, integer=True, optional=True)
-    hflip = recipe.hflip if recipe.hflip is not None else data.flips
+    recipe = recipe.resolve(img_size=min(model.cfg.img_size), flips=data.flips)  # the auto fields (vitlab.train.recipe)
+    hflip = recipe.hflip
     scan = data.scan
     memory = data.train is not None or (in_memory is not False and _decoded(scan))
     if in_memory and not memory:

@@ -48,7 +48,7 @@ from vitlab.speed.rules import Plan
 from vitlab.train import diagnostics, distributed
 from vitlab.train.distributed import DistInfo
 from vitlab.train.optim import build_optimizer, freeze_threshold, layer_decay_groups, layer_ids, staged_warmup_cosine
-from vitlab.train.recipe import Recipe
+from vitlab.train.recipe import Recipe, schedule
 from vitlab.weights import checkpoint as ckpt
 
 
@@ -409,14 +409,14 @@ def check_loaders(train_loader, val_loader) -> None:
 
 def _optimizer(model: nn.Module, recipe: Recipe, *, steps: int):
     """One AdamW over every parameter, grouped by layer id (layer decay) and by whether it decays; warmup +
-    cosine in each stage (`steps` optimizer steps per epoch). Also the head's lr at every step, for the curves."""
+    cosine in each stage (`steps` optimizer steps per epoch; vitlab.train.recipe.schedule). Also the head's
+    lr at every step, for the curves."""
     groups = layer_decay_groups(model, lr=recipe.lr, weight_decay=recipe.weight_decay, layer_decay=recipe.layer_decay)
     optimizer = build_optimizer(groups, lr=recipe.lr, weight_decay=recipe.weight_decay)
-    K = recipe.freeze_epochs
-    stage_steps = [n for n in (K * steps, (recipe.epochs - K) * steps) if n > 0]
-    scheduler = staged_warmup_cosine(optimizer, stage_steps=stage_steps, warmup_steps=round(recipe.warmup_epochs * steps),
-                                     min_lr_ratio=recipe.min_lr_ratio)
-    total = sum(stage_steps)  # the head's lr at optimizer step k, drawn at epoch (k + 1) / steps
+    stages = schedule(recipe, steps)
+    scheduler = staged_warmup_cosine(optimizer, stage_steps=[s.steps for s in stages],
+                                     warmup_steps=[s.warmup_steps for s in stages], min_lr_ratio=recipe.min_lr_ratio)
+    total = sum(s.steps for s in stages)  # the head's lr at optimizer step k, drawn at epoch (k + 1) / steps
     lr_steps = ([(k + 1) / steps for k in range(total)], [recipe.lr * scheduler.lr_lambdas[0](k) for k in range(total)])
     return optimizer, scheduler, lr_steps
 

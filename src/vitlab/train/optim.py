@@ -7,6 +7,7 @@ embeddings are not decayed (their "size" is not what overfits), as in timm, DeiT
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -110,21 +111,30 @@ def layer_decay_groups(model: nn.Module, *, lr: float, weight_decay: float, laye
 
 
 def staged_warmup_cosine(
-    optimizer: torch.optim.Optimizer, *, stage_steps: list[int], warmup_steps: int, min_lr_ratio: float = 0.0
+    optimizer: torch.optim.Optimizer, *, stage_steps: list[int], warmup_steps: int | Sequence[int],
+    min_lr_ratio: float = 0.0
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Warmup then cosine within each stage (stage_steps = optimizer steps per stage).
 
     Stage 2 of fine-tuning unfreezes blocks whose AdamW moments start from zero, so it warms up
-    again. With one stage: warmup, then cosine.
+    again. `warmup_steps`: one number per stage (`vitlab.train.recipe.schedule` counts them), or one
+    number for every stage, at most half of a stage when there are several. With one stage: warmup,
+    then cosine.
     """
     bounds = [0]
     for n in stage_steps:
         bounds.append(bounds[-1] + n)
+    if isinstance(warmup_steps, int):
+        warmups = [min(warmup_steps, max(1, n) // 2) if len(stage_steps) > 1 else warmup_steps for n in stage_steps]
+    else:
+        warmups = list(warmup_steps)
+        if len(warmups) != len(stage_steps):
+            raise VitlabError(f"warmup_steps: one per stage expected ({len(stage_steps)}); found {len(warmups)}")
 
     def factor(step: int) -> float:
         k = next((i for i in range(len(stage_steps)) if step < bounds[i + 1]), len(stage_steps) - 1)
         local, total = step - bounds[k], max(1, stage_steps[k])
-        warm = min(warmup_steps, total // 2) if len(stage_steps) > 1 else warmup_steps
+        warm = warmups[k]
         if local < warm:
             return (local + 1) / warm
         progress = (local - warm) / max(1, total - warm)

@@ -87,10 +87,11 @@ def write_per_class(path: str | Path, classes: list[str], accuracy: list[float |
     return atomic_write(path, lambda tmp: Path(tmp).write_text(buf.getvalue()))
 
 
-def finish_run(out: Path, *, model, history: History, scan, val_loader, recipe, name: str, from_scratch: bool,
-               world_size: int, elapsed: float, settings: dict, say) -> dict:
+def finish_run(out: Path, *, model, history: History, scan, val_loader, recipe, in_force: dict, name: str,
+               from_scratch: bool, world_size: int, elapsed: float, settings: dict, say) -> dict:
     """The end of a run in `out`: the best checkpoint evaluated (confusion matrix, per-class accuracy),
-    the curves, the EMA weights, the diagnostics; printed, and written to summary.json."""
+    the curves, the EMA weights, the diagnostics; printed, and written to summary.json with the recipe
+    in force (`vitlab.train.recipe.in_force`: what the run printed at its start)."""
     best_ptr = ckpt.read_pointer(out / "best.json")
     device = next(model.parameters()).device
     model.load_state_dict(ckpt.read_weights(ckpt.resolve_checkpoint(out / "best.json"), device))
@@ -113,7 +114,8 @@ def finish_run(out: Path, *, model, history: History, scan, val_loader, recipe, 
     if history.ema is not None:
         files["ema"] = ckpt.save_weights(out / "ema", history.ema.module).name + "/"
     stage_start = recipe.freeze_epochs if recipe.freeze_epochs < recipe.epochs else 0
-    findings = diagnostics.diagnose(rows, warmup_epochs=recipe.warmup_epochs, num_classes=len(scan.classes),
+    warmup_epochs = in_force["stages"][-1]["warmup_steps"] / in_force["steps_per_epoch"]  # the last stage's
+    findings = diagnostics.diagnose(rows, warmup_epochs=warmup_epochs, num_classes=len(scan.classes),
                                     stage_start=stage_start)
     early = diagnostics.tiny_from_scratch(len(scan.train), name) if from_scratch else None
     summary = {
@@ -123,6 +125,7 @@ def finish_run(out: Path, *, model, history: History, scan, val_loader, recipe, 
         "images": {"train": len(scan.train), "val": len(scan.val), "skipped": len(scan.skipped)},
         "world_size": world_size,
         "global_batch": recipe.batch_size * world_size * recipe.grad_accum,
+        "recipe": in_force,
         "best": {"epoch": best_ptr["epoch"], "val_acc": ev["val_acc"], "val_loss": ev["val_loss"]},
         "final": {k: v for k, v in rows[-1].items() if k != "time_s"},
         "per_class_accuracy": dict(zip(scan.classes, per_class)),

@@ -35,12 +35,13 @@ from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import mark_folder
 from vitlab.models.factory import check_source, create_model
 from vitlab.models.size import check_fits
+from vitlab.models.vit import VisionTransformer
 from vitlab.runtime import seed_everything
 from vitlab.speed.fastpath import check_fast_path
 from vitlab.train import diagnostics, distributed, report
 from vitlab.train.callbacks import EpochPrinter, TensorBoardLogger
 from vitlab.train.engine import check_run_folder, fit
-from vitlab.train.recipe import RECIPES, Recipe
+from vitlab.train.recipe import RECIPES, Recipe, describe, in_force
 from vitlab.weights import checkpoint as ckpt
 
 
@@ -59,6 +60,7 @@ class TrainJob:
     pretrained: str | None = None
     checkpoint: str | None = None
     img_size: int | None = None
+    crop_pct: float | None = None  # eval resize to size / crop_pct, centre crop; None: 1 from random weights, else the weights'
     drop_path: float = 0.0  # stochastic depth of the last block (ViTs)
     recipe: Recipe = field(default_factory=lambda: RECIPES["scratch"])
     # where and how it runs (nothing here changes the numbers)
@@ -87,6 +89,7 @@ class TrainJob:
             ckpt.resolve_checkpoint(self.checkpoint)  # a missing checkpoint is found before the data is scanned
         check_range("val_split", self.val_split, low=0, high=1, low_open=True, high_open=True, optional=True)
         check_range("img_size", self.img_size, low=1, integer=True, optional=True)
+        check_range("crop_pct", self.crop_pct, low=0, high=1, low_open=True, optional=True)
         check_range("drop_path", self.drop_path, low=0, high=1, high_open=True)
         check_range("workers", self.workers, low=0, integer=True, optional=True)
         check_fast_path(self.fast_path)
@@ -96,7 +99,7 @@ class TrainJob:
         return {"data": data_fingerprint, "dataset": self.dataset, "train_size": self.train_size,
                 "val_split": self.val_split, "model": self.model,
                 "pretrained": self.pretrained, "checkpoint": self.checkpoint, "img_size": self.img_size,
-                "drop_path": self.drop_path}
+                "crop_pct": self.crop_pct, "drop_path": self.drop_path}
 
 
 def run(job: TrainJob, *, progress: bool | None = None) -> dict:
@@ -123,9 +126,15 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
                          drop_path=job.drop_path if job.drop_path > 0 else None)
     if not from_scratch:  # pre-trained weights: a new zero-initialised head for these classes (paper Section 3.2)
         model.reset_classifier(len(names))
+    elif isinstance(model, VisionTransformer) and (recipe.init, recipe.head_init) != ("trunc_normal", 0.0):
+        model.init_weights(recipe.init, head_std=recipe.head_init)  # the recipe's (create_model's is trunc_normal)
     model.pretrained_cfg = model.pretrained_cfg.replace(num_classes=len(names), label_names=tuple(names), head="new")
-    if shape:  # the bundled images are rendered at the model's size: training and validation see all of them
-        model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=1.0)
+    # Evaluated (and trained, without augmentation) on the whole image, resized to the model's input, when the
+    # model starts from random weights: no weights' own preprocessing to keep, and a centre crop of a small
+    # image cuts off what training saw (docs/recipe.md)
+    crop_pct = job.crop_pct if job.crop_pct is not None else (1.0 if from_scratch else None)
+    if crop_pct is not None:
+        model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=crop_pct)
     if info is not None:
         data = load_data(dataset=job.dataset, root=job.root, train_size=job.train_size, val_split=job.val_split,
                          seed=recipe.seed, img_size=model.cfg.img_size)
@@ -146,6 +155,8 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
         finding = diagnostics.tiny_from_scratch(len(scan.train), name)
         if finding:
             say(str(finding))
+    given = recipe
+    recipe = given.resolve(img_size=min(model.cfg.img_size), flips=data.flips)  # the auto augmentation fields chosen
     train_loader, val_loader = make_loaders(data, model, recipe, dist=dist, workers=job.workers)
     if isinstance(train_loader, MemoryLoader):
         say(f"data in memory as uint8 tensors; augmentation per batch on {dist.device}: {train_loader.transform.describe()}")
@@ -156,6 +167,12 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     say(f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters, {len(names)} classes; {recipe.epochs} "
         f"epochs ({stages}), global batch {recipe.batch_size * dist.world_size * recipe.grad_accum} = "
         f"{recipe.batch_size} x {dist.world_size} process(es){accum}, {dist.device}, {recipe.precision}")
+    weights = None if from_scratch else ("pretrained" if job.pretrained else "checkpoint")
+    used = in_force(given, img_size=min(model.cfg.img_size), flips=data.flips, world_size=dist.world_size,
+                    steps_per_epoch=math.ceil(len(train_loader) / recipe.grad_accum), weights=weights,
+                    drop_path=job.drop_path)
+    for line in describe(used):
+        say(line)
     start = int(ckpt.read_pointer(out / "last.json").get("epoch") or 0) if job.resume and dist.is_main else 0
     callbacks = [EpochPrinter(say, recipe.epochs, staged=K > 0, unfreeze=recipe.unfreeze)]
     if dist.is_main:
@@ -168,7 +185,7 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     summary = {}
     if dist.is_main:
         summary = report.finish_run(out, model=model, history=history, scan=scan, val_loader=val_loader, recipe=recipe,
-                                    name=name, from_scratch=from_scratch, world_size=dist.world_size,
+                                    in_force=used, name=name, from_scratch=from_scratch, world_size=dist.world_size,
                                     elapsed=time.perf_counter() - t_start, settings=_settings(job), say=say)
     distributed.barrier(dist)
     distributed.cleanup(dist)
