@@ -7,8 +7,9 @@ MLP 128), fused AdamW, one process:
                            the ceiling, no data pipeline at all
   vitlab, in memory        the loop behind `vitlab train --dataset fashion-mnist` (train_one_epoch over a
                            MemoryLoader: uint8 batches gathered and normalised on the device), without
-                           augmentation and with the default one (random resized crop + flip), and with the
-                           regularisation recipe of `vitlab reproduce`'s claim 9 (RandAugment + MixUp/CutMix)
+                           augmentation and with a random resized crop (scale 0.35-1) + flip (the default
+                           before docs/recipe.md), and with the regularisation recipe of `vitlab
+                           reproduce`'s claim 9 (RandAugment + MixUp/CutMix)
   vitlab, decoding         the same run with the images read as they would be from a folder too large for
                            memory: Fashion-MNIST written as PNGs (`vitlab data fashion-mnist`), each image
                            opened, decoded and augmented on its own every epoch (PIL, torchvision v2,
@@ -129,11 +130,11 @@ def main() -> None:
                                                                                           device, args.seed)))
         runs = [
             ("vitlab, in memory, no augmentation", data, base.replace(augment=False)),
-            ("vitlab, in memory, crop + flip (vitlab train's default)", data, base.replace(hflip=True)),
+            ("vitlab, in memory, crop 0.35 + flip", data, base.replace(hflip=True, crop_scale=0.35)),
             ("vitlab, in memory, crop + flip + RandAugment + MixUp/CutMix", data,
-             base.replace(hflip=True, auto_augment="rand", mixup=0.8, cutmix=1.0)),
+             base.replace(hflip=True, crop_scale=0.35, auto_augment="rand", mixup=0.8, cutmix=1.0)),
             ("vitlab, decoding PNGs every epoch, no augmentation", from_disk, base.replace(augment=False)),
-            ("vitlab, decoding PNGs every epoch, crop + flip", from_disk, base.replace(hflip=True)),
+            ("vitlab, decoding PNGs every epoch, crop 0.35 + flip", from_disk, base.replace(hflip=True, crop_scale=0.35)),
         ]
         for name, d, recipe in runs:
             rows.append((name, vitlab_epoch(d, recipe, device, args.workers, args.seed)))
