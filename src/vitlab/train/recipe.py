@@ -163,7 +163,7 @@ RECIPES: dict[str, Recipe] = {
 }
 
 # The rules of the auto fields (None), from the measurements of docs/recipe.md.
-AUG_MIN_EPOCHS = 10  # augment None: random augmentation in runs of at least this many epochs
+AUG_MIN_EPOCHS = 40  # augment None: random augmentation in runs of at least this many epochs
 
 
 def auto_crop_scale(side: int) -> float:
