@@ -13,6 +13,7 @@ from PIL import Image
 
 from vitlab import create_model
 from vitlab.cli import main
+from vitlab.experiments.reproduce.runs import recipe as reproduce_recipe, run_spec
 from vitlab.models.vit import VisionTransformer
 from vitlab.train import RECIPES, Recipe, TensorLoader, fit
 from vitlab.train.recipe import AUG_MIN_EPOCHS, auto_crop_scale, in_force, schedule
@@ -178,3 +179,25 @@ def test_a_model_from_random_weights_is_evaluated_on_the_whole_image(one_thread,
                  "--device", "cpu", "--fast-path", "off", "--out", str(out)]) == 0
     model = create_model(checkpoint=str(out))
     assert isinstance(model, VisionTransformer) and model.pretrained_cfg.crop_pct == 1.0
+
+
+def test_the_demo_and_reproduce_train_the_model_as_built_with_their_own_schedules(one_thread):
+    """The new defaults are `vitlab train`'s: `fit` (which the demo and `vitlab reproduce` call) trains the model
+    it is given with the weights it has, whatever the recipe's init says, and reproduce's runs keep their
+    warmup in epochs and their augmentation as their specs say."""
+    torch.manual_seed(0)
+    model = create_model("vit_mini_x")  # trunc_normal 0.02, a zero head
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = torch.randn(16, 3, 32, 32), torch.arange(16) % 2
+    recipe = RECIPES["scratch"].replace(epochs=1, lr=1e-9)  # init "jax", head_init 0.02: not fit's to apply
+    assert (recipe.init, recipe.head_init) == ("jax", 0.02)
+    fit(model, TensorLoader(x, y, batch_size=8), TensorLoader(x, y, batch_size=16), recipe, device="cpu", fast_path="off")
+    after = model.state_dict()
+    assert torch.count_nonzero(before["head.weight"]) == 0 and after["head.weight"].abs().max() < 1e-6  # still ~zero
+    assert max((after[k] - before[k]).abs().max().item() for k in before) < 1e-6  # two steps of lr 1e-9, no re-init
+    spec = run_spec({"name": "fashion-mnist", "n_train": 1000}, "vit_mini", epochs=7, lr=1e-3, warmup_epochs=1.5,
+                    aug={"crop_scale": 0.8, "hflip": True})
+    rec = reproduce_recipe(spec)
+    assert rec.warmup_epochs == 1.5 and rec.augment is True
+    assert [(s.steps, s.warmup_steps) for s in schedule(rec, 16)] == [(112, 24)]  # round(1.5 x 16), as before
+    assert reproduce_recipe(run_spec({"name": "x"}, "vit_mini_x", epochs=3, lr=1e-3)).augment is False
