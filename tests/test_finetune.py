@@ -245,9 +245,9 @@ def test_flips_default_on_for_folders_and_fashion_and_off_for_digits_and_x():
                       [(f"v:{i}", int(c)) for i, c in enumerate(y)])
     model = create_model("vit_mini", num_classes=2, **TINY)
 
-    def flips(dataset: str | None, **kw) -> bool:
+    def flips(dataset: str | None, **kw) -> bool:  # in a run that augments (a short one does not: docs/recipe.md)
         data = RunData(scan, images, images, dataset)
-        return make_loaders(data, model, RECIPES["finetune"].replace(**kw), dist=DistInfo())[0].transform.hflip
+        return make_loaders(data, model, RECIPES["finetune"].replace(augment=True, **kw), dist=DistInfo())[0].transform.hflip
 
     assert flips(None) and not flips(None, hflip=False)
     assert flips("fashion-mnist")

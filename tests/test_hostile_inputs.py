@@ -909,7 +909,7 @@ LIBRARY_CASES = {  # name: (a call that must refuse, the message's part)
     "model_on_uint8_pixels": (lambda lab: create_model("vit_mini")(torch.zeros(1, 3, 32, 32, dtype=torch.uint8)),
                               "the model takes float images"),
     "recipe_unfreeze_an_int": (lambda lab: Recipe(unfreeze=5), "unfreeze must be all, head or last:N (N >= 1 blocks); found 5"),
-    "recipe_augment_text": (lambda lab: Recipe(augment="yes"), "augment must be True or False; found 'yes'"),
+    "recipe_augment_text": (lambda lab: Recipe(augment="yes"), "augment must be True, False or None (by the run's length); found 'yes'"),
     "recipe_seed_beyond_torch": (lambda lab: Recipe(seed=2**64), "seed must be an integer in [0, 4294967295]; found 18446744073709551616"),
     "fit_empty_train_loader": (lambda lab: _fit(_loader(0), _loader(4)), "train_loader has no batches: no images to train on"),
     "fit_empty_val_loader": (lambda lab: _fit(_loader(4), []), "val_loader has no batches: nothing to validate on"),
