@@ -27,9 +27,9 @@ whose flags come to the same recipe for a run length (the auto defaults) share t
 deterministic: the same command gives the same numbers on one machine; the load of the machine changes
 only the time.
 
-Cost on a 2-core AMD EPYC, one thread per run, two runs at a time: an epoch of 2,000 images takes about
-6 s (3 epochs: ~25 s a run; the full grid of 2,000 images at 3 and 15 epochs: about an hour; 10,000
-images at 15 epochs: ~8 min a run).
+Cost on a 2-core AMD EPYC shared with other work, one thread per run, one run at a time (`--jobs 1`): a
+3-epoch run of 2,000 images takes about 20 s, a 15-epoch run about 75 s; the table (2,000 images, 3 and 15
+epochs, every row) about 40 min; 10,000 images for 15 epochs about 4 min a run.
 """
 
 from __future__ import annotations
