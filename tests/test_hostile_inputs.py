@@ -7,6 +7,7 @@ table cannot hold: a disk that fills up mid-run (a real tmpfs) and kill -9 durin
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -948,11 +949,20 @@ def test_the_library_refuses_bad_arguments_in_one_message(name, lab, tmp_path, m
 
 
 def test_ctrl_c_while_vitlab_starts_is_one_line():
-    """SIGINT a moment after `python -m vitlab` starts, while it imports torch: one line, exit 130."""
+    """SIGINT while `python -m vitlab` imports torch (a fixed delay was not enough on a loaded machine: the
+    signal could land before Python had started): one line, exit 130."""
     env = {**os.environ, "PYTHONPATH": str(Path(vitlab.__file__).parents[1])}
     proc = subprocess.Popen([sys.executable, "-m", "vitlab", "info", "vit_base_patch16_224"], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(0.3)
+    maps, deadline = Path(f"/proc/{proc.pid}/maps"), time.monotonic() + 120
+    if maps.exists():  # wait until torch's library is loaded: Python's own handler is in place, imports are under way
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):  # the process may end between the poll and the read
+                if "libtorch" in maps.read_text():
+                    break
+            time.sleep(0.01)
+    else:
+        time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
