@@ -228,13 +228,16 @@ def test_diagnostics_fire_only_when_they_apply():
     assert "kept in runs/x/checkpoints/epoch_0003" in str(diagnostics.nan_loss(4, float("nan"), "runs/x/checkpoints/epoch_0003"))
 
 
-def test_train_command_trains_the_cnn_baseline_on_bundled_digits(tmp_path):
+def test_train_command_trains_the_cnn_baseline_on_bundled_digits(tmp_path, capsys):
     run = tmp_path / "cnn"
     assert main(["train", "--dataset", "digits", "--model", "resnet_mini", "--img-size", "16", "--epochs", "2",
                  "--warmup-epochs", "0.5", "--lr", "3e-3", "--batch-size", "64", "--no-hflip", "--device", "cpu",
                  "--out", str(run)]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["model"] == "resnet_mini" and summary["images"] == {"train": 1438, "val": 359, "skipped": 0}
+    # the recipe's init (jax, a small random head) is a ViT's: the CNN keeps its own, and says so
+    assert summary["recipe"]["init"].startswith("PyTorch's defaults"), summary["recipe"]["init"]
+    assert "  init: PyTorch's defaults" in capsys.readouterr().out
     assert summary["best"]["val_acc"] > 0.3, summary["best"]  # chance is 0.1
 
 

@@ -218,13 +218,15 @@ def get_recipe(name: str) -> Recipe:
 
 
 def in_force(recipe: Recipe, *, img_size: int, flips: bool, steps_per_epoch: int, world_size: int = 1,
-             weights: str | None = None, drop_path: float = 0.0) -> dict:
+             weights: str | None = None, drop_path: float = 0.0, own_init: str | None = None) -> dict:
     """The recipe a run trains with, as it prints it and records it in summary.json ("recipe"): every auto
     field chosen (for a model input of `img_size` pixels and `steps_per_epoch` optimizer steps per epoch),
     the schedule in steps, and a note for each option that the run's length makes pointless or contradicts.
 
     flips: whether a mirror image keeps its class (the default of hflip). weights: None for a model
-    trained from random weights, else where its weights come from ("pretrained", "checkpoint").
+    trained from random weights, else where its weights come from ("pretrained", "checkpoint"). own_init: for a
+    model from random weights that the recipe's init and head_init do not apply to (the CNN baseline), how
+    it initialises itself.
     """
     r = recipe.resolve(img_size=img_size, flips=flips)
     hflip = r.hflip
@@ -252,7 +254,9 @@ def in_force(recipe: Recipe, *, img_size: int, flips: bool, steps_per_epoch: int
     regularisation = (f"weight decay {r.weight_decay:g}, label smoothing {r.label_smoothing:g}, drop path {drop_path:g}, "
                       + (" + ".join(mixing) if mixing else "no MixUp/CutMix") + ", "
                       + (f"EMA {r.ema:g}" if r.ema else "no EMA"))
-    if weights is None:
+    if weights is None and own_init is not None:
+        init = own_init
+    elif weights is None:
         init = f"{r.init}, head " + (f"N(0, {r.head_init:g})" if r.head_init > 0 else "zero")
     else:
         init = f"{weights} weights, a new zero head"

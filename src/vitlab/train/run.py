@@ -168,9 +168,10 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
         f"epochs ({stages}), global batch {recipe.batch_size * dist.world_size * recipe.grad_accum} = "
         f"{recipe.batch_size} x {dist.world_size} process(es){accum}, {dist.device}, {recipe.precision}")
     weights = None if from_scratch else ("pretrained" if job.pretrained else "checkpoint")
+    own_init = None if isinstance(model, VisionTransformer) else "PyTorch's defaults (the recipe's init is a ViT's)"
     used = in_force(given, img_size=min(model.cfg.img_size), flips=data.flips, world_size=dist.world_size,
                     steps_per_epoch=math.ceil(len(train_loader) / recipe.grad_accum), weights=weights,
-                    drop_path=job.drop_path)
+                    drop_path=job.drop_path, own_init=own_init)
     for line in describe(used):
         say(line)
     start = int(ckpt.read_pointer(out / "last.json").get("epoch") or 0) if job.resume and dist.is_main else 0
