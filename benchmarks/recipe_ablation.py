@@ -232,6 +232,28 @@ def run_cell(out: Path, key: str, data: Path, epochs: int, flags: list[str] | No
     return result
 
 
+def run_grid(out: Path, cells: dict, seed: int, jobs: int, where) -> dict:
+    """{(row, images, epochs): result} for cells {(row, images, epochs): (data, epochs, flags, checkpoint)}, `jobs`
+    runs at a time; rows that come to the same run share it, and a finished run is read back."""
+    keys = {cell: run_key(data, e, flags, seed, ckpt) for cell, (data, e, flags, ckpt) in cells.items()}
+    first = {}  # key -> the first cell that needs it
+    for cell, key in keys.items():
+        first.setdefault(key, cell)
+    done = {}
+
+    def one(key):
+        cell = first[key]
+        data, e, flags, ckpt = cells[cell]
+        done[key] = r = run_cell(out, key, data, e, flags, seed, ckpt)
+        same = [c[0] for c, k in keys.items() if k == key]
+        print(f"{' = '.join(same):<40} {where(cell[1], e)}: val acc {100 * r['val_acc']:.1f}%  ({r['wall_s']:.0f} s)",
+              flush=True)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, first))
+    return {cell: done[key] for cell, key in keys.items()}
+
+
 def table(results: dict, rows: list[str], columns: list[tuple[int, int]]) -> str:
     head = "| row | " + " | ".join(f"{n // 1000}k, {e} ep" if n else f"digits, {e} ep" for n, e in columns) + " |"
     lines = [head, "|---" * (len(columns) + 1) + "|"]
@@ -273,22 +295,8 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown rows {unknown}; known: {list(ROWS)}")
     folders = write_folders(out / "data", args.sizes)
-    cells = {(row, n, e): run_key(folders[n], e, ROWS[row], args.seed) for n in args.sizes for e in args.epochs for row in rows}
-    runs = {}  # key -> the first cell that needs it: rows that come to the same run share it
-    for cell, key in cells.items():
-        runs.setdefault(key, cell)
-    done = {}
-
-    def one(key):
-        row, n, e = runs[key]
-        done[key] = r = run_cell(out, key, folders[n], e, ROWS[row], args.seed)
-        same = [c[0] for c, k in cells.items() if k == key]
-        print(f"{' = '.join(same):<40} {n:>6} images {e:>3} epochs: val acc {100 * r['val_acc']:.1f}%  ({r['wall_s']:.0f} s)",
-              flush=True)
-
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(one, runs))
-    results = {cell: done[key] for cell, key in cells.items()}
+    cells = {(row, n, e): (folders[n], e, ROWS[row], None) for n in args.sizes for e in args.epochs for row in rows}
+    results = run_grid(out, cells, args.seed, args.jobs, lambda n, e: f"{n:>6} images {e:>3} epochs")
     text = table(results, rows, [(n, e) for n in args.sizes for e in args.epochs])
     print(f"\nvalidation accuracy (%) after the last epoch, {VAL_IMAGES:,} held-out training images; {cpu_name()}\n\n{text}")
     (out / "table.md").write_text(text + "\n")
@@ -305,22 +313,8 @@ def finetune(out: Path, args) -> None:
     digits = out / "data" / "digits"
     if not digits.exists():
         write_digits_folder(digits, size=32, seed=SPLIT_SEED)
-    cells = {(row, 0, ep): run_key(digits, ep, FT_ROWS[row], args.seed, checkpoint) for ep in args.epochs for row in FT_ROWS}
-    runs = {}
-    for cell, k in cells.items():
-        runs.setdefault(k, cell)
-    done = {}
-
-    def one(k):
-        row, _, ep = runs[k]
-        done[k] = res = run_cell(out, k, digits, ep, FT_ROWS[row], args.seed, checkpoint)
-        same = [c[0] for c, kk in cells.items() if kk == k]
-        print(f"{' = '.join(same):<50} digits {ep:>3} epochs: val acc {100 * res['val_acc']:.1f}%  ({res['wall_s']:.0f} s)",
-              flush=True)
-
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(one, runs))
-    results = {cell: done[k] for cell, k in cells.items()}
+    cells = {(row, 0, ep): (digits, ep, FT_ROWS[row], checkpoint) for ep in args.epochs for row in FT_ROWS}
+    results = run_grid(out, cells, args.seed, args.jobs, lambda _, e: f"digits {e:>3} epochs")
     text = table(results, list(FT_ROWS), [(0, ep) for ep in args.epochs])
     print(f"\nfine-tuning on the digits: validation accuracy (%) after the last epoch, 359 images; {cpu_name()}\n\n{text}")
     (out / "table_finetune.md").write_text(text + "\n")
