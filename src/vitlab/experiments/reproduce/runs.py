@@ -14,9 +14,9 @@ import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator, Sequence
 
 import torch
 from safetensors.torch import load, load_file, save
@@ -30,7 +30,7 @@ from vitlab.data.split import stratified_split
 from vitlab.data.synthetic import dataset_x_splits
 from vitlab.errors import VitlabError
 from vitlab.fileio import write_bytes, write_json
-from vitlab.runtime import seed_everything
+from vitlab.runtime import num_threads, seed_everything
 from vitlab.models.factory import create_model
 from vitlab.models.vit import VisionTransformer
 from vitlab.train.engine import Callback, evaluate, fit
@@ -56,11 +56,14 @@ class RunSpec:
     warmup_epochs: float = 1.0
     seed: int = 0
     init: "RunSpec | None" = None
+    weight_init: str = "default"  # a ViT's initial weights: "default" (the constructor's) or "release" (`release_init`)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["data"], d["overrides"] = dict(self.data), dict(self.overrides)
         d["init"] = self.init.to_dict() if self.init is not None else None
+        if self.weight_init == "default":  # the key of a run from before the field is unchanged
+            del d["weight_init"]
         return d
 
     @property
@@ -71,6 +74,13 @@ class RunSpec:
     @property
     def n_train(self) -> int:
         return int(dict(self.data)["n_train"])
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps: epochs x batches per epoch (a run that mixes batches drops the last, short one)."""
+        aug = dict(self.aug)
+        per_epoch = self.n_train // self.batch_size if aug.get("mixup") or aug.get("cutmix") else -(-self.n_train // self.batch_size)
+        return self.epochs * per_epoch
 
 
 def run_spec(data: dict, model: str, *, overrides: dict | None = None, aug: dict | None = None, **kwargs) -> RunSpec:
@@ -85,11 +95,29 @@ def _fashion(train: bool) -> ImageTensors:
     return ImageTensors(*load_fashion_mnist(train=train))
 
 
+HELD_OUT = 10_000  # training images the recipe search validates on (`split: "search"`); never the test images
+HELD_OUT_SEED = 28  # the one permutation of the 60,000 training images that splits them
+
+
+def search_split() -> tuple[torch.Tensor, torch.Tensor]:
+    """The recipe search's split of the 60,000 Fashion-MNIST training images: (the 50,000 it trains on,
+    the 10,000 it validates on), index tensors of one fixed permutation. The 10,000 test images, which
+    decide the verdicts, are in neither."""
+    perm = torch.randperm(60_000, generator=torch.Generator().manual_seed(HELD_OUT_SEED))
+    return perm[: 60_000 - HELD_OUT], perm[60_000 - HELD_OUT :]
+
+
 @lru_cache(maxsize=6)
 def dataset(data: tuple, seed: int) -> tuple[ImageTensors, ImageTensors, int]:
-    """(train, val, num_classes) for a run's data description and seed: uint8 images (N, C, H, W)."""
+    """(train, val, num_classes) for a run's data description and seed: uint8 images (N, C, H, W).
+    Fashion-MNIST's `split`: "test" (the claims: trained on the training images, validated on the test
+    images) or "search" (the recipe search: trained on 50,000 training images, validated on the other 10,000)."""
     d = dict(data)
     name, n_train, n_val, channels = d["name"], int(d["n_train"]), int(d["n_val"]), int(d.get("channels", 3))
+    if name == "fashion-mnist" and d.get("split", "test") == "search":
+        pool, held_out = search_split()
+        train = _fashion(True).subset(pool[nested_subset(len(pool), n_train, seed=seed)])
+        return train, _fashion(True).subset(held_out[:n_val]), 10
     if name == "fashion-mnist":  # the first n_train of one permutation seeded by `seed`: nested training sets
         train = _fashion(True).subset(nested_subset(60_000, n_train, seed=seed))
         return train, _fashion(False).subset(torch.arange(n_val)), 10
@@ -105,12 +133,52 @@ def dataset(data: tuple, seed: int) -> tuple[ImageTensors, ImageTensors, int]:
 
 def build_model(spec: RunSpec, num_classes: int) -> nn.Module:
     """The spec's model at the data's size and channels (a ViT or the CNN baseline, both through create_model),
-    evaluated on the images as they are: no resize or crop (crop_pct 1), normalised (x - 0.5) / 0.5."""
+    evaluated on the images as they are: no resize or crop (crop_pct 1), normalised (x - 0.5) / 0.5; a ViT's
+    weights initialised as `spec.weight_init` says."""
     d = dict(spec.data)
     model = create_model(spec.model, num_classes=num_classes, img_size=int(d["img_size"]),
                          in_chans=int(d.get("channels", 3)), **dict(spec.overrides))
     model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=1.0)
+    if spec.weight_init == "release":
+        release_init(model)
+    elif spec.weight_init != "default":
+        raise VitlabError(f"weight_init must be default or release; found {spec.weight_init!r}")
     return model
+
+
+def release_init(model: VisionTransformer) -> None:
+    """The original release's initialisation (vit_jax's models_vit.py, big_vision), drawn after the
+    constructor's: Xavier-uniform linear maps, q, k and v each as its own D x D map; LeCun-normal
+    (truncated, variance 1/fan_in) convolutions and patch projection; MLP biases N(0, 1e-6), other biases
+    zero; the position table N(0, 0.02); a zero class token; LayerNorms 1 and 0; the zero head kept
+    (Section 3.2). The constructor's truncated normal of std 0.02 suits ViT-B (D = 768: Xavier's std is
+    0.023-0.026); for D = 64 it is 4-6x below Xavier's (0.088-0.125). A candidate of the recipe search
+    (search.py), which measures whether it matters for the small ViT."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+            continue
+        if not isinstance(m, (nn.Linear, nn.Conv2d)) or name in ("head", "head_dist"):
+            continue
+        if isinstance(m, nn.Conv2d) or name == "patch_embed.proj":  # LeCun normal, flax's Conv default
+            std = m.weight[0].numel() ** -0.5 / 0.87962566103423978  # / the std of N(0, 1) truncated at +-2
+            nn.init.trunc_normal_(m.weight, std=std, a=-2 * std, b=2 * std)
+        elif name.endswith("attn.qkv"):  # (3D, D): q, k and v are three D x D maps in the release
+            for part in m.weight.data.chunk(3, dim=0):
+                nn.init.xavier_uniform_(part)
+        else:
+            nn.init.xavier_uniform_(m.weight)
+        if m.bias is not None:
+            if ".mlp." in f".{name}.":
+                nn.init.normal_(m.bias, std=1e-6)
+            else:
+                nn.init.zeros_(m.bias)
+    for p in (model.pos_embed, model.pos_embed_row, model.pos_embed_col):
+        if p is not None:
+            nn.init.normal_(p, std=0.02)
+    if model.cls_token is not None:
+        nn.init.zeros_(model.cls_token)
 
 
 def transforms(spec: RunSpec, model: nn.Module, source_size: tuple[int, int]) -> tuple[BatchTransform, BatchTransform]:
@@ -234,6 +302,24 @@ def train_run(spec: RunSpec, device: torch.device, init: tuple[int, bytes] | Non
         "curve": [{"epoch": r["epoch"], "train_loss": r["train_loss"], "val_acc": r["val_acc"]} for r in history.rows],
     }
     return result, save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
+
+
+def train_task(item: tuple[RunSpec, tuple[int, bytes] | None], device: str, fast_path: str) -> tuple[dict, bytes]:
+    """One run, wherever an executor sends it: trained from its spec (and its parent's weights) on one thread."""
+    spec, init = item
+    dev = torch.device(device)
+    with num_threads(1 if dev.type == "cpu" else None):
+        return train_run(spec, dev, init, fast_path=fast_path)
+
+
+def train_on(specs: Sequence[RunSpec], ex, cache: RunCache, fast_path: str) -> Iterator[tuple[RunSpec, str]]:
+    """Train `specs` on the executor `ex` (vitlab.experiments.executors; each parent already in the cache) and
+    keep each in the cache as it comes back; yields (spec, the node that trained it). Only this process writes
+    the cache, so the executor's machines need no shared disk, and a run is kept once whatever node trained it."""
+    items = [(spec, cache.weights(spec.init) if spec.init is not None else None) for spec in specs]
+    for i, (result, weights), node in ex.map(partial(train_task, device=str(ex.device), fast_path=fast_path), items):
+        cache.put(specs[i], result, weights)
+        yield specs[i], node
 
 
 def forward_flops(model: nn.Module, x: torch.Tensor) -> int:
