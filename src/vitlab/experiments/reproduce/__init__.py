@@ -8,7 +8,7 @@ rule in its module):
     1 x_pos_embed   the mini experiment: dataset X >= 95% val acc; without position embedding, chance
     2 pos_embed     Table 8 on Fashion-MNIST: none clearly worse; learned 1-D / 2-D / sin-cos 2-D / relative close
     3 cls_vs_gap    Appendix D.3: class token = global average pooling, each at its own lr
-    4 patch_size    Section 3.1: patches of 7, 4, 2 pixels: longer sequences, more compute, more accuracy
+    4 patch_size    Section 3.1: patches of 14, 7, 4 pixels: longer sequences, more compute, more accuracy
     5 data_scale    Figures 3-4: the CNN wins on 1,000 images; the gap closes by 60,000
     6 pretrain      Section 3.2: pre-train on Fashion-MNIST, fine-tune on 500 digits, beat scratch
     7 hybrid        Section 3.1 / Figure 5: a conv stem helps the ViT on small data
@@ -18,9 +18,12 @@ rule in its module):
                     small data than for a CNN
 
 Claims 2-9 share one Fashion-MNIST setup (`claims/shared.py`): one ViT, one CNN, one optimiser, and
-the data-scale grid of claim 5, whose runs are the baseline arms of the others. Three scales:
-`quick` (every code path in about 3 minutes; its verdicts mean nothing), `default` (the report, within
-an hour on 2 CPU cores), `large` (each claim's decisive version: longer training).
+the data-scale grid of claim 5, whose runs are the baseline arms of the others. Their recipe and step
+budgets come from the recipe search (`search`, `vitlab reproduce --tune`) on 10,000 training images held
+out from the other 50,000, never the test images; every arm of a comparison trains the same number of
+optimizer steps, and each claim's report shows its arms at their budget and at twice it. Three scales:
+`quick` (every code path in minutes; its verdicts mean nothing), `default` (the report), `large` (every
+budget doubled: the default's own check).
 
 Runs are cached one by one under `<out>/cache/runs/<hash of the run's configuration>/` (result.json
 and the weights): an experiment whose runs are all there is not rerun, and an interrupted run of the
@@ -32,7 +35,8 @@ times the number of images each run sees); the estimate is printed first and a p
 
 The package, one concept per module: `verdicts` (the pre-registered rules), `runs` (one training run and
 the run cache), `claims` (one module per claim: its plan, analysis and `Experiment` entry; `EXPERIMENTS`),
-`figures`, `report` (Markdown and HTML) and `runner` (the plan, cost estimate, worker pool, `reproduce()`).
+`search` (the recipe search and its record, search.json), `figures`, `report` (Markdown and HTML) and
+`runner` (the plan, cost estimate, executor, `reproduce()`).
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ then analysed into report.md, report.html, results/*.csv and figures/*.png."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections import Counter
-from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -22,9 +22,13 @@ from vitlab.data.transforms import mix_transform
 from vitlab.errors import VitlabError, check_range
 from vitlab.experiments.executors import Executor, check_executor, open_executor
 from vitlab.experiments.reproduce.claims import select
-from vitlab.experiments.reproduce.claims.base import SCALES, Results, Scale
+from vitlab.experiments.reproduce.claims.base import SCALES, Outcome, Results, Scale, convergence_row
+from vitlab.experiments.reproduce.claims.shared import CHANCE, CNN, VIT, fashion_run, n_full, n_small
 from vitlab.experiments.reproduce.report import _duration, render_html, render_markdown
-from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, RunCache, RunSpec, build_model, recipe, train_run, transforms
+from vitlab.experiments.reproduce.search import arm_label, code_budgets, load_record
+from vitlab.experiments.reproduce.search import render as render_search
+from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, Verdict, _stats
+from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, RunCache, RunSpec, build_model, recipe, train_on, transforms
 from vitlab.fileio import check_out_folder, output_folder, write_csv, write_text
 from vitlab.runtime import num_threads, resolve_device
 from vitlab.speed import paths
@@ -180,7 +184,7 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, device: 
         first = sorted((s for s in todo if s.init is None or cache.has(s.init)), key=lambda s: -costs[s.key])
         then = [s for s in todo if s not in first]
         for batch in (first, then):
-            for spec, node in _train(batch, ex, cache, fast_path):
+            for spec, node in train_on(batch, ex, cache, fast_path):
                 nodes[node] += 1
                 bar.update(costs[spec.key])
         bar.close()
@@ -191,10 +195,12 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, device: 
     fig_dir.mkdir(exist_ok=True)
     res_dir.mkdir(exist_ok=True)
     results = Results(cache, dev)
+    record = load_record()
     outcomes = []
     for e in experiments:
         with num_threads(1 if dev.type == "cpu" else None):
             outcome = e.analyze(scale, results, fig_dir)
+        _budget_evidence(e, outcome, scale, record)
         write_csv(res_dir / f"claim{e.number}_{e.name}.csv", outcome.csv_rows, outcome.csv_header)
         outcomes.append((e, outcome))
     write_csv(res_dir / "verdicts.csv", [[e.number, e.name, o.verdict.status, o.verdict.detail] for e, o in outcomes],
@@ -205,7 +211,9 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, device: 
             "workers": n_workers, "executor": ex.kind if todo else None, "cluster": ex.describe() if todo else None,
             "nodes": dict(sorted(nodes.items())),
             "only": ",".join(str(e.number) for e in experiments) if len(experiments) < len(select(None)) else None,
-            "train_s": sum(cache.result(s)["train_time_s"] for s in runs)}
+            "train_s": sum(cache.result(s)["train_time_s"] for s in runs),
+            "search": render_search(record, heading="###") if record and scale_name != "quick" else None,
+            "quality": quality(results, runs, scale) if scale_name != "quick" else None}
     # The time of the invocation that trained the runs outlives it: a later one that only reads the cache
     # (to redraw the report) still reports how long the training took.
     trained_by = out / "cache" / "invocation.json"
@@ -222,19 +230,79 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, device: 
     return {e.name: o.verdict.status for e, o in outcomes}
 
 
-def _train_task(item: tuple[RunSpec, tuple[int, bytes] | None], device: str, fast_path: str) -> tuple[dict, bytes]:
-    """One run, wherever an executor sends it: trained from its spec (and its parent's weights) on one thread."""
-    spec, init = item
-    dev = torch.device(device)
-    with num_threads(1 if dev.type == "cpu" else None):
-        return train_run(spec, dev, init, fast_path=fast_path)
+def _budget_evidence(e, outcome: Outcome, scale: Scale, record: dict | None) -> None:
+    """A claim on Fashion-MNIST gets its convergence table from the recipe search (on held-out training images,
+    at the budgets in code and twice them), when the search's record is for these budgets: the convergence
+    stage's rows of every arm, or, for claim 5 (the shared ViT and CNN themselves) when the search ran no
+    convergence stage, the budget stage's rows at the sizes whose budget in code is the one it found. An
+    inconclusive verdict says why."""
+    if not outcome.convergence and record and scale.name == "default":
+        _from_search(e, outcome, record)
+    if outcome.verdict.status != INCONCLUSIVE:
+        return
+    late = [r for r in outcome.convergence if not r["converged"]]
+    if late:
+        why = "not every arm's budget has converged (" + ", ".join(r["arm"] for r in late) + "): the budget may decide it"
+    elif outcome.convergence and outcome.convergence_complete:
+        why = ("every arm's budget has converged (doubling it moves no arm by a point: Budget table), so the effect is "
+               "smaller than the spread between seeds, not hidden by training stopped early")
+    elif outcome.convergence:
+        why = "its budgets are measured only in part (Budget table): the budget may decide it"
+    else:
+        why = "no convergence table at this scale: the budget may decide it"
+    outcome.verdict = Verdict(INCONCLUSIVE, f"{outcome.verdict.detail}. Inconclusive because {why}")
 
 
-def _train(specs: Sequence[RunSpec], ex: Executor, cache: RunCache, fast_path: str):
-    """Train `specs` on the executor (each parent already in the cache) and keep each in the cache as it comes
-    back; yields (spec, the node that trained it). Only this process writes the cache, so the executor's
-    machines need no shared disk, and a run is kept once whatever node trained it."""
-    items = [(spec, cache.weights(spec.init) if spec.init is not None else None) for spec in specs]
-    for i, (result, weights), node in ex.map(partial(_train_task, device=str(ex.device), fast_path=fast_path), items):
-        cache.put(specs[i], result, weights)
-        yield specs[i], node
+def _from_search(e, outcome: Outcome, record: dict) -> None:
+    if record.get("convergence") and e.name in record["convergence"] and \
+            record["code_budgets"] == {str(n): st for n, st in code_budgets().items()}:
+        outcome.convergence = record["convergence"][e.name]
+        outcome.convergence_note = ("from the recipe search: on the 10,000 training images held out from the other "
+                                    "50,000, seed 0 (60,000 is trained there as the 50,000)")
+    elif e.name == "data_scale":
+        rows = budget_rows(record, code_budgets())
+        if rows:
+            outcome.convergence = rows
+            outcome.convergence_complete = {r["n_train"] for r in rows} >= set(code_budgets())
+            outcome.convergence_note = (
+                "from the recipe search's budget stage: on the 10,000 training images held out from the other 50,000, "
+                "seed 0; measured at " + ", ".join(f"{n:,}" for n in sorted({r["n_train"] for r in rows}))
+                + " training images" + ("" if outcome.convergence_complete else " only: the other sizes' budgets are "
+                                        "not yet measured"))
+
+
+def budget_rows(record: dict, budgets: dict[int, int]) -> list[dict]:
+    """The budget stage's rows (`convergence_row`s) at the sizes whose budget in `budgets` is the one the
+    search found there (the same steps): the shared ViT and CNN at that budget and at twice it, held out."""
+    rows = []
+    for n, b in record.get("budgets", {}).items():
+        if budgets.get(int(n)) != b["steps"]:
+            continue
+        row = next(r for r in b["rows"] if r["steps"] == b["steps"])
+        for model, (a, a2) in row["acc"].items():
+            rows.append(convergence_row(model, int(n), b["steps"], [a], [a2], record["tolerance"]))
+    return rows
+
+
+def quality(results: Results, runs: Sequence[RunSpec], scale: Scale) -> dict:
+    """The targets of models that have learned (issue 28): the ViT >= 88% on all 60,000 training images and >= 72%
+    on 1,000, the CNN >= 91% on 60,000, and a spread between seeds of at most 2 points for every Fashion-MNIST arm
+    above chance + 20 points; with what each reached."""
+    arms: dict[str, list[RunSpec]] = {}
+    for s in runs:
+        if dict(s.data)["name"] == "fashion-mnist":
+            arms.setdefault(dataclasses.replace(s, seed=0).key, []).append(s)
+    spreads = []
+    for group in arms.values():
+        mean, std, n = _stats(results.acc(group))
+        if n > 1 and mean > CHANCE + 0.2:
+            spreads.append((std, group[0]))
+    full, small = n_full(scale), n_small(scale)
+    targets = [("ViT", VIT, full, 0.88), ("ViT", VIT, small, 0.72), ("CNN", CNN, full, 0.91)]
+    rows = []
+    for name, model, n, target in targets:
+        mean, std, _ = _stats(results.acc([fashion_run(model, n, s, scale) for s in scale.seeds]))
+        rows.append({"model": name, "n_train": n, "target": target, "mean": mean, "std": std, "met": mean >= target})
+    worst = max(spreads, key=lambda t: t[0]) if spreads else (float("nan"), None)
+    return {"targets": rows, "arms": len(spreads), "over_2": sum(1 for sd, _ in spreads if sd > 0.02),
+            "max_std": worst[0], "max_std_arm": arm_label(worst[1]) + f" at N={worst[1].n_train:,}" if worst[1] else None}

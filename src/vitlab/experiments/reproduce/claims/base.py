@@ -56,6 +56,19 @@ class Outcome:
     csv_header: list[str] = field(default_factory=list)
     csv_rows: list[list] = field(default_factory=list)
     notes: str = ""
+    # The claim's budgets against twice them (`convergence_row`s): a claim on Fashion-MNIST gets them from the
+    # recipe search (search.json, on held-out training images); one on other data measures them itself.
+    convergence: list[dict] = field(default_factory=list)
+    convergence_note: str = ""
+    convergence_complete: bool = True  # False: the table covers only some of the claim's arms and sizes
+
+
+def convergence_row(arm: str, n_train: int, steps: int, acc: Sequence[float], acc_2x: Sequence[float],
+                    tolerance: float = 0.01) -> dict:
+    """One arm's accuracy (mean over its seeds) at its budget and at twice it: converged when doubling the
+    budget moves it by less than `tolerance` (1 point)."""
+    a, b = sum(acc) / len(acc), sum(acc_2x) / len(acc_2x)
+    return {"arm": arm, "n_train": n_train, "steps": steps, "acc": a, "acc_2x": b, "converged": abs(b - a) < tolerance}
 
 
 @dataclass

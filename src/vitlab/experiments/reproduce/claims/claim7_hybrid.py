@@ -6,13 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
-from vitlab.experiments.reproduce.claims.shared import VIT, describe_setup, fashion_run, n_mid, n_small, points
+from vitlab.experiments.reproduce.claims.shared import FASHION_VIT, VIT, describe_setup, fashion_run, n_mid, n_small, points
 from vitlab.experiments.reproduce.figures import grouped_bar_figure
 from vitlab.experiments.reproduce.runs import RunSpec
 from vitlab.experiments.reproduce.verdicts import _ms, combine, greater
 
-HYBRID = {"stem": "hybrid", "stem_width": 16}
-ARMS = {"ViT (patch stem)": {}, "hybrid (conv stem)": HYBRID}
+# The conv stem downsamples by powers of 2: at the shared patch size when it is one (the ViT arm is then the
+# shared ViT itself), else both arms at 4-pixel patches (7x7 tokens), so that the two see the same grid.
+P = FASHION_VIT["patch_size"] if FASHION_VIT["patch_size"] & (FASHION_VIT["patch_size"] - 1) == 0 else 4
+HYBRID = {"stem": "hybrid", "stem_width": 16, "patch_size": P}
+ARMS = {"ViT (patch stem)": {"patch_size": P}, "hybrid (conv stem)": HYBRID}
 
 
 def _ns(scale: Scale) -> tuple[int, int]:
@@ -33,11 +36,11 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
                              "Small data: hybrid vs pure ViT (Fashion-MNIST)")
     n0 = _ns(scale)[0]
     params = {arm: res[fashion_run(VIT, n0, scale.seeds[0], scale, overrides=ov)]["params"] for arm, ov in ARMS.items()}
-    epochs = dict(points(scale))
+    steps = dict(points(scale))
     return Outcome(
-        setup=(f"{describe_setup(scale)} Epochs: {', '.join(f'{epochs[n]} at N={n:,}' for n in _ns(scale))}. ViT: the "
-               f"shared model ({params[vit]:,} parameters). Hybrid: the same transformer fed by a ResNet-style stem "
-               "(3x3 conv + 2 BasicBlock stages, width 16, downsampling 4, so the same 7x7 grid of tokens, then a 1x1 "
+        setup=(f"{describe_setup(scale)} Steps: {', '.join(f'{steps[n]:,} at N={n:,}' for n in _ns(scale))}. ViT: the "
+               f"shared model at {P}-pixel patches ({params[vit]:,} parameters). Hybrid: the same transformer fed by a ResNet-style stem "
+               "(3x3 conv + BasicBlock stages, width 16, downsampling by the patch size, so the same grid of tokens, then a 1x1 "
                f"projection; {params[hyb]:,} parameters)."),
         header=["N train", "model", "val acc % (mean +- std)", "params"],
         rows=[[f"{n:,}", arm, _ms(acc[(groups[n], arm)]), f"{params[arm]:,}"] for n in _ns(scale) for arm in ARMS],

@@ -72,15 +72,17 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     L = len(per_layer[0])
     mean_row = ["mean", ""] + [f"{statistics.fmean(p[i] for p in per_layer):.2f}" for i in range(L)] + ["", ""]
     spec0 = runs[0]
+    cfg = res.model(spec0).cfg
+    P, g, D = cfg.patch_size, cfg.grid_size[0], cfg.dim
     return Outcome(
         setup=(f"{describe_setup(scale)} The models: claim 5's ViT trained on all {spec0.n_train:,} training images for "
-               f"{spec0.epochs} epoch(s), one per seed (validation accuracy in the table), analysed on the first "
+               f"{spec0.steps:,} steps ({spec0.epochs} epochs), one per seed (validation accuracy in the table), analysed on the first "
                f"{N_IMAGES} test images. Mean attention distance (Figure 7, right): for each head, the sum over key "
                "patches of attention x pixel distance between patch centres, averaged over query patches and images; "
-               f"uniform attention gives {uniform:.1f} px on this 7x7 grid of 4-pixel patches. Position-embedding "
+               f"uniform attention gives {uniform:.1f} px on this {g}x{g} grid of {P}-pixel patches. Position-embedding "
                "similarity (Figure 7, centre): cosine similarity of the learned rows; \"2-D structure\" means that "
-               "vertically adjacent positions, 7 apart in the 1-D table, end up alike. Embedding filters (Figure 7, "
-               "left): the principal components of the 64 patch-embedding filters (4x4, grey)."),
+               f"vertically adjacent positions, {g} apart in the 1-D table, end up alike. Embedding filters (Figure 7, "
+               f"left): the principal components of the {D} patch-embedding filters ({P}x{P}, grey)."),
         header=["seed", "model val acc %"] + [f"layer {i + 1} distance (px)" for i in range(L)]
         + ["PE sim. vertical neighbours", "PE sim. far"],
         rows=rows + [mean_row], verdict=verdict, figures=figures,

@@ -40,9 +40,9 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     fig = grouped_bar_figure(fig_dir / "claim9_recipe.png", list(groups.values()), list(arms.values()),
                              {(groups[n], arms[k]): acc[(n, *k)] for n in _ns(scale) for k in arms},
                              "The regularisation recipe, ViT and CNN (Fashion-MNIST)")
-    epochs = dict(points(scale))
+    steps = dict(points(scale))
     return Outcome(
-        setup=(f"{describe_setup(scale)} Epochs: {', '.join(f'{epochs[n]} at N={n:,}' for n in _ns(scale))}. The recipe "
+        setup=(f"{describe_setup(scale)} Steps: {', '.join(f'{steps[n]:,} at N={n:,}' for n in _ns(scale))}. The recipe "
                "(DeiT's), added to the plain flips: RandAugment (2 ops, magnitude 9), MixUp "
                "(alpha 0.8) or CutMix (alpha 1.0) on each batch (one of the two, even odds), and for the ViT stochastic "
                "depth 0.1 (the CNN baseline's BasicBlocks have no drop path). The same models, optimiser and budget "

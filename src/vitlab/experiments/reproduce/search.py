@@ -1,0 +1,322 @@
+"""The recipe search of `vitlab reproduce --tune`: the shared setup's recipe and step budgets, chosen on
+10,000 Fashion-MNIST training images held out from the other 50,000 (`runs.search_split`), never on the
+10,000 test images that decide the verdicts. One seed (0) per configuration. Three stages:
+
+    recipe       one knob at a time (STAGES), from the previous report's recipe, each model on its own: the
+                 learning rate, the ViT's initialisation, its patch size and depth, the batch size, the
+                 weight decay and the warmup; every candidate trains on 4,000 images for
+                 40 epochs (the same images seen at any batch size), and the best held-out accuracy wins
+                 (the current value on a tie)
+    budgets      the chosen recipe's ViT and CNN at 1,000, 4,000 and 50,000 images (the search's largest
+                 set; the claims train on 60,000), at steps doubling from 625: the budget at a size is the
+                 first whose double moves neither model's held-out accuracy by TOLERANCE or more
+    convergence  every arm of every Fashion-MNIST claim (claims 2-5 and 7-9) at the smallest and the largest
+                 training set of its claim, at the budget in code and at twice it: an arm has converged when
+                 the difference is below TOLERANCE
+
+The recipe and the budgets are then written into the code by hand (`claims/shared.py`; the search prints
+the lines), and the search's record is kept beside it (`search.json`, which the report shows): the
+convergence stage runs only when the code holds the search's recipe, and its table is that of the budgets
+in code. Every run goes through the reproduce machinery (`RunSpec`, the run cache, the executors), so a
+second invocation reads the cache and an interrupted one resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from vitlab.errors import VitlabError
+from vitlab.experiments.executors import open_executor
+from vitlab.experiments.reproduce.claims import EXPERIMENTS
+from vitlab.experiments.reproduce.claims import shared
+from vitlab.experiments.reproduce.claims.base import Scale
+from vitlab.experiments.reproduce.claims.shared import CNN, VIT, epochs_for
+from vitlab.experiments.reproduce.report import md_table
+from vitlab.experiments.reproduce.runs import HELD_OUT, RunCache, RunSpec, run_spec, train_on
+from vitlab.fileio import check_out_folder, output_folder, write_json, write_text
+from vitlab.models.registry import get_config
+from vitlab.runtime import num_threads
+
+RECORD = Path(__file__).with_name("search.json")  # the search whose choice claims/shared.py holds
+TOLERANCE = 0.01  # doubling the budget moves held-out accuracy by less than 1 point: converged
+MODELS = {VIT: "ViT", CNN: "CNN"}
+AUGS = {"flips": {"hflip": True}, "flips + crops": {"hflip": True, "crop_scale": 0.8}}
+SHAPES = {"P=4, 6 blocks": {"patch_size": 4, "depth": 6}, "P=7, 6 blocks": {"patch_size": 7, "depth": 6},
+          "P=4, 4 blocks": {"patch_size": 4, "depth": 4}, "P=4, 8 blocks": {"patch_size": 4, "depth": 8}}
+# Where the search starts: the previous report's recipe (the same for both models, the ViT as built).
+START = {m: {"weight_init": "default", "lr": 1e-3, "weight_decay": 0.05, "warmup": 0.1, "batch_size": 128,
+             "aug": "flips", **({"shape": "P=4, 6 blocks"} if m == VIT else {})} for m in MODELS}
+# The recipe stage: (knob, candidates, models), in this order. Small on purpose (about one CPU core-hour): the
+# learning rates of the previous report's lr sweep first, then each knob against one or two alternatives. The
+# augmentation is not searched (random flips, as before; AUGS names a candidate for a larger search).
+STAGES = (
+    ("lr", (5e-4, 1e-3, 2e-3, 4e-3), (VIT, CNN)),
+    ("weight_init", ("default", "release"), (VIT,)),
+    ("shape", ("P=4, 6 blocks", "P=7, 6 blocks", "P=4, 4 blocks"), (VIT,)),
+    ("batch_size", (64, 128), (VIT, CNN)),
+    ("weight_decay", (0.05, 0.15), (VIT, CNN)),
+    ("warmup", (0.02, 0.1), (VIT, CNN)),
+)
+
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """The search's sizes: the recipe stage's training set and epochs and its knobs, the budget stage's training
+    sets and the steps it starts from and stops at, and the held-out images validated on."""
+
+    search_n: int
+    recipe_epochs: int
+    stages: tuple
+    budget_ns: tuple[int, ...]
+    first_steps: int
+    max_steps: int
+    n_val: int = HELD_OUT
+
+
+PLANS = {
+    # 4,000 images for 40 epochs (1,250 steps of 128); budgets at 1,000, 4,000 and 50,000 (all the search has)
+    "default": SearchPlan(4000, 40, STAGES, (1000, 4000, 50_000), 625, 20_000),
+    # --tune --quick: the code path on 200 images and 250 held-out ones, in seconds; its choice means nothing
+    "quick": SearchPlan(200, 2, (("lr", (1e-3, 4e-3), (VIT, CNN)),), (200,), 2, 8, 250),
+}
+
+
+def search_data(n: int, n_val: int = HELD_OUT) -> dict:
+    return {"name": "fashion-mnist", "split": "search", "n_train": n, "n_val": n_val, "img_size": 28, "channels": 1}
+
+
+def candidate(model: str, knobs: dict, n: int, *, epochs: int, n_val: int = HELD_OUT) -> RunSpec:
+    """The run of one recipe candidate: `model` with `knobs` on `n` of the search's training images, seed 0."""
+    ov = dict(SHAPES[knobs["shape"]]) if model == VIT else {}
+    base = get_config(model)
+    ov = {k: v for k, v in ov.items() if getattr(base, k, None) != v}  # as shared.fashion_run drops them
+    return run_spec(search_data(n, n_val), model, overrides=ov, aug=AUGS[knobs["aug"]], epochs=epochs, lr=knobs["lr"],
+                    batch_size=knobs["batch_size"], weight_decay=knobs["weight_decay"],
+                    warmup_epochs=knobs["warmup"] * epochs, seed=0, weight_init=knobs["weight_init"])
+
+
+def at_steps(model: str, knobs: dict, n: int, steps: int, n_val: int = HELD_OUT) -> RunSpec:
+    return candidate(model, knobs, n, epochs=epochs_for(steps, n, knobs["batch_size"]), n_val=n_val)
+
+
+def twin(spec: RunSpec, factor: int = 1) -> RunSpec:
+    """A claim's run on the search's split (at most its 50,000 images), seed 0, for `factor` x its steps."""
+    n = min(spec.n_train, 60_000 - HELD_OUT)
+    steps = factor * spec.steps
+    epochs = epochs_for(steps, n, spec.batch_size, drop_last=bool(dict(spec.aug).get("mixup")))
+    data = tuple(sorted({**dict(spec.data), **search_data(n)}.items()))
+    return dataclasses.replace(spec, data=data, epochs=epochs, warmup_epochs=spec.warmup_epochs / spec.epochs * epochs,
+                               seed=0)
+
+
+def arm_label(spec: RunSpec) -> str:
+    """A claim's arm in words: the model, what differs from the shared setup, the recipe, the learning rate."""
+    ov = dict(spec.overrides)
+    shape = {k: v for k, v in shared.FASHION_VIT.items() if getattr(get_config(VIT), k) != v}
+    words = [MODELS.get(spec.model, spec.model)]
+    words += [f"{k} {v}" for k, v in sorted(ov.items()) if shape.get(k) != v and k != "drop_path"]
+    if dict(spec.aug).get("mixup"):
+        words.append("+ regularisation recipe")
+    if spec.model in shared.RECIPES and spec.lr != shared.RECIPES[spec.model]["lr"]:
+        words.append(f"lr {spec.lr:g}")
+    return ", ".join(words)
+
+
+class Search:
+    """Trains the search's runs on an executor (each batch of runs at once) and reads their held-out accuracy."""
+
+    def __init__(self, cache: RunCache, train: Callable[[Sequence[RunSpec]], None], log: Callable[[str], None],
+                 plan: SearchPlan = PLANS["default"]):
+        self.cache, self._train, self.log, self.plan = cache, train, log, plan
+
+    def acc(self, specs: Sequence[RunSpec]) -> list[float]:
+        todo = list({s.key: s for s in specs if not self.cache.has(s)}.values())
+        if todo:
+            self._train(todo)
+        return [self.cache.result(s)["val_acc"] for s in specs]
+
+    def recipe(self) -> tuple[dict, list[dict]]:
+        """The recipe stage: one knob at a time, each model on its own."""
+        chosen = {m: dict(k) for m, k in START.items()}
+        stages = []
+        p = self.plan
+        for knob, values, models in p.stages:
+            for m in models:
+                cands = [{**chosen[m], knob: v} for v in values]
+                accs = self.acc([candidate(m, c, p.search_n, epochs=p.recipe_epochs, n_val=p.n_val) for c in cands])
+                best = max(range(len(values)), key=lambda i: (accs[i], values[i] == chosen[m][knob]))
+                stages.append({"knob": knob, "model": m, "values": list(values), "acc": accs,
+                               "before": chosen[m][knob], "chosen": values[best]})
+                self.log(f"  {knob} ({MODELS[m]}): " + ", ".join(f"{v}: {100 * a:.2f}" for v, a in zip(values, accs))
+                         + f" -> {values[best]}")
+                chosen[m][knob] = values[best]
+        return chosen, stages
+
+    def budgets(self, recipe: dict, ns: Sequence[int] | None = None) -> dict[int, dict]:
+        """The budget stage: at each size (the plan's, or `ns`), steps doubling from the plan's first until
+        doubling moves neither model by TOLERANCE (or until the plan's most)."""
+        out, p = {}, self.plan
+        for n in p.budget_ns if ns is None else ns:
+            steps, rows = p.first_steps, []
+            while True:
+                specs = [at_steps(m, recipe[m], n, s, p.n_val) for m in MODELS for s in (steps, 2 * steps)]
+                a = self.acc(specs)
+                row = {"steps": steps, "acc": {MODELS[m]: [a[2 * i], a[2 * i + 1]] for i, m in enumerate(MODELS)}}
+                rows.append(row)
+                self.log(f"  N={n:,} steps {steps} -> {2 * steps}: " + "; ".join(
+                    f"{k} {100 * x:.2f} -> {100 * y:.2f}" for k, (x, y) in row["acc"].items()))
+                if all(abs(y - x) < TOLERANCE for x, y in row["acc"].values()) or 2 * steps >= p.max_steps:
+                    out[n] = {"steps": steps, "converged": all(abs(y - x) < TOLERANCE for x, y in row["acc"].values()),
+                              "rows": rows}
+                    break
+                steps *= 2
+        return out
+
+    def convergence(self, scale: Scale) -> dict[str, list[dict]]:
+        """The convergence stage: every arm of every Fashion-MNIST claim at the smallest and the largest training
+        set of its claim, at the code's budget and at twice it, on the search's split."""
+        arms = {}
+        for e in EXPERIMENTS:
+            fashion = [s for s in e.plan(scale) if dict(s.data)["name"] == "fashion-mnist" and s.seed == scale.seeds[0]]
+            if not fashion:
+                continue
+            ns = {min(s.n_train for s in fashion), max(s.n_train for s in fashion)}
+            arms[e.name] = list({s.key: s for s in fashion if s.n_train in ns}.values())
+        specs = [t for runs in arms.values() for s in runs for t in (twin(s), twin(s, 2))]
+        self.acc(specs)  # every claim's runs in one batch: the executor keeps every worker busy
+        out = {}
+        for name, runs in arms.items():
+            rows = []
+            for s in runs:
+                a, b = self.acc([twin(s), twin(s, 2)])
+                rows.append({"arm": arm_label(s), "n_train": s.n_train, "n_search": twin(s).n_train,
+                             "steps": twin(s).steps, "acc": a, "acc_2x": b, "converged": abs(b - a) < TOLERANCE})
+            out[name] = rows
+        return out
+
+
+def _train(specs: Sequence[RunSpec], ex, cache: RunCache, fast_path: str, log: Callable[[str], None]) -> None:
+    for spec, _ in train_on(sorted(specs, key=lambda s: -s.epochs * s.n_train), ex, cache, fast_path):  # longest first
+        r = cache.result(spec)
+        log(f"    trained {arm_label(spec)}, N={spec.n_train:,}, {spec.steps:,} steps, lr {spec.lr:g}, batch "
+            f"{spec.batch_size}: {100 * r['val_acc']:.2f}% held out")
+
+
+def code_recipe() -> dict:
+    """The recipe claims/shared.py holds, in the search's knobs."""
+    aug = next((k for k, v in AUGS.items() if v == shared.PLAIN), None)
+    shape = next((k for k, v in SHAPES.items() if v == shared.FASHION_VIT), None)
+    return {m: {"weight_init": shared.VIT_INIT if m == VIT else "default", "lr": shared.RECIPES[m]["lr"],
+                "weight_decay": shared.RECIPES[m]["weight_decay"], "warmup": shared.RECIPES[m]["warmup"],
+                "batch_size": shared.RECIPES[m]["batch_size"], "aug": aug, **({"shape": shape} if m == VIT else {})}
+            for m in MODELS}
+
+
+def code_budgets() -> dict[int, int]:
+    return dict(shared.STEPS["default"])
+
+
+def make_record(plan: SearchPlan, stages: list[dict], recipe: dict, budgets: dict[int, dict], cache: RunCache, *,
+                convergence: dict | None = None, made_by: str = "`vitlab reproduce --tune --out DIR`") -> dict:
+    """The search's record (search.json): what it tried, what it chose, and the runs it took."""
+    results = [json.loads(p.read_text()) for p in cache.root.glob("*/result.json")]
+    return {"held_out": plan.n_val, "search_n": plan.search_n, "recipe_epochs": plan.recipe_epochs,
+            "tolerance": TOLERANCE, "start": START, "stages": stages, "recipe": recipe,
+            "budgets": {str(n): b for n, b in budgets.items()},
+            "code_budgets": {str(n): s for n, s in code_budgets().items()} if convergence else None,
+            "convergence": convergence, "made_by": made_by, "runs": len(results),
+            "train_cpu_s": sum(r["train_cpu_s"] for r in results)}
+
+
+def tune(out_dir: str | Path, *, scale: str = "default", workers: int | None = None, log: Callable[[str], None] = print,
+         force: bool = False, fast_path: str = "auto", executor: str = "pool", address: str | None = None,
+         device: str = "auto") -> dict:
+    """Run the search (or read it from the cache) into `out_dir`: search.md, search.json and the run cache."""
+    if scale not in PLANS:
+        raise VitlabError(f"--tune runs at the default or the quick scale; found --scale {scale}", arg="scale")
+    plan = PLANS[scale]
+    out = check_out_folder(out_dir, kind="reproduce-search", force=force)
+    with output_folder(out, kind="reproduce-search", force=force):
+        cache = RunCache(out / "cache")
+        with open_executor(executor, device=device, workers=workers, address=address, n_items=64) as ex, \
+                num_threads(1 if ex.device.type == "cpu" else None):
+            search = Search(cache, lambda specs: _train(specs, ex, cache, fast_path, log), log, plan)
+            log(f"recipe stage ({plan.search_n:,} images, {plan.recipe_epochs} epochs, held-out accuracy in %):")
+            recipe, stages = search.recipe()
+            log("budget stage:")
+            budgets = search.budgets(recipe)
+            convergence = None
+            if scale == "default" and recipe != code_recipe():
+                log("the code does not hold this recipe yet: set claims/shared.py to it and run --tune again for the "
+                    f"convergence stage: {json.dumps(recipe)}")
+            elif scale == "default":
+                log(f"convergence stage (every claim's arms at the code's budgets {code_budgets()} and twice them):")
+                convergence = search.convergence(Scale("default", (0,)))
+                for name, rows in convergence.items():
+                    bad = [r for r in rows if not r["converged"]]
+                    log(f"  {name}: {len(rows) - len(bad)} of {len(rows)} arms converged"
+                        + ("".join(f"; not: {r['arm']} at N={r['n_train']:,} ({100 * r['acc']:.2f} -> "
+                                   f"{100 * r['acc_2x']:.2f})" for r in bad)))
+            record = make_record(plan, stages, recipe, budgets, cache, convergence=convergence)
+            write_json(out / "search.json", record, indent=1)
+            write_text(out / "search.md", render(record))
+    log(f"wrote {out / 'search.md'} and search.json; to fix the choice in code, copy search.json to {RECORD}")
+    return record
+
+
+def load_record() -> dict | None:
+    """The committed search (search.json beside this module), or None when there is none."""
+    return json.loads(RECORD.read_text()) if RECORD.is_file() else None
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def render(record: dict, heading: str = "#") -> str:
+    """The search in Markdown: its stages' tables, the budgets and the convergence of every claim's arms."""
+    lines = [f"{heading} The recipe search", "",
+             f"Fashion-MNIST's 60,000 training images split once into 50,000 to train on and {record['held_out']:,} "
+             "held out to validate on (never the test images, which decide the verdicts); one seed. Made by "
+             f"{record['made_by']} (`vitlab/experiments/reproduce/search.py`); {record['runs']} runs, "
+             f"{record['train_cpu_s'] / 3600:.1f} CPU-hours of training.", "",
+             f"**Recipe**, one knob at a time from the previous report's recipe, each model on its own, on "
+             f"{record['search_n']:,} images for {record['recipe_epochs']} epochs ({record['recipe_epochs'] * -(-record['search_n'] // 128):,} "
+             "steps at batch 128; the same images seen at any batch size); held-out accuracy in %, the best kept "
+             "(the current value on a tie):", ""]
+    rows = [[s["knob"], MODELS[s["model"]], str(s["before"]),
+             ", ".join(f"{v}: {_pct(a)}" for v, a in zip(s["values"], s["acc"])), f"**{s['chosen']}**"]
+            for s in record["stages"]]
+    lines += [md_table(["knob", "model", "from", "held-out accuracy % per value", "chosen"], rows), ""]
+    lines += ["Chosen: " + "; ".join(f"{MODELS[m]}: " + ", ".join(f"{k} {v}" for k, v in r.items())
+                                     for m, r in record["recipe"].items()) + ".", ""]
+    lines += [f"**Budgets**: at each training-set size the chosen recipe's ViT and CNN for doubling numbers of steps; "
+              f"the budget is the first whose double moves neither by {100 * record['tolerance']:.0f} point or more:", ""]
+    rows = []
+    for n, b in record["budgets"].items():
+        for r in b["rows"]:
+            rows.append([f"{int(n):,}", str(r["steps"]), str(2 * r["steps"])]
+                        + [f"{_pct(x)} -> {_pct(y)} ({100 * (y - x):+.2f})" for x, y in r["acc"].values()]
+                        + ["**budget**" if r["steps"] == b["steps"] else ""])
+    lines += [md_table(["N", "steps", "2x steps", "ViT held-out %", "CNN held-out %", ""], rows), ""]
+    if record.get("convergence"):
+        lines += [f"**Convergence** of every claim's arms at the budgets in code "
+                  f"({', '.join(f'{int(n):,} images: {s} steps' for n, s in record['code_budgets'].items())}; "
+                  "60,000 is trained as the search's 50,000):", ""]
+        rows = [[name, r["arm"], f"{r['n_train']:,}", str(r["steps"]), _pct(r["acc"]), _pct(r["acc_2x"]),
+                 f"{100 * (r['acc_2x'] - r['acc']):+.2f}", "yes" if r["converged"] else "**no**"]
+                for name, rs in record["convergence"].items() for r in rs]
+        lines += [md_table(["claim", "arm", "N", "steps", "held-out %", "2x steps: held-out %", "difference (points)",
+                            "converged"], rows), ""]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["RECORD", "TOLERANCE", "Search", "arm_label", "code_budgets", "code_recipe", "load_record", "render",
+           "search_data", "tune", "twin"]

@@ -1,0 +1,200 @@
+"""The recipe search of `vitlab reproduce --tune` and the budgets (issue 28): the held-out split never holds a test
+image; the recipe stage keeps the best held-out accuracy; the budget stage doubles until doubling moves no model by a
+point; the convergence rows and the reason an inconclusive verdict gives; the code holds the committed search's
+choice; the original release's initialisation; and `--tune --quick` end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from vitlab.cli import main
+from vitlab.experiments.reproduce import EXPERIMENTS, Outcome, Scale
+from vitlab.experiments.reproduce.claims import shared
+from vitlab.experiments.reproduce.claims.base import convergence_row
+from vitlab.experiments.reproduce import runner
+from vitlab.experiments.reproduce.runner import _budget_evidence, budget_rows
+from vitlab.experiments.reproduce.runs import HELD_OUT, build_model, dataset, search_split
+from vitlab.experiments.reproduce.search import (
+    MODELS,
+    PLANS,
+    START,
+    Search,
+    SearchPlan,
+    code_budgets,
+    code_recipe,
+    load_record,
+    render,
+    search_data,
+)
+from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, REPRODUCED, Verdict
+from vitlab.data.fashion_mnist import load_fashion_mnist
+
+VIT, CNN = shared.VIT, shared.CNN
+
+
+class FakeCache:
+    """A run cache whose runs 'train' to the accuracy `acc(spec)` gives, counting what was trained."""
+
+    def __init__(self, acc):
+        self.acc, self.done, self.trained = acc, {}, []
+
+    def has(self, spec):
+        return spec.key in self.done
+
+    def result(self, spec):
+        return {"val_acc": self.done[spec.key]}
+
+    def train(self, specs):
+        for s in specs:
+            self.trained.append(s)
+            self.done[s.key] = self.acc(s)
+
+
+def _search(acc, plan: SearchPlan) -> tuple[Search, FakeCache]:
+    cache = FakeCache(acc)
+    return Search(cache, cache.train, lambda m: None, plan), cache
+
+
+def test_the_search_split_holds_out_training_images_and_never_a_test_image(fashion):
+    train_part, held = search_split()
+    assert len(train_part) == 60_000 - HELD_OUT and len(held) == HELD_OUT
+    assert torch.equal(torch.sort(torch.cat([train_part, held])).values, torch.arange(60_000))  # disjoint, all 60,000
+    train, val, k = dataset(tuple(sorted(search_data(300, 200).items())), 0)
+    x_train, y_train = load_fashion_mnist(train=True)
+    x_test, _ = load_fashion_mnist(train=False)
+    assert k == 10 and len(train) == 300 and len(val) == 200
+    assert torch.equal(val.images.reshape(200, -1), x_train[held[:200]].reshape(200, -1))  # the held-out training images
+    test_rows = {bytes(x.reshape(-1).numpy()) for x in x_test}
+    assert not any(bytes(x.reshape(-1).numpy()) in test_rows for x in val.images)  # no test image validates the search
+    held_rows = {bytes(x.reshape(-1).numpy()) for x in x_train[held]}
+    assert not any(bytes(x.reshape(-1).numpy()) in held_rows for x in train.images)  # nor is trained on
+
+
+def test_recipe_stage_keeps_the_best_held_out_accuracy_and_the_current_value_on_a_tie():
+    plan = SearchPlan(100, 2, (("lr", (1e-3, 2e-3, 4e-3), (VIT, CNN)), ("weight_decay", (0.05, 0.15), (VIT,))), (100,), 2, 8, 50)
+    # the ViT peaks at lr 4e-3, the CNN at 1e-3; weight decay changes nothing (a tie: the current value stays)
+    search, cache = _search(lambda s: 0.8 - abs(math.log2(s.lr / (4e-3 if s.model == VIT else 1e-3))) / 100, plan)
+    recipe, stages = search.recipe()
+    assert recipe[VIT]["lr"] == 4e-3 and recipe[CNN]["lr"] == 1e-3
+    assert recipe[VIT]["weight_decay"] == START[VIT]["weight_decay"] == 0.05
+    assert [(s["knob"], s["model"], s["chosen"]) for s in stages] == [("lr", VIT, 4e-3), ("lr", CNN, 1e-3),
+                                                                       ("weight_decay", VIT, 0.05)]
+    assert all(dict(s.data)["split"] == "search" and s.n_train == 100 and s.epochs == 2 for s in cache.trained)
+    assert len(cache.trained) == 3 + 3 + 1  # the weight decay stage's current value is the lr stage's run: cached
+
+
+def test_budget_stage_doubles_until_doubling_moves_no_model_by_a_point():
+    plan = SearchPlan(100, 2, (), (1000,), 100, 10_000, 50)
+    # held-out accuracy 0.9 - 7/steps for the ViT, 0.9 - 2/steps for the CNN: the ViT decides
+    search, _ = _search(lambda s: 0.9 - (7 if s.model == VIT else 2) / s.steps, plan)
+    budgets = search.budgets(code_recipe())
+    b = budgets[1000]
+    # 100 -> 200 moves the ViT 3.8 points (12 and 25 epochs of 8 batches), 200 -> 400 1.75, 400 -> 800 0.875
+    assert [r["steps"] for r in b["rows"]] == [100, 200, 400] and b["steps"] == 400 and b["converged"]
+    search, _ = _search(lambda s: 0.9 - 500 / s.steps, SearchPlan(100, 2, (), (1000,), 100, 800, 50))
+    b = search.budgets(code_recipe())[1000]
+    assert b["steps"] == 400 and not b["converged"]  # stopped at the plan's most, and says so
+
+
+def test_convergence_rows_and_the_reason_an_inconclusive_verdict_gives():
+    assert convergence_row("ViT", 1000, 800, [0.80, 0.82], [0.815, 0.82])["converged"]  # +0.75 points
+    assert not convergence_row("ViT", 1000, 800, [0.80, 0.82], [0.83, 0.82])["converged"]  # +1.5 points
+    e = EXPERIMENTS[1]
+    scale = Scale("default", (0, 1, 2))
+    for rows, reason in (([convergence_row("a", 1000, 8, [0.8], [0.805])], "smaller than the spread between seeds"),
+                         ([convergence_row("a", 1000, 8, [0.8], [0.9])], "not every arm's budget has converged (a)"),
+                         ([], "no convergence table")):
+        o = Outcome(setup="", header=[], rows=[], verdict=Verdict(INCONCLUSIVE, "d = 1.0 +- 2.0"), convergence=rows)
+        _budget_evidence(e, o, scale, None)
+        assert o.verdict.detail.startswith("d = 1.0 +- 2.0. Inconclusive because") and reason in o.verdict.detail
+    o = Outcome(setup="", header=[], rows=[], verdict=Verdict(REPRODUCED, "d = 5"))
+    _budget_evidence(e, o, scale, None)
+    assert o.verdict.detail == "d = 5"  # a decided verdict needs no reason
+
+
+def test_each_comparison_has_one_step_budget_and_the_budgets_are_the_codes():
+    """Every arm of a model at one training-set size trains the code's steps at one batch size, to the whole
+    epoch the engine trains (a mixing run drops each epoch's short last batch: 31 batches of 4,000 images, not 32)."""
+    for scale in (Scale("default", (0, 1, 2)), Scale("quick", (0, 1))):
+        for e in EXPERIMENTS:
+            budgets = {}
+            for s in e.plan(scale):
+                if dict(s.data)["name"] == "fashion-mnist" and s.init is None:
+                    budgets.setdefault((s.n_train, s.model), set()).add((s.steps, s.batch_size))
+            for (n, model), b in budgets.items():
+                assert {batch for _, batch in b} == {shared.RECIPES[model]["batch_size"]}, (e.name, n, b)
+                per_epoch = -(-n // shared.RECIPES[model]["batch_size"])
+                for steps, _ in b:
+                    assert abs(steps - shared.steps_table(scale)[n]) <= per_epoch / 2 + 1, (e.name, n, steps)
+
+
+def test_the_code_holds_the_committed_searchs_choice():
+    record = load_record()
+    assert record is not None, "search.json (the recipe search's record) is missing beside search.py"
+    assert code_recipe() == record["recipe"]  # the recipe in claims/shared.py is the search's
+    for n, b in record["budgets"].items():
+        if b["converged"] and int(n) in code_budgets():
+            assert code_budgets()[int(n)] == b["steps"], n  # a budget the search measured is the code's
+    md = render(record)
+    assert "held out" in md and "| knob | model |" in md and f"{record['runs']} runs" in md
+
+
+def test_release_init_gives_xavier_scale_weights_and_keeps_the_zero_head():
+    spec = dataclasses.replace(shared.fashion_run(VIT, 1000, 0, Scale("default", (0,))), weight_init="release")
+    torch.manual_seed(0)
+    model = build_model(spec, 10)
+    qkv = model.blocks[0].attn.qkv.weight  # (3D, D): three D x D maps, each Xavier-uniform: std sqrt(2 / 2D)
+    D = qkv.shape[1]
+    for part in qkv.chunk(3, dim=0):
+        assert part.std().item() == pytest.approx((2 / (2 * D)) ** 0.5, rel=0.1)
+    fc1 = model.blocks[0].mlp.fc1.weight  # (M, D): std sqrt(2 / (M + D))
+    assert fc1.std().item() == pytest.approx((2 / sum(fc1.shape)) ** 0.5, rel=0.1)
+    assert model.cls_token.abs().max() == 0 and model.head.weight.abs().max() == 0
+    assert 0 < model.blocks[0].mlp.fc1.bias.abs().max() < 1e-5
+    torch.manual_seed(0)
+    default = build_model(dataclasses.replace(spec, weight_init="default"), 10)
+    assert default.blocks[0].mlp.fc1.weight.std() < fc1.std() / 3  # the constructor's std 0.02: 4-6x smaller
+
+
+def test_tune_quick_end_to_end(tmp_path, fashion, one_thread, capsys):
+    out = tmp_path / "search"
+    assert main(["reproduce", "--tune", "--quick", "--workers", "1", "--out", str(out)]) == 0
+    record = json.loads((out / "search.json").read_text())
+    plan = PLANS["quick"]
+    assert [s["knob"] for s in record["stages"]] == ["lr", "lr"] and record["held_out"] == plan.n_val
+    for s in record["stages"]:
+        assert s["chosen"] == s["values"][max(range(len(s["values"])), key=lambda i: s["acc"][i])]
+        assert all(0 <= a <= 1 for a in s["acc"])
+    assert list(record["budgets"]) == ["200"] and record["budgets"]["200"]["steps"] in (2, 4)
+    assert record["convergence"] is None  # the quick scale checks no claim's budgets
+    assert "# The recipe search" in (out / "search.md").read_text()
+    trained = record["runs"]
+    capsys.readouterr()
+    assert main(["reproduce", "--tune", "--quick", "--workers", "1", "--out", str(out)]) == 0
+    assert "trained" not in capsys.readouterr().out  # the second invocation reads the cache
+    assert json.loads((out / "search.json").read_text())["runs"] == trained
+    assert main(["reproduce", "--tune", "--quick", "--seeds", "2", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.startswith("error: --seeds applies to the report")
+    assert set(MODELS) == {VIT, CNN}
+
+
+def test_claim5_takes_the_budget_stages_rows_where_the_code_holds_its_budget():
+    record = {"tolerance": 0.01, "budgets": {
+        "1000": {"steps": 625, "converged": True, "rows": [{"steps": 625, "acc": {"ViT": [0.70, 0.705], "CNN": [0.80, 0.80]}}]},
+        "4000": {"steps": 1250, "converged": True, "rows": [{"steps": 1250, "acc": {"ViT": [0.8, 0.8], "CNN": [0.8, 0.8]}}]}}}
+    rows = budget_rows(record, {1000: 625, 4000: 2500, 60_000: 5000})  # 4,000's budget in code is not the search's
+    assert [(r["arm"], r["n_train"], r["steps"], r["converged"]) for r in rows] == [("ViT", 1000, 625, True),
+                                                                                     ("CNN", 1000, 625, True)]
+    data_scale = next(e for e in EXPERIMENTS if e.name == "data_scale")
+    o = Outcome(setup="", header=[], rows=[], verdict=Verdict(INCONCLUSIVE, "d"))
+    monkey_budgets = {**code_budgets(), 1000: 625}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "code_budgets", lambda: monkey_budgets)
+        _budget_evidence(data_scale, o, Scale("default", (0, 1, 2)), record)
+    assert len(o.convergence) == 2 and not o.convergence_complete and "1,000 training images only" in o.convergence_note
+    assert "measured only in part" in o.verdict.detail
