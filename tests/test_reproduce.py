@@ -138,6 +138,12 @@ def test_quick_report_has_every_claim_with_a_verdict(quick_report):
     verdicts = {r["name"]: r["verdict"] for r in csv.DictReader((quick_report / "results" / "verdicts.csv").open())}
     assert set(verdicts) == {e.name for e in EXPERIMENTS}
     assert verdicts["x_pos_embed"] == REPRODUCED  # dataset X >= 95%, and chance without position embedding
+    claim1 = md.split("## 1. ")[1].split("\n## ")[0]  # its budget against twice it, per arm
+    assert "**Budget.**" in claim1 and re.search(r"\| position embedding learned \| 2,000 \| \d+ \| 100\.00 \| 100\.00 \| \+0\.00 \| yes \|", claim1)
+    for e in EXPERIMENTS:  # an inconclusive verdict says why
+        section = md.split(f"## {e.number}. {e.title}")[1].split("\n## ")[0]
+        if f"**Verdict: {INCONCLUSIVE}.**" in section:
+            assert "Inconclusive because" in section, e.name
 
 
 def test_second_run_reads_the_cache(quick_report, capsys):

@@ -52,7 +52,7 @@ def _analyze_x(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         csv_rows=[[pe, s.seed, res[s]["val_acc"]] for pe in by for s in by[pe]],
         convergence=[convergence_row(f"position embedding {pe}", 2000, by[pe][0].steps, acc[pe], res.acc(by_2x[pe]))
                      for pe in by],
-        convergence_note="on the claim's own validation images, every seed (dataset X is generated: no images to hold out)",
+        convergence_note="on the claim's own validation images, every seed; dataset X is generated: no images to hold out",
     )
 
 
