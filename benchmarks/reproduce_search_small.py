@@ -1,0 +1,87 @@
+"""The part of the recipe search (`vitlab reproduce --tune`) that one CPU core can run in about an hour, and
+what the chosen recipe's ViT and CNN reach at 1,000 training images (issue 28): a measurement, not a test.
+
+    PYTHONPATH=src python benchmarks/reproduce_search_small.py --out runs/search_small   # ~1-1.5 h, one core
+
+Three parts, every run through the reproduce machinery (`RunSpec`, the run cache under OUT/cache, one
+worker, one thread), so that a second invocation reads the cache:
+
+    recipe     the search's recipe stage as `vitlab reproduce --tune` runs it (search.STAGES: 4,000 of the
+               50,000 search-training images, 40 epochs, validated on the 10,000 held-out training images)
+    budget     the search's budget stage at 1,000 images only (the full search also runs 4,000 and 50,000):
+               steps doubling from search.FIRST_STEPS until doubling moves neither model by a point
+    seeds      the chosen recipe's ViT and CNN at 1,000 images and that budget, seeds 0, 1, 2, validated on
+               the 10,000 test images (the claims' data: measured here, not chosen on)
+
+Writes OUT/search.json and search.md (the search's record and its tables, as `vitlab reproduce --tune` writes
+them) and OUT/seeds_test.json (the seeds' test accuracies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from vitlab.experiments.executors import open_executor
+from vitlab.experiments.reproduce import search
+from vitlab.experiments.reproduce.claims.shared import CNN, VIT, epochs_for, fashion_data
+from vitlab.experiments.reproduce.claims.base import Scale
+from vitlab.experiments.reproduce.runs import RunCache, run_spec, train_on
+from vitlab.models.registry import get_config
+from vitlab.runtime import num_threads
+
+
+def test_run(model: str, knobs: dict, n: int, steps: int, seed: int):
+    """The run `claims.shared.fashion_run` makes once the code holds `knobs` and the budget `steps`."""
+    ov = dict(search.SHAPES[knobs["shape"]]) if model == VIT else {}
+    base = get_config(model)
+    ov = {k: v for k, v in ov.items() if getattr(base, k, None) != v}
+    epochs = epochs_for(steps, n, knobs["batch_size"])
+    return run_spec(fashion_data(n, Scale("default", (0, 1, 2))), model, overrides=ov, aug=search.AUGS[knobs["aug"]],
+                    epochs=epochs, lr=knobs["lr"], batch_size=knobs["batch_size"], weight_decay=knobs["weight_decay"],
+                    warmup_epochs=knobs["warmup"] * epochs, seed=seed, weight_init=knobs["weight_init"])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--n", type=int, default=1000)
+    args = p.parse_args()
+    out = Path(args.out)
+    cache = RunCache(out / "cache")
+    with open_executor("pool", device="cpu", workers=1, n_items=64) as ex, num_threads(1):
+        def train(specs):
+            for spec, _ in train_on(sorted(specs, key=lambda s: -s.epochs * s.n_train), ex, cache, "auto"):
+                r = cache.result(spec)
+                print(f"    trained {search.arm_label(spec)} N={spec.n_train} steps {spec.steps} lr {spec.lr:g} "
+                      f"B {spec.batch_size}: {100 * r['val_acc']:.2f}% ({r['train_cpu_s']:.0f} CPU s)", flush=True)
+
+        s = search.Search(cache, train, lambda m: print(m, flush=True))
+        print("recipe stage:", flush=True)
+        recipe, stages = s.recipe()
+        print(f"budget stage at N={args.n:,}:", flush=True)
+        budgets = s.budgets(recipe, ns=(args.n,))
+        record = search.make_record(search.PLANS["default"], stages, recipe, budgets, cache,
+                                    made_by="`PYTHONPATH=src python benchmarks/reproduce_search_small.py --out DIR` "
+                                    f"(the recipe stage of `vitlab reproduce --tune` and its budget stage at {args.n:,} "
+                                    "images only)")
+        (out / "search.json").write_text(json.dumps(record, indent=1))
+        (out / "search.md").write_text(search.render(record))
+        steps = budgets[args.n]["steps"]
+        print(f"seeds at N={args.n:,}, {steps} steps, on the test images:", flush=True)
+        seeds = {}
+        for m in (VIT, CNN):
+            acc = s.acc([test_run(m, recipe[m], args.n, steps, seed) for seed in (0, 1, 2)])
+            seeds[search.MODELS[m]] = acc
+            print(f"  {search.MODELS[m]}: " + ", ".join(f"{100 * a:.2f}" for a in acc)
+                  + f"; mean {100 * statistics.fmean(acc):.2f} +- {100 * statistics.stdev(acc):.2f}", flush=True)
+    cpu = sum(json.loads(f.read_text())["train_cpu_s"] for f in cache.root.glob("*/result.json"))
+    (out / "seeds_test.json").write_text(json.dumps({"n_train": args.n, "steps": steps, "acc": seeds}, indent=1))
+    print(f"wrote {out / 'search.json'} (the search's record, as `vitlab reproduce --tune` writes it), search.md and "
+          f"seeds_test.json; {cpu / 3600:.2f} CPU-hours of training in the cache")
+
+
+if __name__ == "__main__":
+    main()
