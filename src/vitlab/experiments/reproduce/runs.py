@@ -56,7 +56,7 @@ class RunSpec:
     warmup_epochs: float = 1.0
     seed: int = 0
     init: "RunSpec | None" = None
-    weight_init: str = "default"  # a ViT's initial weights: "default" (the constructor's) or "release" (`release_init`)
+    weight_init: str = "default"  # a ViT's initial weights: "default" (the constructor's) or "release" (init_weights("jax"))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -139,46 +139,11 @@ def build_model(spec: RunSpec, num_classes: int) -> nn.Module:
     model = create_model(spec.model, num_classes=num_classes, img_size=int(d["img_size"]),
                          in_chans=int(d.get("channels", 3)), **dict(spec.overrides))
     model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=1.0)
-    if spec.weight_init == "release":
-        release_init(model)
+    if spec.weight_init == "release":  # the original release's (VisionTransformer.init_weights' "jax")
+        model.init_weights("jax")
     elif spec.weight_init != "default":
         raise VitlabError(f"weight_init must be default or release; found {spec.weight_init!r}")
     return model
-
-
-def release_init(model: VisionTransformer) -> None:
-    """The original release's initialisation (vit_jax's models_vit.py, big_vision), drawn after the
-    constructor's: Xavier-uniform linear maps, q, k and v each as its own D x D map; LeCun-normal
-    (truncated, variance 1/fan_in) convolutions and patch projection; MLP biases N(0, 1e-6), other biases
-    zero; the position table N(0, 0.02); a zero class token; LayerNorms 1 and 0; the zero head kept
-    (Section 3.2). The constructor's truncated normal of std 0.02 suits ViT-B (D = 768: Xavier's std is
-    0.023-0.026); for D = 64 it is 4-6x below Xavier's (0.088-0.125). A candidate of the recipe search
-    (search.py), which measures whether it matters for the small ViT."""
-    for name, m in model.named_modules():
-        if isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-            continue
-        if not isinstance(m, (nn.Linear, nn.Conv2d)) or name in ("head", "head_dist"):
-            continue
-        if isinstance(m, nn.Conv2d) or name == "patch_embed.proj":  # LeCun normal, flax's Conv default
-            std = m.weight[0].numel() ** -0.5 / 0.87962566103423978  # / the std of N(0, 1) truncated at +-2
-            nn.init.trunc_normal_(m.weight, std=std, a=-2 * std, b=2 * std)
-        elif name.endswith("attn.qkv"):  # (3D, D): q, k and v are three D x D maps in the release
-            for part in m.weight.data.chunk(3, dim=0):
-                nn.init.xavier_uniform_(part)
-        else:
-            nn.init.xavier_uniform_(m.weight)
-        if m.bias is not None:
-            if ".mlp." in f".{name}.":
-                nn.init.normal_(m.bias, std=1e-6)
-            else:
-                nn.init.zeros_(m.bias)
-    for p in (model.pos_embed, model.pos_embed_row, model.pos_embed_col):
-        if p is not None:
-            nn.init.normal_(p, std=0.02)
-    if model.cls_token is not None:
-        nn.init.zeros_(model.cls_token)
 
 
 def transforms(spec: RunSpec, model: nn.Module, source_size: tuple[int, int]) -> tuple[BatchTransform, BatchTransform]:

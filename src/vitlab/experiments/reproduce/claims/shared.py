@@ -37,7 +37,7 @@ from vitlab.models.registry import get_config
 VIT, CNN = "vit_mini", "resnet_mini"
 # ---- the search's choice (search.json; `vitlab reproduce --tune`) ------------------------------------
 FASHION_VIT = {"depth": 6, "patch_size": 7}  # the ViT's shape
-VIT_INIT = "default"  # the ViT's initial weights: the constructor's ("release": runs.release_init)
+VIT_INIT = "default"  # the ViT's initial weights: the constructor's ("release": init_weights("jax"))
 RECIPES = {  # per model: peak learning rate, AdamW's weight decay, batch size, the fraction of training warmed up over
     VIT: {"lr": 2e-3, "weight_decay": 0.05, "batch_size": 64, "warmup": 0.02},
     CNN: {"lr": 4e-3, "weight_decay": 0.05, "batch_size": 128, "warmup": 0.1},
