@@ -2,14 +2,17 @@
 what the chosen recipe's ViT and CNN reach at 1,000 training images (issue 28): a measurement, not a test.
 
     PYTHONPATH=src python benchmarks/reproduce_search_small.py --out runs/search_small   # ~1-1.5 h, one core
+    PYTHONPATH=src python benchmarks/reproduce_search_small.py --out runs/search_small \
+        --budget 1000 --budget 50000:5000 --max-steps 10000 --workers 2   # one row at 50,000: ~0.6 CPU-h more
 
 Three parts, every run through the reproduce machinery (`RunSpec`, the run cache under OUT/cache, one
 worker, one thread), so that a second invocation reads the cache:
 
     recipe     the search's recipe stage as `vitlab reproduce --tune` runs it (search.STAGES: 4,000 of the
                50,000 search-training images, 40 epochs, validated on the 10,000 held-out training images)
-    budget     the search's budget stage at 1,000 images only (the full search also runs 4,000 and 50,000):
-               steps doubling from search.FIRST_STEPS until doubling moves neither model by a point
+    budget     the search's budget stage at 1,000 images (and at the sizes of --budget N[:FIRST]; the full
+               search runs 1,000, 4,000 and 50,000): steps doubling from the plan's first (or FIRST) until
+               doubling moves neither model by a point, or until --max-steps
     seeds      the chosen recipe's ViT and CNN at 1,000 images and that budget, seeds 0, 1, 2, validated on
                the 10,000 test images (the claims' data: measured here, not chosen on)
 
@@ -20,6 +23,7 @@ them) and OUT/seeds_test.json (the seeds' test accuracies).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -47,11 +51,16 @@ def test_run(model: str, knobs: dict, n: int, steps: int, seed: int):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--n", type=int, default=1000, help="the training-set size of the seeds' runs")
+    p.add_argument("--budget", action="append", metavar="N[:FIRST]",
+                   help="a size of the budget stage and the steps it starts from (default: --n, from the plan's first)")
+    p.add_argument("--max-steps", type=int, default=search.PLANS["default"].max_steps)
+    p.add_argument("--workers", type=int, default=1, help="runs trained side by side, one thread each")
     args = p.parse_args()
+    sizes = [tuple(int(x) for x in b.split(":")) for b in args.budget or [str(args.n)]]
     out = Path(args.out)
     cache = RunCache(out / "cache")
-    with open_executor("pool", device="cpu", workers=1, n_items=64) as ex, num_threads(1):
+    with open_executor("pool", device="cpu", workers=args.workers, n_items=64) as ex, num_threads(1):
         def train(specs):
             for spec, _ in train_on(sorted(specs, key=lambda s: -s.epochs * s.n_train), ex, cache, "auto"):
                 r = cache.result(spec)
@@ -61,15 +70,22 @@ def main() -> None:
         s = search.Search(cache, train, lambda m: print(m, flush=True))
         print("recipe stage:", flush=True)
         recipe, stages = s.recipe()
-        print(f"budget stage at N={args.n:,}:", flush=True)
-        budgets = s.budgets(recipe, ns=(args.n,))
+        budgets = {}
+        for n, *first in sizes:
+            print(f"budget stage at N={n:,}:", flush=True)
+            plan = dataclasses.replace(search.PLANS["default"], max_steps=args.max_steps,
+                                       first_steps=first[0] if first else search.PLANS["default"].first_steps)
+            budgets.update(search.Search(cache, train, s.log, plan).budgets(recipe, ns=(n,)))
+        where = " and ".join(f"{n:,} images" + (f" (from {first[0]:,} steps, at most {args.max_steps:,})" if first else "")
+                             for n, *first in sizes)
         record = search.make_record(search.PLANS["default"], stages, recipe, budgets, cache,
-                                    made_by="`PYTHONPATH=src python benchmarks/reproduce_search_small.py --out DIR` "
-                                    f"(the recipe stage of `vitlab reproduce --tune` and its budget stage at {args.n:,} "
-                                    "images only)")
+                                    made_by="`PYTHONPATH=src python benchmarks/reproduce_search_small.py --out DIR "
+                                    + " ".join(f"--budget {b}" for b in args.budget or []) +
+                                    (f" --max-steps {args.max_steps}" if args.budget else "") + "` "
+                                    f"(the recipe stage of `vitlab reproduce --tune` and its budget stage at {where} only)")
         (out / "search.json").write_text(json.dumps(record, indent=1))
         (out / "search.md").write_text(search.render(record))
-        steps = budgets[args.n]["steps"]
+        steps = budgets[args.n]["steps"] if args.n in budgets else search.code_budgets()[args.n]
         print(f"seeds at N={args.n:,}, {steps} steps, on the test images:", flush=True)
         seeds = {}
         for m in (VIT, CNN):
