@@ -99,6 +99,9 @@ def test_budget_stage_doubles_until_doubling_moves_no_model_by_a_point():
     search, _ = _search(lambda s: 0.9 - 500 / s.steps, SearchPlan(100, 2, (), (1000,), 100, 800, 50))
     b = search.budgets(code_recipe())[1000]
     assert b["steps"] == 400 and not b["converged"]  # stopped at the plan's most, and says so
+    record = {"held_out": 50, "search_n": 100, "recipe_epochs": 2, "tolerance": 0.01, "stages": [], "recipe": {},
+              "budgets": {"1000": b}, "made_by": "t", "runs": 3, "train_cpu_s": 1.0}
+    assert "| 1,000 | 400 | 800 |" in render(record) and "**not converged** (the search stopped here)" in render(record)
 
 
 def test_convergence_rows_and_the_reason_an_inconclusive_verdict_gives():
@@ -190,6 +193,11 @@ def test_claim5_takes_the_budget_stages_rows_where_the_code_holds_its_budget():
     rows = budget_rows(record, {1000: 625, 4000: 2500, 60_000: 5000})  # 4,000's budget in code is not the search's
     assert [(r["arm"], r["n_train"], r["steps"], r["converged"]) for r in rows] == [("ViT", 1000, 625, True),
                                                                                      ("CNN", 1000, 625, True)]
+    # the search's 50,000 training images are the code's 60,000; a budget that did not converge says so
+    full = {"50000": {"steps": 5000, "converged": False, "rows": [{"steps": 5000, "acc": {"ViT": [0.85, 0.87],
+                                                                                           "CNN": [0.91, 0.912]}}]}}
+    rows = budget_rows({**record, "budgets": full}, {1000: 625, 4000: 2500, 60_000: 5000})
+    assert [(r["arm"], r["n_train"], r["converged"]) for r in rows] == [("ViT", 60_000, False), ("CNN", 60_000, True)]
     data_scale = next(e for e in EXPERIMENTS if e.name == "data_scale")
     o = Outcome(setup="", header=[], rows=[], verdict=Verdict(INCONCLUSIVE, "d"))
     monkey_budgets = {**code_budgets(), 1000: 625}

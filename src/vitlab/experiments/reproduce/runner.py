@@ -28,7 +28,8 @@ from vitlab.experiments.reproduce.report import _duration, render_html, render_m
 from vitlab.experiments.reproduce.search import arm_label, code_budgets, load_record
 from vitlab.experiments.reproduce.search import render as render_search
 from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, Verdict, _stats
-from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, RunCache, RunSpec, build_model, recipe, train_on, transforms
+from vitlab.experiments.reproduce.runs import (HELD_OUT, VAL_PER_EPOCH, RunCache, RunSpec, build_model, recipe,
+                                              train_on, transforms)
 from vitlab.fileio import check_out_folder, output_folder, write_csv, write_text
 from vitlab.runtime import num_threads, resolve_device
 from vitlab.speed import paths
@@ -273,14 +274,16 @@ def _from_search(e, outcome: Outcome, record: dict) -> None:
 
 def budget_rows(record: dict, budgets: dict[int, int]) -> list[dict]:
     """The budget stage's rows (`convergence_row`s) at the sizes whose budget in `budgets` is the one the
-    search found there (the same steps): the shared ViT and CNN at that budget and at twice it, held out."""
+    search found there (the same steps): the shared ViT and CNN at that budget and at twice it, held out. The
+    search's largest size, its 50,000 training images, stands for the code's 60,000 (the claims' full set)."""
     rows = []
     for n, b in record.get("budgets", {}).items():
-        if budgets.get(int(n)) != b["steps"]:
+        n = 60_000 if int(n) == 60_000 - HELD_OUT else int(n)
+        if budgets.get(n) != b["steps"]:
             continue
         row = next(r for r in b["rows"] if r["steps"] == b["steps"])
         for model, (a, a2) in row["acc"].items():
-            rows.append(convergence_row(model, int(n), b["steps"], [a], [a2], record["tolerance"]))
+            rows.append(convergence_row(model, n, b["steps"], [a], [a2], record["tolerance"]))
     return rows
 
 

@@ -304,7 +304,8 @@ def render(record: dict, heading: str = "#") -> str:
         for r in b["rows"]:
             rows.append([f"{int(n):,}", str(r["steps"]), str(2 * r["steps"])]
                         + [f"{_pct(x)} -> {_pct(y)} ({100 * (y - x):+.2f})" for x, y in r["acc"].values()]
-                        + ["**budget**" if r["steps"] == b["steps"] else ""])
+                        + ["" if r["steps"] != b["steps"] else "**budget**" if b["converged"]
+                           else "**not converged** (the search stopped here)"])
     lines += [md_table(["N", "steps", "2x steps", "ViT held-out %", "CNN held-out %", ""], rows), ""]
     if record.get("convergence"):
         lines += [f"**Convergence** of every claim's arms at the budgets in code "
