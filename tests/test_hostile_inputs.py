@@ -950,24 +950,31 @@ def test_the_library_refuses_bad_arguments_in_one_message(name, lab, tmp_path, m
 
 def test_ctrl_c_while_vitlab_starts_is_one_line():
     """SIGINT while `python -m vitlab` imports torch (a fixed delay was not enough on a loaded machine: the
-    signal could land before Python had started): one line, exit 130."""
+    signal could land before Python had started): one line, exit 130. On a loaded machine the signal can still
+    land after the command has done its work (exit 0, its output complete): that try tested nothing, and the
+    test tries again, up to five times."""
     env = {**os.environ, "PYTHONPATH": str(Path(vitlab.__file__).parents[1])}
-    proc = subprocess.Popen([sys.executable, "-m", "vitlab", "info", "vit_base_patch16_224"], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    maps, deadline = Path(f"/proc/{proc.pid}/maps"), time.monotonic() + 120
-    if maps.exists():  # wait until torch's library is loaded: Python's own handler is in place, imports are under way
-        while proc.poll() is None and time.monotonic() < deadline:
-            with contextlib.suppress(OSError):  # the process may end between the poll and the read
-                if "libtorch" in maps.read_text():
-                    break
-            time.sleep(0.01)
-    else:
-        time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: interrupted"), err
+    for _ in range(5):
+        proc = subprocess.Popen([sys.executable, "-m", "vitlab", "info", "vit_base_patch16_224"], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        maps, deadline = Path(f"/proc/{proc.pid}/maps"), time.monotonic() + 120
+        if maps.exists():  # wait until torch's library is loaded: Python's handler is in place, imports under way
+            while proc.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(OSError):  # the process may end between the poll and the read
+                    if "libtorch" in maps.read_text():
+                        break
+                time.sleep(0.01)
+        else:
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        if proc.returncode == 0 and "vit_base_patch16_224" in out:
+            continue  # the command had finished before the signal came: nothing was interrupted
+        assert proc.returncode == 130, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: interrupted"), err
+        return
+    pytest.fail("in five tries the signal never landed while vitlab was starting (the machine is too loaded)")
 
 
 # ----------------------------------------------------------------------------------------------------
