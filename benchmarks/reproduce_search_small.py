@@ -3,10 +3,10 @@ what the chosen recipe's ViT and CNN reach at 1,000 training images (issue 28): 
 
     PYTHONPATH=src python benchmarks/reproduce_search_small.py --out runs/search_small   # ~1-1.5 h, one core
     PYTHONPATH=src python benchmarks/reproduce_search_small.py --out runs/search_small \
-        --budget 1000 --budget 50000:5000 --max-steps 10000 --workers 2   # one row at 50,000: ~0.6 CPU-h more
+        --budget 1000 --budget 50000:5000 --max-steps 10000 --workers 2   # one row at 50,000: 1.1 CPU-h more
 
-Three parts, every run through the reproduce machinery (`RunSpec`, the run cache under OUT/cache, one
-worker, one thread), so that a second invocation reads the cache:
+Three parts, every run through the reproduce machinery (`RunSpec`, the run cache under OUT/cache,
+--workers processes of one thread), so that a second invocation reads the cache:
 
     recipe     the search's recipe stage as `vitlab reproduce --tune` runs it (search.STAGES: 4,000 of the
                50,000 search-training images, 40 epochs, validated on the 10,000 held-out training images)
