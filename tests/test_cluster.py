@@ -24,6 +24,9 @@ import pytest
 
 import vitlab
 from vitlab.cli import main
+from vitlab.experiments.reproduce.claims import select
+from vitlab.experiments.reproduce.claims.base import Scale
+from vitlab.experiments.reproduce.runner import _all_runs
 
 RAY = Path(sys.executable).parent / "ray"  # the `ray` command of this environment
 HOW = "needs Ray, vitlab's cluster extra: pip install -c constraints.txt -e '.[cluster]'"
@@ -201,6 +204,12 @@ def _runs(out: Path) -> dict[str, tuple[dict, bytes]]:
     return runs
 
 
+def _planned(only: str) -> list[str]:
+    """The keys of the --quick grid's runs for the claims `only` names (2 seeds), as the plan lists them."""
+    plan = [s for e in select(only) for s in e.plan(Scale("quick", (0, 1)))]
+    return sorted(s.key for s in _all_runs(plan))
+
+
 @pytest.fixture(scope="module")
 def pool_runs(tmp_path_factory, fashion, ray_installed) -> dict:
     """The --quick grid on the process pool (2 workers, one thread each): the reference."""
@@ -248,7 +257,7 @@ def test_a_node_killed_mid_grid_costs_no_run(tmp_path, pool_runs):
         cluster.wait_for(1)  # the head has noticed: one node left
     assert driver.returncode == 0, log[-5000:]
     runs = _runs(out)
-    assert len(runs) == 10 and all(runs[k] == pool_runs[k] for k in runs)  # claims 1 and 6: 10 runs, 2 fine-tuned
+    assert sorted(runs) == _planned("1,6") and all(runs[k] == pool_runs[k] for k in runs)
     assert {p: p.stat().st_mtime_ns for p in kept} == kept  # written once: nothing kept was trained again
     trained = json.loads((out / "cache" / "invocation.json").read_text())
     assert trained["trained"] == sum(trained["nodes"].values()) == len(runs)  # each run came back once
@@ -270,7 +279,7 @@ def test_a_ray_cluster_of_this_machine_alone(tmp_path, pool_runs):
         log, _ = driver.communicate(timeout=1800)
     assert driver.returncode == 0, log[-5000:]
     runs = _runs(out)
-    assert len(runs) == 6 and all(runs[k] == pool_runs[k] for k in runs)
+    assert sorted(runs) == _planned("6") and all(runs[k] == pool_runs[k] for k in runs)
     assert "a Ray cluster of this machine: 1 node(s), 2 CPU(s)" in log and "run(s) on 127.0.0.1" in log
     assert [p.name.startswith("session_") for p in (tmp_path / "cache" / "ray").iterdir() if p.is_dir()] == [True]
     assert not (home / ".ray").exists()  # no ~/.ray/auth_token: the cluster's token lived in its processes
