@@ -9,7 +9,9 @@ Three parts, every run through the reproduce machinery (`RunSpec`, the run cache
 --workers processes of one thread), so that a second invocation reads the cache:
 
     recipe     the search's recipe stage as `vitlab reproduce --tune` runs it (search.STAGES: 4,000 of the
-               50,000 search-training images, 40 epochs, validated on the 10,000 held-out training images)
+               50,000 search-training images, 40 epochs, validated on the 10,000 held-out training images),
+               and its choice of claim 9's regularisation (shared.REGULARISATIONS on the ViT at 4,000 images,
+               then the chosen one on both models at the budget and at twice it)
     budget     the search's budget stage at 1,000 images (and at the sizes of --budget N[:FIRST]; the full
                search runs 1,000, 4,000 and 50,000): steps doubling from the plan's first (or FIRST) until
                doubling moves neither model by a point, or until --max-steps
@@ -56,6 +58,9 @@ def main() -> None:
                    help="a size of the budget stage and the steps it starts from (default: --n, from the plan's first)")
     p.add_argument("--max-steps", type=int, default=search.PLANS["default"].max_steps)
     p.add_argument("--workers", type=int, default=1, help="runs trained side by side, one thread each")
+    p.add_argument("--parts", default="recipe,budget,seeds",
+                   help="the parts to run, of recipe,budget,seeds (the recipe stage always runs: the others need it); "
+                        "the record is written after the budget part")
     args = p.parse_args()
     sizes = [tuple(int(x) for x in b.split(":")) for b in args.budget or [str(args.n)]]
     out = Path(args.out)
@@ -70,21 +75,27 @@ def main() -> None:
         s = search.Search(cache, train, lambda m: print(m, flush=True))
         print("recipe stage:", flush=True)
         recipe, stages = s.recipe()
+        print("claim 9's regularisation:", flush=True)
+        regularisation = s.regularisation(recipe)
         budgets = {}
-        for n, *first in sizes:
+        for n, *first in (sizes if "budget" in args.parts else []):
             print(f"budget stage at N={n:,}:", flush=True)
             plan = dataclasses.replace(search.PLANS["default"], max_steps=args.max_steps,
                                        first_steps=first[0] if first else search.PLANS["default"].first_steps)
             budgets.update(search.Search(cache, train, s.log, plan).budgets(recipe, ns=(n,)))
         where = " and ".join(f"{n:,} images" + (f" (from {first[0]:,} steps, at most {args.max_steps:,})" if first else "")
                              for n, *first in sizes)
-        record = search.make_record(search.PLANS["default"], stages, recipe, budgets, cache,
+        if "budget" not in args.parts:
+            return
+        record = search.make_record(search.PLANS["default"], stages, recipe, budgets, cache, regularisation=regularisation,
                                     made_by="`PYTHONPATH=src python benchmarks/reproduce_search_small.py --out DIR "
                                     + " ".join(f"--budget {b}" for b in args.budget or []) +
                                     (f" --max-steps {args.max_steps}" if args.budget else "") + "` "
                                     f"(the recipe stage of `vitlab reproduce --tune` and its budget stage at {where} only)")
         (out / "search.json").write_text(json.dumps(record, indent=1))
         (out / "search.md").write_text(search.render(record))
+        if "seeds" not in args.parts:
+            return
         steps = budgets[args.n]["steps"] if args.n in budgets else search.code_budgets()[args.n]
         print(f"seeds at N={args.n:,}, {steps} steps, on the test images:", flush=True)
         seeds = {}

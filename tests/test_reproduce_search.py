@@ -88,6 +88,19 @@ def test_recipe_stage_keeps_the_best_held_out_accuracy_and_the_current_value_on_
     assert len(cache.trained) == 3 + 3 + 1  # the weight decay stage's current value is the lr stage's run: cached
 
 
+def test_the_cnn_takes_the_vits_batch_size_and_its_own_accuracies_are_still_shown():
+    plan = SearchPlan(100, 2, (("batch_size", (64, 128), (VIT, CNN)),), (100,), 2, 8, 50)
+    # the ViT is best at batch 64, the CNN at 128: the CNN trains at 64 all the same (equal steps, equal images)
+    search, _ = _search(lambda s: 0.8 + (s.batch_size == (64 if s.model == VIT else 128)) / 100, plan)
+    recipe, stages = search.recipe()
+    assert recipe[VIT]["batch_size"] == recipe[CNN]["batch_size"] == 64
+    assert stages[0]["chosen"] == 64 and "rule" not in stages[0]
+    assert stages[1]["chosen"] == 64 and stages[1]["rule"] == "the ViT's" and stages[1]["acc"] == [0.8, 0.81]
+    record = {"held_out": 50, "search_n": 100, "recipe_epochs": 2, "tolerance": 0.01, "stages": stages,
+              "recipe": recipe, "budgets": {}, "made_by": "t", "runs": 4, "train_cpu_s": 1.0}
+    assert "| batch_size | CNN | 128 | 64: 80.00, 128: 81.00 | **64** (the ViT's) |" in render(record)
+
+
 def test_budget_stage_doubles_until_doubling_moves_no_model_by_a_point():
     plan = SearchPlan(100, 2, (), (1000,), 100, 10_000, 50)
     # held-out accuracy 0.9 - 7/steps for the ViT, 0.9 - 2/steps for the CNN: the ViT decides
@@ -140,6 +153,8 @@ def test_the_code_holds_the_committed_searchs_choice():
     record = load_record()
     assert record is not None, "search.json (the recipe search's record) is missing beside search.py"
     assert code_recipe() == record["recipe"]  # the recipe in claims/shared.py is the search's
+    if record.get("regularisation"):
+        assert shared.REGULARISATION == record["regularisation"]["chosen"]  # and so is claim 9's regularisation
     for n, b in record["budgets"].items():
         if b["converged"] and int(n) in code_budgets():
             assert code_budgets()[int(n)] == b["steps"], n  # a budget the search measured is the code's
@@ -206,3 +221,46 @@ def test_claim5_takes_the_budget_stages_rows_where_the_code_holds_its_budget():
         _budget_evidence(data_scale, o, Scale("default", (0, 1, 2)), record)
     assert len(o.convergence) == 2 and not o.convergence_complete and "1,000 training images only" in o.convergence_note
     assert "measured only in part" in o.verdict.detail
+
+
+def test_claim9s_regularisation_is_chosen_on_the_vit_held_out_and_its_budget_checked_on_both_models():
+    plan = dataclasses.replace(PLANS["quick"], regularisation=(640, 20))  # 10 batches of 64 an epoch, mixing or not
+    strength = {"DeiT's": 0.02, "mixing only": 0.03, "light": 0.01}  # mixing only is best for the ViT
+    names = list(shared.REGULARISATIONS)
+    assert names == list(strength)
+
+    def acc(s):
+        aug = dict(s.aug)
+        name = next((k for k, (a, _) in shared.REGULARISATIONS.items() if a == aug), None)
+        return 0.7 + (strength[name] if name else 0.0) + s.steps / 1e4  # twice the steps: +0.2 points
+    search, cache = _search(acc, plan)
+    reg = search.regularisation(code_recipe())
+    assert reg["chosen"] == "mixing only" and reg["n"] == 640 and reg["steps"] == 20
+    assert reg["plain"] == pytest.approx(0.702) and reg["acc"] == pytest.approx([0.722, 0.732, 0.712])
+    assert set(reg["twice"]) == {"ViT", "CNN"} and all(b - a == pytest.approx(0.002) for a, b in reg["twice"].values())
+    mixing, drop_path = shared.REGULARISATIONS["mixing only"]
+    vit = [s for s in cache.trained if s.model == VIT and dict(s.aug) == mixing]
+    assert {s.steps for s in vit} == {20, 40} and all(dict(s.overrides)["drop_path"] == drop_path for s in vit)
+    assert all(dict(s.data)["split"] == "search" and s.n_train == 640 for s in cache.trained)
+    assert not [s for s in cache.trained if s.model == CNN and dict(s.aug) != mixing]  # the CNN only as the chosen
+    # a tie keeps the code's choice
+    search, _ = _search(lambda s: 0.7 + 0.01 * bool(s.aug and dict(s.aug) != shared.PLAIN), plan)
+    assert search.regularisation(code_recipe())["chosen"] == shared.REGULARISATION
+
+
+def test_claim9_takes_the_regularisation_stages_rows_where_the_code_holds_its_choice():
+    recipe_claim = next(e for e in EXPERIMENTS if e.name == "recipe")
+    n, steps = 4000, code_budgets()[4000]
+    reg = {"n": n, "steps": steps, "plain": 0.8, "values": list(shared.REGULARISATIONS), "acc": [0.79, 0.8, 0.81],
+           "chosen": shared.REGULARISATION, "twice": {"ViT": [0.79, 0.81], "CNN": [0.85, 0.853]}}
+    record = {"tolerance": 0.01, "regularisation": reg, "budgets": {
+        str(n): {"steps": steps, "converged": True, "rows": [{"steps": steps, "acc": {"ViT": [0.8, 0.805], "CNN": [0.86, 0.86]}}]}}}
+    o = Outcome(setup="", header=[], rows=[], verdict=Verdict(INCONCLUSIVE, "d"))
+    _budget_evidence(recipe_claim, o, Scale("default", (0, 1, 2)), record)
+    assert [(r["arm"], r["n_train"], r["converged"]) for r in o.convergence] == [
+        ("ViT plain", n, True), ("CNN plain", n, True), ("ViT + recipe", n, False), ("CNN + recipe", n, True)]
+    assert not o.convergence_complete and "not every arm's budget has converged (ViT + recipe)" in o.verdict.detail
+    other = {**record, "regularisation": {**reg, "chosen": "something else"}}
+    o = Outcome(setup="", header=[], rows=[], verdict=Verdict(REPRODUCED, "d"))
+    _budget_evidence(recipe_claim, o, Scale("default", (0, 1, 2)), other)
+    assert o.convergence == []  # a search for another regularisation says nothing about this one

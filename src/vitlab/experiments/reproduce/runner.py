@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from vitlab.data.transforms import mix_transform
 from vitlab.errors import VitlabError, check_range
 from vitlab.experiments.executors import Executor, check_executor, open_executor
-from vitlab.experiments.reproduce.claims import select
+from vitlab.experiments.reproduce.claims import select, shared
 from vitlab.experiments.reproduce.claims.base import SCALES, Outcome, Results, Scale, convergence_row
 from vitlab.experiments.reproduce.claims.shared import CHANCE, CNN, VIT, fashion_run, n_full, n_small
 from vitlab.experiments.reproduce.report import _duration, render_html, render_markdown
@@ -270,6 +270,17 @@ def _from_search(e, outcome: Outcome, record: dict) -> None:
                 "seed 0; measured at " + ", ".join(f"{n:,}" for n in sorted({r["n_train"] for r in rows}))
                 + " training images" + ("" if outcome.convergence_complete else " only: the other sizes' budgets are "
                                         "not yet measured"))
+    elif e.name == "recipe" and record.get("regularisation"):
+        reg = record["regularisation"]  # claim 9's regularisation stage: the chosen recipe at twice the budget
+        if reg["chosen"] != shared.REGULARISATION or code_budgets().get(reg["n"]) != reg["steps"]:
+            return
+        plain = [{**r, "arm": f"{r['arm']} plain"} for r in budget_rows(record, code_budgets()) if r["n_train"] == reg["n"]]
+        outcome.convergence = plain + [convergence_row(f"{m} + recipe", reg["n"], reg["steps"], [a], [b], record["tolerance"])
+                                       for m, (a, b) in reg["twice"].items()]
+        outcome.convergence_complete = False
+        outcome.convergence_note = (f"from the recipe search: on the 10,000 training images held out from the other 50,000, "
+                                    f"seed 0; measured at {reg['n']:,} training images only: the arms at "
+                                    f"{n_full(Scale('default', (0,))):,} are not yet measured")
 
 
 def budget_rows(record: dict, budgets: dict[int, int]) -> list[dict]:

@@ -6,7 +6,7 @@
                  learning rate, the ViT's initialisation, its patch size and depth, the batch size, the
                  weight decay and the warmup; every candidate trains on 4,000 images for
                  40 epochs (the same images seen at any batch size), and the best held-out accuracy wins
-                 (the current value on a tie)
+                 (the current value on a tie); the CNN takes the ViT's batch size (FOLLOWS)
     budgets      the chosen recipe's ViT and CNN at 1,000, 4,000 and 50,000 images (the search's largest
                  set; the claims train on 60,000), at steps doubling from 625: the budget at a size is the
                  first whose double moves neither model's held-out accuracy by TOLERANCE or more
@@ -63,6 +63,9 @@ STAGES = (
     ("weight_decay", (0.05, 0.15), (VIT, CNN)),
     ("warmup", (0.02, 0.1), (VIT, CNN)),
 )
+# A knob one model takes from another: the CNN trains at the ViT's batch size, so that the same step budget is
+# the same images for both (claim 5 compares them at equal budgets). Its accuracy at each value is still shown.
+FOLLOWS = {("batch_size", CNN): VIT}
 
 
 
@@ -78,13 +81,14 @@ class SearchPlan:
     first_steps: int
     max_steps: int
     n_val: int = HELD_OUT
+    regularisation: tuple[int, int] = (4000, 2500)  # claim 9's smaller training set and its budget there
 
 
 PLANS = {
     # 4,000 images for 40 epochs (1,250 steps of 128); budgets at 1,000, 4,000 and 50,000 (all the search has)
     "default": SearchPlan(4000, 40, STAGES, (1000, 4000, 50_000), 625, 20_000),
     # --tune --quick: the code path on 200 images and 250 held-out ones, in seconds; its choice means nothing
-    "quick": SearchPlan(200, 2, (("lr", (1e-3, 4e-3), (VIT, CNN)),), (200,), 2, 8, 250),
+    "quick": SearchPlan(200, 2, (("lr", (1e-3, 4e-3), (VIT, CNN)),), (200,), 2, 8, 250, (200, 4)),
 }
 
 
@@ -104,6 +108,17 @@ def candidate(model: str, knobs: dict, n: int, *, epochs: int, n_val: int = HELD
 
 def at_steps(model: str, knobs: dict, n: int, steps: int, n_val: int = HELD_OUT) -> RunSpec:
     return candidate(model, knobs, n, epochs=epochs_for(steps, n, knobs["batch_size"]), n_val=n_val)
+
+
+def regularised(model: str, knobs: dict, name: str, n: int, steps: int, n_val: int = HELD_OUT) -> RunSpec:
+    """The run `at_steps` makes with claim 9's regularisation `name` (shared.REGULARISATIONS) added."""
+    aug, drop_path = shared.REGULARISATIONS[name]
+    plain = at_steps(model, knobs, n, steps, n_val)
+    ov = {**dict(plain.overrides), **({"drop_path": drop_path} if model == VIT else {})}
+    epochs = epochs_for(steps, n, knobs["batch_size"], drop_last=True)  # mixing drops each epoch's short batch
+    return run_spec(dict(plain.data), model, overrides=ov, aug=aug, epochs=epochs, lr=plain.lr,
+                    batch_size=plain.batch_size, weight_decay=plain.weight_decay,
+                    warmup_epochs=knobs["warmup"] * epochs, seed=0, weight_init=plain.weight_init)
 
 
 def twin(spec: RunSpec, factor: int = 1) -> RunSpec:
@@ -152,12 +167,34 @@ class Search:
                 cands = [{**chosen[m], knob: v} for v in values]
                 accs = self.acc([candidate(m, c, p.search_n, epochs=p.recipe_epochs, n_val=p.n_val) for c in cands])
                 best = max(range(len(values)), key=lambda i: (accs[i], values[i] == chosen[m][knob]))
+                leader = FOLLOWS.get((knob, m))
+                if leader is not None:
+                    best = values.index(chosen[leader][knob])
                 stages.append({"knob": knob, "model": m, "values": list(values), "acc": accs,
-                               "before": chosen[m][knob], "chosen": values[best]})
+                               "before": chosen[m][knob], "chosen": values[best],
+                               **({"rule": f"the {MODELS[leader]}'s"} if leader else {})})
                 self.log(f"  {knob} ({MODELS[m]}): " + ", ".join(f"{v}: {100 * a:.2f}" for v, a in zip(values, accs))
                          + f" -> {values[best]}")
                 chosen[m][knob] = values[best]
         return chosen, stages
+
+    def regularisation(self, recipe: dict) -> dict:
+        """Claim 9's regularisation: each candidate of shared.REGULARISATIONS on the ViT at the claim's smaller
+        training set and its budget there, against the plain ViT; the best held-out accuracy wins (the code's on a
+        tie). Then the chosen one on both models at that budget and at twice it: the claim's budget there."""
+        n, steps = self.plan.regularisation
+        names = list(shared.REGULARISATIONS)
+        plain, *accs = self.acc([at_steps(VIT, recipe[VIT], n, steps, self.plan.n_val)]
+                                + [regularised(VIT, recipe[VIT], k, n, steps, self.plan.n_val) for k in names])
+        chosen = names[max(range(len(names)), key=lambda i: (accs[i], names[i] == shared.REGULARISATION))]
+        self.log(f"  ViT at N={n:,}, {steps} steps: plain {100 * plain:.2f}; " + ", ".join(
+            f"{k}: {100 * a:.2f}" for k, a in zip(names, accs)) + f" -> {chosen}")
+        twice = {}
+        for m in MODELS:
+            twice[MODELS[m]] = self.acc([regularised(m, recipe[m], chosen, n, k * steps, self.plan.n_val) for k in (1, 2)])
+            self.log(f"  {MODELS[m]} + {chosen}, {steps} -> {2 * steps} steps: "
+                     + " -> ".join(f"{100 * a:.2f}" for a in twice[MODELS[m]]))
+        return {"n": n, "steps": steps, "plain": plain, "values": names, "acc": accs, "chosen": chosen, "twice": twice}
 
     def budgets(self, recipe: dict, ns: Sequence[int] | None = None) -> dict[int, dict]:
         """The budget stage: at each size (the plan's, or `ns`), steps doubling from the plan's first until
@@ -224,11 +261,12 @@ def code_budgets() -> dict[int, int]:
 
 
 def make_record(plan: SearchPlan, stages: list[dict], recipe: dict, budgets: dict[int, dict], cache: RunCache, *,
-                convergence: dict | None = None, made_by: str = "`vitlab reproduce --tune --out DIR`") -> dict:
+                convergence: dict | None = None, made_by: str = "`vitlab reproduce --tune --out DIR`",
+                regularisation: dict | None = None) -> dict:
     """The search's record (search.json): what it tried, what it chose, and the runs it took."""
     results = [json.loads(p.read_text()) for p in cache.root.glob("*/result.json")]
     return {"held_out": plan.n_val, "search_n": plan.search_n, "recipe_epochs": plan.recipe_epochs,
-            "tolerance": TOLERANCE, "start": START, "stages": stages, "recipe": recipe,
+            "tolerance": TOLERANCE, "start": START, "stages": stages, "recipe": recipe, "regularisation": regularisation,
             "budgets": {str(n): b for n, b in budgets.items()},
             "code_budgets": {str(n): s for n, s in code_budgets().items()} if convergence else None,
             "convergence": convergence, "made_by": made_by, "runs": len(results),
@@ -250,6 +288,8 @@ def tune(out_dir: str | Path, *, scale: str = "default", workers: int | None = N
             search = Search(cache, lambda specs: _train(specs, ex, cache, fast_path, log), log, plan)
             log(f"recipe stage ({plan.search_n:,} images, {plan.recipe_epochs} epochs, held-out accuracy in %):")
             recipe, stages = search.recipe()
+            log("claim 9's regularisation (held-out accuracy in %):")
+            regularisation = search.regularisation(recipe)
             log("budget stage:")
             budgets = search.budgets(recipe)
             convergence = None
@@ -264,7 +304,8 @@ def tune(out_dir: str | Path, *, scale: str = "default", workers: int | None = N
                     log(f"  {name}: {len(rows) - len(bad)} of {len(rows)} arms converged"
                         + ("".join(f"; not: {r['arm']} at N={r['n_train']:,} ({100 * r['acc']:.2f} -> "
                                    f"{100 * r['acc_2x']:.2f})" for r in bad)))
-            record = make_record(plan, stages, recipe, budgets, cache, convergence=convergence)
+            record = make_record(plan, stages, recipe, budgets, cache, convergence=convergence,
+                                 regularisation=regularisation)
             write_json(out / "search.json", record, indent=1)
             write_text(out / "search.md", render(record))
     log(f"wrote {out / 'search.md'} and search.json; to fix the choice in code, copy search.json to {RECORD}")
@@ -290,13 +331,26 @@ def render(record: dict, heading: str = "#") -> str:
              f"**Recipe**, one knob at a time from the previous report's recipe, each model on its own, on "
              f"{record['search_n']:,} images for {record['recipe_epochs']} epochs ({record['recipe_epochs'] * -(-record['search_n'] // 128):,} "
              "steps at batch 128; the same images seen at any batch size); held-out accuracy in %, the best kept "
-             "(the current value on a tie):", ""]
+             "(the current value on a tie), except where a model takes another's value (the CNN trains at the ViT's batch, so "
+             "that equal steps are equal images):", ""]
     rows = [[s["knob"], MODELS[s["model"]], str(s["before"]),
-             ", ".join(f"{v}: {_pct(a)}" for v, a in zip(s["values"], s["acc"])), f"**{s['chosen']}**"]
+             ", ".join(f"{v}: {_pct(a)}" for v, a in zip(s["values"], s["acc"])),
+             f"**{s['chosen']}**" + (f" ({s['rule']})" if s.get("rule") else "")]
             for s in record["stages"]]
     lines += [md_table(["knob", "model", "from", "held-out accuracy % per value", "chosen"], rows), ""]
     lines += ["Chosen: " + "; ".join(f"{MODELS[m]}: " + ", ".join(f"{k} {v}" for k, v in r.items())
                                      for m, r in record["recipe"].items()) + ".", ""]
+    reg = record.get("regularisation")
+    if reg:
+        lines += [f"**Claim 9's regularisation**, chosen the same way: each candidate added to the chosen ViT's recipe on "
+                  f"{reg['n']:,} images (the claim's smaller training set) for {reg['steps']:,} steps (its budget there); "
+                  "held-out accuracy in %, the best kept; then the chosen one on both models at that budget and at twice it:",
+                  ""]
+        lines += [md_table(["ViT plain"] + reg["values"], [[_pct(reg["plain"])] + [
+            f"**{_pct(a)}**" if k == reg["chosen"] else _pct(a) for k, a in zip(reg["values"], reg["acc"])]]), ""]
+        lines += [md_table(["model + " + reg["chosen"], "steps", "2x steps", "held-out %"],
+                           [[m, str(reg["steps"]), str(2 * reg["steps"]), f"{_pct(a)} -> {_pct(b)} ({100 * (b - a):+.2f})"]
+                            for m, (a, b) in reg["twice"].items()]), ""]
     lines += [f"**Budgets**: at each training-set size the chosen recipe's ViT and CNN for doubling numbers of steps; "
               f"the budget is the first whose double moves neither by {100 * record['tolerance']:.0f} point or more:", ""]
     rows = []

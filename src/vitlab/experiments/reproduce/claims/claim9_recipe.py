@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
-from vitlab.experiments.reproduce.claims.shared import CNN, VIT, describe_setup, fashion_run, n_full, n_mid, points
+from vitlab.experiments.reproduce.claims.shared import (CNN, DROP_PATH, REGULARISATION, REGULARISED, VIT, describe_setup,
+                                                       fashion_run, n_full, n_mid, points)
 from vitlab.experiments.reproduce.figures import grouped_bar_figure
 from vitlab.experiments.reproduce.runs import RunSpec
 from vitlab.experiments.reproduce.verdicts import _ms, combine, greater
@@ -23,6 +24,16 @@ def _plan(scale: Scale) -> list[RunSpec]:
     # the runs without the recipe are claim 5's
     return [fashion_run(m, n, s, scale, regularised=r) for n in _ns(scale) for m in MODELS for r in (False, True)
             for s in scale.seeds]
+
+
+def describe_regularisation() -> str:
+    """The recipe claim 9 adds, in words: the search's choice (shared.REGULARISATION)."""
+    mixing = [f"MixUp (alpha {REGULARISED['mixup']:g})"] * bool(REGULARISED.get("mixup")) \
+        + [f"CutMix (alpha {REGULARISED['cutmix']:g})"] * bool(REGULARISED.get("cutmix"))
+    parts = ["RandAugment (2 ops, magnitude 9)"] * (REGULARISED.get("auto_augment") == "rand")
+    parts += [" or ".join(mixing) + " on each batch" + (" (one of the two, even odds)" if len(mixing) == 2 else "")] * bool(mixing)
+    parts.append(f"for the ViT stochastic depth {DROP_PATH:g} (the CNN baseline's BasicBlocks have no drop path)")
+    return f"{REGULARISATION} ({'; '.join(parts)})"
 
 
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
@@ -43,10 +54,9 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     steps = dict(points(scale))
     return Outcome(
         setup=(f"{describe_setup(scale)} Steps: {', '.join(f'{steps[n]:,} at N={n:,}' for n in _ns(scale))}. The recipe "
-               "(DeiT's), added to the plain flips: RandAugment (2 ops, magnitude 9), MixUp "
-               "(alpha 0.8) or CutMix (alpha 1.0) on each batch (one of the two, even odds), and for the ViT stochastic "
-               "depth 0.1 (the CNN baseline's BasicBlocks have no drop path). The same models, optimiser and budget "
-               "with and without it; the runs without it are claim 5's."),
+               f"added to the plain flips, the recipe search's choice of three strengths on held-out training images: "
+               f"{describe_regularisation()}. The same models, optimiser and budget with and without it; the runs "
+               "without it are claim 5's."),
         header=["N train", "model", "plain val acc %", "+ recipe val acc %", "gain (points)"],
         rows=[[f"{n:,}", MODELS[m], _ms(acc[(n, m, False)]), _ms(acc[(n, m, True)]), _ms(gain[(n, m)])]
               for n in _ns(scale) for m in MODELS],
