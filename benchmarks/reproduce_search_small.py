@@ -91,7 +91,9 @@ def main() -> None:
                                     made_by="`PYTHONPATH=src python benchmarks/reproduce_search_small.py --out DIR "
                                     + " ".join(f"--budget {b}" for b in args.budget or []) +
                                     (f" --max-steps {args.max_steps}" if args.budget else "") + "` "
-                                    f"(the recipe stage of `vitlab reproduce --tune` and its budget stage at {where} only)")
+                                    f"(the recipe stage of `vitlab reproduce --tune`, its choice of claim 9's regularisation and its "
+                                    f"budget stage at {where}; not its convergence stage. The runs include a first "
+                                    "round's, with the CNN at batch 128)")
         (out / "search.json").write_text(json.dumps(record, indent=1))
         (out / "search.md").write_text(search.render(record))
         if "seeds" not in args.parts:

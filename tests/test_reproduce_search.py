@@ -128,9 +128,15 @@ def test_convergence_rows_and_the_reason_an_inconclusive_verdict_gives():
         o = Outcome(setup="", header=[], rows=[], verdict=Verdict(INCONCLUSIVE, "d = 1.0 +- 2.0"), convergence=rows)
         _budget_evidence(e, o, scale, None)
         assert o.verdict.detail.startswith("d = 1.0 +- 2.0. Inconclusive because") and reason in o.verdict.detail
-    o = Outcome(setup="", header=[], rows=[], verdict=Verdict(REPRODUCED, "d = 5"))
+    o = Outcome(setup="", header=[], rows=[], verdict=Verdict(REPRODUCED, "d = 5"),
+                convergence=[convergence_row("a", 1000, 8, [0.8], [0.805])])
     _budget_evidence(e, o, scale, None)
-    assert o.verdict.detail == "d = 5"  # a decided verdict needs no reason
+    assert o.verdict == Verdict(REPRODUCED, "d = 5")  # a decided verdict on converged budgets needs no reason
+    o = Outcome(setup="", header=[], rows=[], verdict=Verdict(REPRODUCED, "d = 5"),
+                convergence=[convergence_row("a", 1000, 8, [0.8], [0.9])])
+    _budget_evidence(e, o, scale, None)
+    assert o.verdict.status == REPRODUCED and o.verdict.detail == (
+        "d = 5. Not every arm's budget has converged (a: Budget table): a longer budget may change this verdict")
 
 
 def test_each_comparison_has_one_step_budget_and_the_budgets_are_the_codes():

@@ -239,9 +239,13 @@ def _budget_evidence(e, outcome: Outcome, scale: Scale, record: dict | None) -> 
     inconclusive verdict says why."""
     if not outcome.convergence and record and scale.name == "default":
         _from_search(e, outcome, record)
-    if outcome.verdict.status != INCONCLUSIVE:
-        return
     late = [r for r in outcome.convergence if not r["converged"]]
+    if outcome.verdict.status != INCONCLUSIVE:
+        if late:  # decided by the rule, but on a budget that has not converged: the reader is told
+            outcome.verdict = Verdict(outcome.verdict.status, f"{outcome.verdict.detail}. Not every arm's budget has "
+                                      "converged (" + ", ".join(r["arm"] for r in late) + ": Budget table): a longer "
+                                      "budget may change this verdict")
+        return
     if late:
         why = "not every arm's budget has converged (" + ", ".join(r["arm"] for r in late) + "): the budget may decide it"
     elif outcome.convergence and outcome.convergence_complete:

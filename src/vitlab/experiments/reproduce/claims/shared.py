@@ -6,10 +6,9 @@ The recipe was chosen by the recipe search (search.py: `vitlab reproduce --tune`
 benchmarks/reproduce_search_small.py) on 10,000 training images held out from the other 50,000, never on
 the 10,000 test images that decide the verdicts, and then fixed here; the search's record (`search.json`
 beside search.py, shown in the report) says what it tried and what it found, and
-tests/test_reproduce_search.py checks that these constants are its choice. The budget at 1,000 images is
-the search's budget stage's; at 60,000 the search measured 5,000 steps as not converged for the ViT, and at
-4,000 it has not measured (the record says which sizes it measured, and the report's budget tables show only what
-was measured).
+tests/test_reproduce_search.py checks that these constants are its choice. The budgets are the search's
+budget stage's at 1,000, 4,000 and 50,000 images (the last standing for the claims' 60,000): at each, twice
+the budget moved neither model's held-out accuracy by a point.
 
     models    ViT: `vit_mini` at the search's patch size and depth (D=64, 4 heads, MLP 128, learned 1-D
               position embedding, class token; the paper's model, narrowed), initialised as the search chose
@@ -47,9 +46,7 @@ RECIPES = {  # per model: peak learning rate, AdamW's weight decay, batch size, 
 PLAIN = {"hflip": True}
 STEPS = {  # optimizer steps per training-set size, every arm of a comparison alike
     "quick": {100: 4, 200: 4, 400: 4},
-    # 1,000: measured, converged (search.json); 60,000: measured at 50,000, not converged for the ViT (+2.1 points
-    # held out at twice it; 10,000 steps would take the default scale past 2 hours); 4,000: not measured
-    "default": {1000: 2500, 4000: 2500, 60_000: 5000},
+    "default": {1000: 2500, 4000: 2500, 60_000: 10_000},
 }
 # ------------------------------------------------------------------------------------------------------
 # Claim 9's regularisation, the search's choice among these candidates (augmentation; the ViT's stochastic depth):
@@ -58,7 +55,7 @@ REGULARISATIONS = {
     "mixing only": ({**PLAIN, "mixup": 0.8, "cutmix": 1.0}, 0.1),
     "light": ({**PLAIN, "auto_augment": "rand", "mixup": 0.2}, 0.05),
 }
-REGULARISATION = "DeiT's"
+REGULARISATION = "mixing only"
 REGULARISED, DROP_PATH = REGULARISATIONS[REGULARISATION]
 CHANCE = 0.1  # ten balanced classes
 
