@@ -91,18 +91,19 @@ def bar_figure(path: Path, labels: Sequence[str], values: Sequence[Sequence[floa
 def grouped_bar_figure(path: Path, groups: Sequence[str], arms: Sequence[str], values: dict, title: str, *,
                        colors: Sequence[str] = (BLUE, ORANGE, GREEN, RED)) -> Path:
     """Mean +- std of each arm within each group (e.g. the models at each N), every seed as a dot, on an axis
-    zoomed to the data; `values[(group, arm)]` = per-seed accuracies."""
+    zoomed to the data; `values[(group, arm)]` = per-seed accuracies (a pair not in `values` is left out)."""
     fig = Figure(figsize=(2.4 + 1.6 * len(groups) * len(arms) / 2, 3.6))
     ax = fig.add_subplot(1, 1, 1)
     width = 0.8 / len(arms)
     for j, arm in enumerate(arms):
-        xs = [i + (j - (len(arms) - 1) / 2) * width for i in range(len(groups))]
-        means, stds = _errorbar_pct([values[(g, arm)] for g in groups])
+        present = [(i, g) for i, g in enumerate(groups) if (g, arm) in values]
+        xs = [i + (j - (len(arms) - 1) / 2) * width for i, _ in present]
+        means, stds = _errorbar_pct([values[(g, arm)] for _, g in present])
         ax.errorbar(xs, means, yerr=stds, fmt="s", markersize=7, capsize=4, color=colors[j % len(colors)], label=arm)
-        for x, g in zip(xs, groups):
+        for x, (_, g) in zip(xs, present):
             v = values[(g, arm)]
             ax.scatter([x + 0.04] * len(v), [100 * a for a in v], color="black", s=8, zorder=3)
-    ax.set_ylim(*_zoom([values[(g, arm)] for g in groups for arm in arms]))
+    ax.set_ylim(*_zoom([values[(g, arm)] for g in groups for arm in arms if (g, arm) in values]))
     ax.set_xticks(range(len(groups)), groups, fontsize=8)
     ax.set_xlim(-0.6, len(groups) - 0.4)
     for i in range(1, len(groups)):
