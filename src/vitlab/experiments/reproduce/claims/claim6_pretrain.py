@@ -22,9 +22,9 @@ def _digits_data(scale: Scale) -> dict:
     return {"name": "digits", "n_train": 100 if scale.quick else 500, "n_val": 1297, "img_size": 28, "channels": 1}
 
 
-# The fine-tuning budget: 96 epochs of the 500 digits (1,536 steps of 32), where doubling moved no arm of seed 0 by a
-# point (benchmarks/claim6_budget.py: from scratch 24-26% at 12 epochs, 79-81% at 48, 94% at 96 and 93-95% at 192). It is measured on
-# the claim's own validation digits: the 1,797 digits hold no more images to set aside.
+# The fine-tuning budget: 96 epochs of the 500 digits (1,536 steps of 32), where doubling moved no arm of seed 0 by
+# a point (benchmarks/claim6_budget.py: from scratch 24-26% at 12 epochs, 79-81% at 48, 94% at 96, 93-95% at 192).
+# It is measured on the claim's own validation digits: the 1,797 digits hold no more images to set aside.
 EPOCHS = {"quick": 2, "default": 96, "large": 192}
 
 
