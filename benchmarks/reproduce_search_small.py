@@ -5,16 +5,19 @@ what the chosen recipe's ViT and CNN reach at 1,000 training images (issue 28): 
     PYTHONPATH=src python benchmarks/reproduce_search_small.py --out runs/search_small \
         --budget 1000 --budget 50000:5000 --max-steps 10000 --workers 2   # one row at 50,000: 1.1 CPU-h more
 
-Three parts, every run through the reproduce machinery (`RunSpec`, the run cache under OUT/cache,
+Four parts, every run through the reproduce machinery (`RunSpec`, the run cache under OUT/cache,
 --workers processes of one thread), so that a second invocation reads the cache:
 
     recipe     the search's recipe stage as `vitlab reproduce --tune` runs it (search.STAGES: 4,000 of the
                50,000 search-training images, 40 epochs, validated on the 10,000 held-out training images),
                and its choice of claim 9's regularisation (shared.REGULARISATIONS on the ViT at 4,000 images,
-               then the chosen one on both models at the budget and at twice it)
+               then the chosen one on both models at steps doubling from the shared budget: claim 9's own)
     budget     the search's budget stage at 1,000 images (and at the sizes of --budget N[:FIRST]; the full
                search runs 1,000, 4,000 and 50,000): steps doubling from the plan's first (or FIRST) until
                doubling moves neither model by a point, or until --max-steps
+    convergence  the search's convergence stage (once the code holds the recipe and the budgets): every arm of
+               every Fashion-MNIST claim at the smallest and largest training set of its claim, at the budget in
+               code and at twice it (about 3 CPU-hours beyond the budget stage's runs)
     seeds      the chosen recipe's ViT and CNN at 1,000 images and that budget, seeds 0, 1, 2, validated on
                the 10,000 test images (the claims' data: measured here, not chosen on)
 
@@ -59,8 +62,10 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=search.PLANS["default"].max_steps)
     p.add_argument("--workers", type=int, default=1, help="runs trained side by side, one thread each")
     p.add_argument("--parts", default="recipe,budget,seeds",
-                   help="the parts to run, of recipe,budget,seeds (the recipe stage always runs: the others need it); "
-                        "the record is written after the budget part")
+                   help="the parts to run, of recipe,budget,convergence,seeds (the recipe stage always runs: the others "
+                        "need it); the record is written after the budget part, with the convergence stage's table when "
+                        "that part ran; convergence-cached: the convergence stage of the claims whose runs are all in the "
+                        "cache, training nothing (a stage stopped part-way)")
     args = p.parse_args()
     sizes = [tuple(int(x) for x in b.split(":")) for b in args.budget or [str(args.n)]]
     out = Path(args.out)
@@ -83,17 +88,32 @@ def main() -> None:
             plan = dataclasses.replace(search.PLANS["default"], max_steps=args.max_steps,
                                        first_steps=first[0] if first else search.PLANS["default"].first_steps)
             budgets.update(search.Search(cache, train, s.log, plan).budgets(recipe, ns=(n,)))
+        convergence = None
+        parts = args.parts.split(",")
+        if "convergence" in parts or "convergence-cached" in parts:
+            if recipe != search.code_recipe():
+                raise SystemExit("the convergence stage needs the code to hold the search's recipe (claims/shared.py)")
+            print(f"convergence stage (the code's budgets {search.code_budgets()}, claim 9's "
+                  f"{search.code_regularised_budgets()}, and twice them):", flush=True)
+            convergence = s.convergence(Scale("default", (0,)), cached_only="convergence-cached" in parts)
+            for name, rows in convergence.items():
+                print(f"  {name}: " + "; ".join(f"{r['arm']} N={r['n_train']:,} {100 * r['acc']:.2f} -> "
+                                                f"{100 * r['acc_2x']:.2f}" for r in rows), flush=True)
         where = " and ".join(f"{n:,} images" + (f" (from {first[0]:,} steps, at most {args.max_steps:,})" if first else "")
                              for n, *first in sizes)
         if "budget" not in args.parts:
             return
         record = search.make_record(search.PLANS["default"], stages, recipe, budgets, cache, regularisation=regularisation,
+                                    convergence=convergence,
                                     made_by="`PYTHONPATH=src python benchmarks/reproduce_search_small.py --out DIR "
                                     + " ".join(f"--budget {b}" for b in args.budget or []) +
-                                    (f" --max-steps {args.max_steps}" if args.budget else "") + "` "
-                                    f"(the recipe stage of `vitlab reproduce --tune`, its choice of claim 9's regularisation and its "
-                                    f"budget stage at {where}; not its convergence stage. The runs include a first "
-                                    "round's, with the CNN at batch 128)")
+                                    (f" --max-steps {args.max_steps}" if args.budget else "")
+                                    + f" --parts {args.parts}` (the recipe stage of `vitlab reproduce --tune`, its choice of "
+                                    f"claim 9's regularisation and budget, its budget stage at {where}"
+                                    + ("" if not convergence else " and its convergence stage" if "convergence" in parts
+                                       else f" and its convergence stage for claims {', '.join(convergence)} (the others "
+                                            "not yet run)") + ("" if convergence else "; not its convergence stage")
+                                    + ". The runs include a first round's, with the CNN at batch 128)")
         (out / "search.json").write_text(json.dumps(record, indent=1))
         (out / "search.md").write_text(search.render(record))
         if "seeds" not in args.parts:

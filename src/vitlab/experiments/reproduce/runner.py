@@ -25,7 +25,7 @@ from vitlab.experiments.reproduce.claims import select, shared
 from vitlab.experiments.reproduce.claims.base import SCALES, Outcome, Results, Scale, convergence_row
 from vitlab.experiments.reproduce.claims.shared import CHANCE, CNN, VIT, fashion_run, n_full, n_small
 from vitlab.experiments.reproduce.report import _duration, render_html, render_markdown
-from vitlab.experiments.reproduce.search import arm_label, code_budgets, load_record
+from vitlab.experiments.reproduce.search import arm_label, code_budgets, code_regularised_budgets, load_record
 from vitlab.experiments.reproduce.search import render as render_search
 from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, Verdict, _stats
 from vitlab.experiments.reproduce.runs import (HELD_OUT, VAL_PER_EPOCH, RunCache, RunSpec, build_model, recipe,
@@ -260,7 +260,8 @@ def _budget_evidence(e, outcome: Outcome, scale: Scale, record: dict | None) -> 
 
 def _from_search(e, outcome: Outcome, record: dict) -> None:
     if record.get("convergence") and e.name in record["convergence"] and \
-            record["code_budgets"] == {str(n): st for n, st in code_budgets().items()}:
+            record["code_budgets"] == {str(n): st for n, st in code_budgets().items()} and \
+            record.get("code_regularised_budgets") == {str(n): st for n, st in code_regularised_budgets().items()}:
         outcome.convergence = record["convergence"][e.name]
         outcome.convergence_note = ("from the recipe search: on the 10,000 training images held out from the other "
                                     "50,000, seed 0 (60,000 is trained there as the 50,000)")
@@ -275,16 +276,15 @@ def _from_search(e, outcome: Outcome, record: dict) -> None:
                 + " training images" + ("" if outcome.convergence_complete else " only: the other sizes' budgets are "
                                         "not yet measured"))
     elif e.name == "recipe" and record.get("regularisation"):
-        reg = record["regularisation"]  # claim 9's regularisation stage: the chosen recipe at twice the budget
-        if reg["chosen"] != shared.REGULARISATION or code_budgets().get(reg["n"]) != reg["steps"]:
+        reg = record["regularisation"]  # claim 9's regularisation stage: each model with it at its budget and twice it
+        if reg["chosen"] != shared.REGULARISATION or code_regularised_budgets().get(reg["n"]) != reg["budget"]:
             return
-        plain = [{**r, "arm": f"{r['arm']} plain"} for r in budget_rows(record, code_budgets()) if r["n_train"] == reg["n"]]
-        outcome.convergence = plain + [convergence_row(f"{m} + recipe", reg["n"], reg["steps"], [a], [b], record["tolerance"])
-                                       for m, (a, b) in reg["twice"].items()]
+        outcome.convergence = [convergence_row(f"{m} + recipe", reg["n"], b, *[[x] for x in r["acc"]], record["tolerance"])
+                               for m, b in reg["budget"].items() for r in reg["rows"][m] if r["steps"] == b]
         outcome.convergence_complete = False
-        outcome.convergence_note = (f"from the recipe search: on the 10,000 training images held out from the other 50,000, "
-                                    f"seed 0; measured at {reg['n']:,} training images only: the arms at "
-                                    f"{n_full(Scale('default', (0,))):,} are not yet measured")
+        outcome.convergence_note = (f"from the recipe search's regularisation stage: on the 10,000 training images held "
+                                    f"out from the other 50,000, seed 0; the arms with the recipe at {reg['n']:,} "
+                                    "training images only: the others are not yet measured")
 
 
 def budget_rows(record: dict, budgets: dict[int, int]) -> list[dict]:

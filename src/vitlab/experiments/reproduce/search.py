@@ -134,9 +134,12 @@ def twin(spec: RunSpec, factor: int = 1) -> RunSpec:
 def arm_label(spec: RunSpec) -> str:
     """A claim's arm in words: the model, what differs from the shared setup, the recipe, the learning rate."""
     ov = dict(spec.overrides)
-    shape = {k: v for k, v in shared.FASHION_VIT.items() if getattr(get_config(VIT), k) != v}
+    if spec.model == VIT:  # the shape as trained (an override equal to the registered model's is dropped), against the shared one
+        base = get_config(VIT)
+        ov = {**{k: getattr(base, k) for k in shared.FASHION_VIT}, **ov}
+        ov = {k: v for k, v in ov.items() if shared.FASHION_VIT.get(k) != v}
     words = [MODELS.get(spec.model, spec.model)]
-    words += [f"{k} {v}" for k, v in sorted(ov.items()) if shape.get(k) != v and k != "drop_path"]
+    words += [f"{k} {v}" for k, v in sorted(ov.items()) if k != "drop_path"]
     if dict(spec.aug).get("mixup"):
         words.append("+ regularisation recipe")
     if spec.model in shared.RECIPES and spec.lr != shared.RECIPES[spec.model]["lr"]:
@@ -180,8 +183,10 @@ class Search:
 
     def regularisation(self, recipe: dict) -> dict:
         """Claim 9's regularisation: each candidate of shared.REGULARISATIONS on the ViT at the claim's smaller
-        training set and its budget there, against the plain ViT; the best held-out accuracy wins (the code's on a
-        tie). Then the chosen one on both models at that budget and at twice it: the claim's budget there."""
+        training set and the shared budget there, against the plain ViT; the best held-out accuracy wins (the code's
+        on a tie). Then the chosen one on each model at steps doubling from that budget, as the budget stage does:
+        the model's budget in the claim is the first whose double moves it by less than TOLERANCE (a regulariser needs
+        longer to pay off than plain training)."""
         n, steps = self.plan.regularisation
         names = list(shared.REGULARISATIONS)
         plain, *accs = self.acc([at_steps(VIT, recipe[VIT], n, steps, self.plan.n_val)]
@@ -189,12 +194,21 @@ class Search:
         chosen = names[max(range(len(names)), key=lambda i: (accs[i], names[i] == shared.REGULARISATION))]
         self.log(f"  ViT at N={n:,}, {steps} steps: plain {100 * plain:.2f}; " + ", ".join(
             f"{k}: {100 * a:.2f}" for k, a in zip(names, accs)) + f" -> {chosen}")
-        twice = {}
-        for m in MODELS:
-            twice[MODELS[m]] = self.acc([regularised(m, recipe[m], chosen, n, k * steps, self.plan.n_val) for k in (1, 2)])
-            self.log(f"  {MODELS[m]} + {chosen}, {steps} -> {2 * steps} steps: "
-                     + " -> ".join(f"{100 * a:.2f}" for a in twice[MODELS[m]]))
-        return {"n": n, "steps": steps, "plain": plain, "values": names, "acc": accs, "chosen": chosen, "twice": twice}
+        budgets, rows, converged = {}, {}, {}
+        for m in MODELS:  # each model's budget with the regularisation, found as the budget stage finds one
+            budget, rows[MODELS[m]] = steps, []
+            while True:
+                a, b = self.acc([regularised(m, recipe[m], chosen, n, k * budget, self.plan.n_val) for k in (1, 2)])
+                rows[MODELS[m]].append({"steps": budget, "acc": [a, b]})
+                self.log(f"  {MODELS[m]} + {chosen} at N={n:,}, steps {budget} -> {2 * budget}: "
+                         f"{100 * a:.2f} -> {100 * b:.2f}")
+                converged[MODELS[m]] = abs(b - a) < TOLERANCE
+                if converged[MODELS[m]] or 2 * budget >= self.plan.max_steps:
+                    break
+                budget *= 2
+            budgets[MODELS[m]] = budget
+        return {"n": n, "steps": steps, "plain": plain, "values": names, "acc": accs, "chosen": chosen,
+                "budget": budgets, "converged": converged, "rows": rows}
 
     def budgets(self, recipe: dict, ns: Sequence[int] | None = None) -> dict[int, dict]:
         """The budget stage: at each size (the plan's, or `ns`), steps doubling from the plan's first until
@@ -216,9 +230,10 @@ class Search:
                 steps *= 2
         return out
 
-    def convergence(self, scale: Scale) -> dict[str, list[dict]]:
+    def convergence(self, scale: Scale, cached_only: bool = False) -> dict[str, list[dict]]:
         """The convergence stage: every arm of every Fashion-MNIST claim at the smallest and the largest training
-        set of its claim, at the code's budget and at twice it, on the search's split."""
+        set of its claim, at the code's budget and at twice it, on the search's split. `cached_only`: train
+        nothing, and leave out a claim whose runs are not all in the cache (a stage stopped part-way)."""
         arms = {}
         for e in EXPERIMENTS:
             fashion = [s for s in e.plan(scale) if dict(s.data)["name"] == "fashion-mnist" and s.seed == scale.seeds[0]]
@@ -226,6 +241,9 @@ class Search:
                 continue
             ns = {min(s.n_train for s in fashion), max(s.n_train for s in fashion)}
             arms[e.name] = list({s.key: s for s in fashion if s.n_train in ns}.values())
+        if cached_only:
+            arms = {k: runs for k, runs in arms.items()
+                    if all(self.cache.has(t) for s in runs for t in (twin(s), twin(s, 2)))}
         specs = [t for runs in arms.values() for s in runs for t in (twin(s), twin(s, 2))]
         self.acc(specs)  # every claim's runs in one batch: the executor keeps every worker busy
         out = {}
@@ -260,6 +278,13 @@ def code_budgets() -> dict[int, int]:
     return dict(shared.STEPS["default"])
 
 
+def code_regularised_budgets() -> dict[int, dict[str, int]]:
+    """Claim 9's budgets in code where it has its own (shared.REGULARISED_STEPS), per training-set size and model:
+    each model's own there, or the shared one."""
+    return {n: {MODELS[m]: b.get(m, shared.STEPS["default"][n]) for m in MODELS}
+            for n, b in shared.REGULARISED_STEPS["default"].items()}
+
+
 def make_record(plan: SearchPlan, stages: list[dict], recipe: dict, budgets: dict[int, dict], cache: RunCache, *,
                 convergence: dict | None = None, made_by: str = "`vitlab reproduce --tune --out DIR`",
                 regularisation: dict | None = None) -> dict:
@@ -269,6 +294,7 @@ def make_record(plan: SearchPlan, stages: list[dict], recipe: dict, budgets: dic
             "tolerance": TOLERANCE, "start": START, "stages": stages, "recipe": recipe, "regularisation": regularisation,
             "budgets": {str(n): b for n, b in budgets.items()},
             "code_budgets": {str(n): s for n, s in code_budgets().items()} if convergence else None,
+            "code_regularised_budgets": {str(n): s for n, s in code_regularised_budgets().items()} if convergence else None,
             "convergence": convergence, "made_by": made_by, "runs": len(results),
             "train_cpu_s": sum(r["train_cpu_s"] for r in results)}
 
@@ -297,7 +323,8 @@ def tune(out_dir: str | Path, *, scale: str = "default", workers: int | None = N
                 log("the code does not hold this recipe yet: set claims/shared.py to it and run --tune again for the "
                     f"convergence stage: {json.dumps(recipe)}")
             elif scale == "default":
-                log(f"convergence stage (every claim's arms at the code's budgets {code_budgets()} and twice them):")
+                log(f"convergence stage (every claim's arms at the code's budgets {code_budgets()}, claim 9's "
+                    f"{code_regularised_budgets()}, and twice them):")
                 convergence = search.convergence(Scale("default", (0,)))
                 for name, rows in convergence.items():
                     bad = [r for r in rows if not r["converged"]]
@@ -343,14 +370,19 @@ def render(record: dict, heading: str = "#") -> str:
     reg = record.get("regularisation")
     if reg:
         lines += [f"**Claim 9's regularisation**, chosen the same way: each candidate added to the chosen ViT's recipe on "
-                  f"{reg['n']:,} images (the claim's smaller training set) for {reg['steps']:,} steps (its budget there); "
+                  f"{reg['n']:,} images (the claim's smaller training set) for {reg['steps']:,} steps (the shared budget there); "
                   "held-out accuracy in %, the best kept; then the chosen one on both models at that budget and at twice it:",
                   ""]
         lines += [md_table(["ViT plain"] + reg["values"], [[_pct(reg["plain"])] + [
             f"**{_pct(a)}**" if k == reg["chosen"] else _pct(a) for k, a in zip(reg["values"], reg["acc"])]]), ""]
-        lines += [md_table(["model + " + reg["chosen"], "steps", "2x steps", "held-out %"],
-                           [[m, str(reg["steps"]), str(2 * reg["steps"]), f"{_pct(a)} -> {_pct(b)} ({100 * (b - a):+.2f})"]
-                            for m, (a, b) in reg["twice"].items()]), ""]
+        lines += [f"Then each model's budget with it at {reg['n']:,} images, as the budget stage finds one: steps doubling "
+                  f"from {reg['steps']:,} until doubling moves the model by less than {100 * record['tolerance']:.0f} point "
+                  "(held-out %):", ""]
+        lines += [md_table([f"model + {reg['chosen']}", "steps", "2x steps", "held-out %", ""],
+                           [[m, str(r["steps"]), str(2 * r["steps"]), f"{_pct(a)} -> {_pct(b)} ({100 * (b - a):+.2f})",
+                             "" if r["steps"] != reg["budget"][m] else "**budget**" if reg["converged"][m]
+                             else "**not converged** (the search stopped here)"]
+                            for m, rs in reg["rows"].items() for r in rs for a, b in [r["acc"]]]), ""]
     lines += [f"**Budgets**: at each training-set size the chosen recipe's ViT and CNN for doubling numbers of steps; "
               f"the budget is the first whose double moves neither by {100 * record['tolerance']:.0f} point or more:", ""]
     rows = []
@@ -363,7 +395,8 @@ def render(record: dict, heading: str = "#") -> str:
     lines += [md_table(["N", "steps", "2x steps", "ViT held-out %", "CNN held-out %", ""], rows), ""]
     if record.get("convergence"):
         lines += [f"**Convergence** of every claim's arms at the budgets in code "
-                  f"({', '.join(f'{int(n):,} images: {s} steps' for n, s in record['code_budgets'].items())}; "
+                  f"({', '.join(f'{int(n):,} images: {s} steps' for n, s in record['code_budgets'].items())}; claim 9's own: "
+            f"{', '.join(f'{int(n):,} images: ' + ', '.join(f'{m} {s}' for m, s in b.items()) for n, b in (record.get('code_regularised_budgets') or {}).items())} steps; "
                   "60,000 is trained as the search's 50,000):", ""]
         rows = [[name, r["arm"], f"{r['n_train']:,}", str(r["steps"]), _pct(r["acc"]), _pct(r["acc_2x"]),
                  f"{100 * (r['acc_2x'] - r['acc']):+.2f}", "yes" if r["converged"] else "**no**"]
@@ -373,5 +406,5 @@ def render(record: dict, heading: str = "#") -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["RECORD", "TOLERANCE", "Search", "arm_label", "code_budgets", "code_recipe", "load_record", "render",
+__all__ = ["RECORD", "TOLERANCE", "Search", "arm_label", "code_budgets", "code_recipe", "code_regularised_budgets", "load_record", "render",
            "search_data", "tune", "twin"]
