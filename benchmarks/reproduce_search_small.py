@@ -64,8 +64,7 @@ def main() -> None:
     p.add_argument("--parts", default="recipe,budget,seeds",
                    help="the parts to run, of recipe,budget,convergence,seeds (the recipe stage always runs: the others "
                         "need it); the record is written after the budget part, with the convergence stage's table when "
-                        "that part ran; convergence-cached: the convergence stage of the claims whose runs are all in the "
-                        "cache, training nothing (a stage stopped part-way)")
+                        "that part ran")
     args = p.parse_args()
     sizes = [tuple(int(x) for x in b.split(":")) for b in args.budget or [str(args.n)]]
     out = Path(args.out)
@@ -89,13 +88,12 @@ def main() -> None:
                                        first_steps=first[0] if first else search.PLANS["default"].first_steps)
             budgets.update(search.Search(cache, train, s.log, plan).budgets(recipe, ns=(n,)))
         convergence = None
-        parts = args.parts.split(",")
-        if "convergence" in parts or "convergence-cached" in parts:
+        if "convergence" in args.parts.split(","):
             if recipe != search.code_recipe():
                 raise SystemExit("the convergence stage needs the code to hold the search's recipe (claims/shared.py)")
             print(f"convergence stage (the code's budgets {search.code_budgets()}, claim 9's "
                   f"{search.code_regularised_budgets()}, and twice them):", flush=True)
-            convergence = s.convergence(Scale("default", (0,)), cached_only="convergence-cached" in parts)
+            convergence = s.convergence(Scale("default", (0,)))
             for name, rows in convergence.items():
                 print(f"  {name}: " + "; ".join(f"{r['arm']} N={r['n_train']:,} {100 * r['acc']:.2f} -> "
                                                 f"{100 * r['acc_2x']:.2f}" for r in rows), flush=True)
@@ -110,9 +108,7 @@ def main() -> None:
                                     (f" --max-steps {args.max_steps}" if args.budget else "")
                                     + f" --parts {args.parts}` (the recipe stage of `vitlab reproduce --tune`, its choice of "
                                     f"claim 9's regularisation and budget, its budget stage at {where}"
-                                    + ("" if not convergence else " and its convergence stage" if "convergence" in parts
-                                       else f" and its convergence stage for claims {', '.join(convergence)} (the others "
-                                            "not yet run)") + ("" if convergence else "; not its convergence stage")
+                                    + (" and its convergence stage" if convergence else "; not its convergence stage")
                                     + ". The runs include a first round's, with the CNN at batch 128)")
         (out / "search.json").write_text(json.dumps(record, indent=1))
         (out / "search.md").write_text(search.render(record))

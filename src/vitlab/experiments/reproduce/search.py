@@ -230,10 +230,9 @@ class Search:
                 steps *= 2
         return out
 
-    def convergence(self, scale: Scale, cached_only: bool = False) -> dict[str, list[dict]]:
+    def convergence(self, scale: Scale) -> dict[str, list[dict]]:
         """The convergence stage: every arm of every Fashion-MNIST claim at the smallest and the largest training
-        set of its claim, at the code's budget and at twice it, on the search's split. `cached_only`: train
-        nothing, and leave out a claim whose runs are not all in the cache (a stage stopped part-way)."""
+        set of its claim, at the code's budget and at twice it, on the search's split."""
         arms = {}
         for e in EXPERIMENTS:
             fashion = [s for s in e.plan(scale) if dict(s.data)["name"] == "fashion-mnist" and s.seed == scale.seeds[0]]
@@ -241,9 +240,6 @@ class Search:
                 continue
             ns = {min(s.n_train for s in fashion), max(s.n_train for s in fashion)}
             arms[e.name] = list({s.key: s for s in fashion if s.n_train in ns}.values())
-        if cached_only:
-            arms = {k: runs for k, runs in arms.items()
-                    if all(self.cache.has(t) for s in runs for t in (twin(s), twin(s, 2)))}
         specs = [t for runs in arms.values() for s in runs for t in (twin(s), twin(s, 2))]
         self.acc(specs)  # every claim's runs in one batch: the executor keeps every worker busy
         out = {}
