@@ -15,9 +15,11 @@ Four parts, every run through the reproduce machinery (`RunSpec`, the run cache 
     budget     the search's budget stage at 1,000 images (and at the sizes of --budget N[:FIRST]; the full
                search runs 1,000, 4,000 and 50,000): steps doubling from the plan's first (or FIRST) until
                doubling moves neither model by a point, or until --max-steps
-    convergence  the search's convergence stage (once the code holds the recipe and the budgets): every arm of
-               every Fashion-MNIST claim at the smallest and largest training set of its claim, at the budget in
-               code and at twice it (about 3 CPU-hours beyond the budget stage's runs)
+    convergence  the search's convergence stage (once the code holds the recipe): every arm of every
+               Fashion-MNIST claim at the smallest and largest training set of its claim, at a budget and at twice
+               it, the budget doubling from the budget stage's until no arm at that size moves by a point (up to
+               the plan's raise_to; about 5 CPU-hours beyond the budget stage's runs); then the budgets it found,
+               and claim 3's learning rates, are the code's to hold
     seeds      the chosen recipe's ViT and CNN at 1,000 images and that budget, seeds 0, 1, 2, validated on
                the 10,000 test images (the claims' data: measured here, not chosen on)
 
@@ -91,12 +93,10 @@ def main() -> None:
         if "convergence" in args.parts.split(","):
             if recipe != search.code_recipe():
                 raise SystemExit("the convergence stage needs the code to hold the search's recipe (claims/shared.py)")
-            print(f"convergence stage (the code's budgets {search.code_budgets()}, claim 9's "
-                  f"{search.code_regularised_budgets()}, and twice them):", flush=True)
-            convergence = s.convergence(Scale("default", (0,)))
-            for name, rows in convergence.items():
-                print(f"  {name}: " + "; ".join(f"{r['arm']} N={r['n_train']:,} {100 * r['acc']:.2f} -> "
-                                                f"{100 * r['acc_2x']:.2f}" for r in rows), flush=True)
+            print("convergence stage (every claim's arms at a budget and twice it, doubling until none moves by a "
+                  "point):", flush=True)
+            convergence = s.convergence(Scale("default", (0,)), budgets, regularisation)
+            print(search.hold_lines(convergence), flush=True)
         where = " and ".join(f"{n:,} images" + (f" (from {first[0]:,} steps, at most {args.max_steps:,})" if first else "")
                              for n, *first in sizes)
         if "budget" not in args.parts:

@@ -1,13 +1,15 @@
 """The recipe search of `vitlab reproduce --tune` and the budgets (issue 28): the held-out split never holds a test
 image; the recipe stage keeps the best held-out accuracy; the budget stage doubles until doubling moves no model by a
-point; the convergence rows and the reason an inconclusive verdict gives; the code holds the committed search's
-choice; the original release's initialisation; and `--tune --quick` end to end."""
+point; the convergence stage doubles each size's budget until no claim's arm moves by a point, and chooses claim 3's
+learning rates at it; the convergence rows and the reason an inconclusive verdict gives; the code holds the committed
+search's choice; the original release's initialisation; and `--tune --quick` end to end."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +28,7 @@ from vitlab.experiments.reproduce.search import (
     Search,
     SearchPlan,
     code_budgets,
+    code_holds,
     code_recipe,
     code_regularised_budgets,
     load_record,
@@ -161,14 +164,21 @@ def test_each_comparison_has_one_step_budget_and_the_budgets_are_the_codes():
 def test_the_code_holds_the_committed_searchs_choice():
     record = load_record()
     assert record is not None, "search.json (the recipe search's record) is missing beside search.py"
-    assert code_recipe() == record["recipe"]  # the recipe in claims/shared.py is the search's
-    if record.get("regularisation"):
-        assert shared.REGULARISATION == record["regularisation"]["chosen"]  # and so is claim 9's regularisation
-    for n, b in record["budgets"].items():
-        if b["converged"] and int(n) in code_budgets():
-            assert code_budgets()[int(n)] == b["steps"], n  # a budget the search measured is the code's
+    # the recipe, claim 9's regularisation, the budgets and claim 3's learning rates in code are the search's
+    assert code_holds(record) == []
+    # the stage doubled every budget an arm still moved at, up to its most steps, and says where it stopped
+    assert record["convergence"] and all((r["outcome"] == "budget") == (not r["late"]) for r in record["convergence_rounds"])
+    last = {(r["n_train"], r["model"]): r for r in record["convergence_rounds"]}  # each budget's last round
+    late = {a for r in last.values() for a in r["late"]}
+    assert all(r["converged"] or r["arm"] in late for rs in record["convergence"].values() for r in rs)
+    assert code_holds({**record, "pooling": {**record["pooling"], "chosen": {"cls": 0.5, "mean": 0.5}}}) == [
+        "claim 3's learning rates (POOL_LR)"]
+    assert code_holds({**record, "convergence_budgets": {**record["convergence_budgets"], "1000": 1}}) == [
+        "the budgets (STEPS)"]
     md = render(record)
     assert "held out" in md and "| knob | model |" in md and f"{record['runs']} runs" in md
+    page = Path(__file__).parents[1] / "docs" / "reproduce" / "search.md"
+    assert page.read_text() == md  # the site's page is this record, rendered
 
 
 def test_release_init_gives_xavier_scale_weights_and_keeps_the_zero_head():
@@ -290,17 +300,74 @@ def test_claim9_takes_the_regularisation_stages_rows_where_the_code_holds_its_ch
         assert o.convergence == []  # a search for another regularisation, or other budgets, says nothing of this one
 
 
-def test_claim9_trains_each_models_arms_at_its_own_budget_at_the_smaller_size_and_shares_claim5s_at_the_full_one():
+def test_claim9_trains_each_models_arms_at_its_own_budget_and_shares_claim5s_runs_where_it_has_none():
     claims = {e.name: e for e in EXPERIMENTS}
     scale = Scale("default", (0, 1, 2))
     runs = claims["recipe"].plan(scale)
-    for m, own in shared.REGULARISED_STEPS["default"][4000].items():
-        small = [s for s in runs if s.n_train == 4000 and s.model == m]
-        assert len(small) == 6 and all(abs(s.steps - own) < 100 for s in small), m  # to the whole epoch
-        large = [s for s in claims["recipe"].plan(Scale("large", (0,))) if s.n_train == 4000 and s.model == m]
-        assert large and all(abs(s.steps - 2 * own) < 100 for s in large), m
-    # at the shared budget (a model without its own at 4,000, and every model at 60,000) the plain runs are claim 5's
-    shared_budget = {s.key for s in runs if not dict(s.aug).get("mixup")
-                     and (s.n_train == 60_000 or s.model not in shared.REGULARISED_STEPS["default"][4000])}
-    assert len(shared_budget) == 6 + 3 * (2 - len(shared.REGULARISED_STEPS["default"][4000]))
+    own = shared.REGULARISED_STEPS["default"]
+    for n, models in own.items():
+        for m, steps in models.items():
+            mine = [s for s in runs if s.n_train == n and s.model == m]
+            assert len(mine) in (3, 6) and all(abs(s.steps - steps) < 1000 for s in mine), (n, m)  # to the whole epoch
+            large = [s for s in claims["recipe"].plan(Scale("large", (0,))) if s.n_train == n and s.model == m]
+            assert large and all(abs(s.steps - 2 * steps) < 1000 for s in large), (n, m)
+    # at the shared budget (a model without its own budget at a size) the plain runs are claim 5's
+    shared_budget = {s.key for s in runs if not dict(s.aug).get("mixup") and s.model not in own.get(s.n_train, {})}
+    assert len(shared_budget) == 3 * sum(m not in own.get(n, {}) for n in (4000, 60_000) for m in (VIT, CNN))
     assert shared_budget <= {s.key for s in claims["data_scale"].plan(scale)}
+
+
+def test_the_convergence_stage_doubles_a_sizes_budget_until_no_arm_moves_and_chooses_claim3s_learning_rates():
+    """A fake search in which, at 1,000 images, the ViT without a position embedding gains 2.5 points from 2,500 to
+    5,000 steps and nothing after; claim 9's ViT with the recipe at 60,000 gains up to 20,000 steps; GAP is best at the
+    largest learning rate and the class token at the smallest: the stage doubles the 1,000-image budget once, claim
+    9's ViT at 60,000 once, and chooses the learning rates at the budgets found."""
+    def acc(s):
+        ov, a = dict(s.overrides), 0.8
+        if ov.get("pos_embed") == "none":
+            a = 0.7 + 0.05 * min(s.steps, 4992) / 4992
+        if s.model == VIT and dict(s.aug).get("mixup") and s.n_train == 50_000:
+            a = 0.8 + 0.05 * min(s.steps, 19_000) / 19_000
+        if ov.get("pool") == "mean":
+            a += 0.001 * s.lr / 1e-3
+        elif s.model == VIT and s.n_train == 1000 and set(ov) <= {"patch_size", "depth"}:  # the class token
+            a -= 0.001 * s.lr / 1e-3
+        return a
+    search, cache = _search(acc, dataclasses.replace(PLANS["default"], raise_to=20_000))
+    budgets = {1000: {"steps": 2500}, 4000: {"steps": 2500}, 50_000: {"steps": 10_000}}
+    reg = {"n": 4000, "budget": {"ViT": 10_000, "CNN": 2500}}
+    conv = search.convergence(Scale("default", (0,)), budgets, reg)
+    assert conv["budgets"] == {1000: 5000, 4000: 2500, 60_000: 10_000}
+    assert conv["own_budgets"] == {4000: {"ViT": 10_000, "CNN": 2500}, 60_000: {"ViT": 20_000, "CNN": 10_000}}
+    moved = [(r["n_train"], r["model"], r["budget"], r["late"]) for r in conv["rounds"] if r["late"]]
+    assert moved == [(1000, None, 2500, ["ViT, pos_embed none"]), (60_000, "ViT", 10_000, ["ViT, + regularisation recipe"])]
+    assert all(r["converged"] for rs in conv["claims"].values() for r in rs)  # every row at its size's budget found
+    assert {r["budget"] for r in conv["claims"]["pos_embed"]} == {5000}
+    assert len(conv["claims"]["cls_vs_gap"]) == 6  # claim 3's whole sweep, not only its plan's two arms
+    assert conv["pooling"]["chosen"] == {"cls": 1e-3, "mean": 4e-3} and conv["pooling"]["budget"] == 5000
+    assert all(dict(s.data)["split"] == "search" and s.seed == 0 for s in cache.trained)
+    record = {"held_out": 50, "search_n": 100, "recipe_epochs": 2, "tolerance": 0.01, "stages": [], "recipe": {},
+              "budgets": {}, "made_by": "t", "runs": 3, "train_cpu_s": 1.0, "convergence": conv["claims"],
+              "convergence_budgets": {str(n): b for n, b in conv["budgets"].items()},
+              "convergence_own_budgets": {str(n): b for n, b in conv["own_budgets"].items()},
+              "convergence_rounds": conv["rounds"], "pooling": conv["pooling"]}
+    md = render(record)
+    assert "| 1,000 | the shared budget's 14 | 2,500 | 5,000 | 2.50 | ViT, pos_embed none | doubled |" in md
+    assert "| 1,000 | the shared budget's 14 | 5,000 | 10,000 | 0.00 | none | **budget** |" in md
+    assert "| 60,000 | claim 9's ViT | 10,000 | 20,000 | 2.33 | ViT, + regularisation recipe | doubled |" in md
+    # the plan's largest raised budget stops the doubling, and the row says it has not converged
+    search, _ = _search(acc, dataclasses.replace(PLANS["default"], raise_to=4000))  # no budget raised past 4,000
+    conv = search.convergence(Scale("default", (0,)), budgets, reg)
+    assert conv["budgets"][1000] == 2500 and not all(r["converged"] for r in conv["claims"]["pos_embed"])
+    assert [r["outcome"] for r in conv["rounds"] if r["late"]] == ["stopped", "stopped"]
+    assert "**Claim 3's learning rates**" in md
+
+
+def test_claim3_trains_each_pooling_at_the_searchs_learning_rate_and_the_search_the_whole_sweep():
+    from vitlab.experiments.reproduce.claims.claim3_cls_vs_gap import POOL_LR, sweep
+    claim3 = next(e for e in EXPERIMENTS if e.name == "cls_vs_gap")
+    scale = Scale("default", (0, 1, 2))
+    plan = claim3.plan(scale)
+    assert len(plan) == 6 and {(dict(s.overrides).get("pool", "cls"), s.lr) for s in plan} == set(POOL_LR.items())
+    assert claim3.search_plan is sweep and len(sweep(scale)) == 18
+    assert {s.key for s in plan} <= {s.key for s in sweep(scale)}  # the chosen arms are runs of the sweep

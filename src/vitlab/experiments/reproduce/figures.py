@@ -114,21 +114,6 @@ def grouped_bar_figure(path: Path, groups: Sequence[str], arms: Sequence[str], v
     return _save(fig, path)
 
 
-def lr_figure(path: Path, lrs: Sequence[float], acc: dict) -> Path:
-    """Claim 3: accuracy against the learning rate, class token and global average pooling."""
-    fig = Figure(figsize=(5.2, 3.6))
-    ax = fig.add_subplot(1, 1, 1)
-    for pool, label in (("cls", "class token"), ("mean", "global average pooling")):
-        m, s = _errorbar_pct([acc[(pool, lr)] for lr in lrs])
-        ax.errorbar(lrs, m, yerr=s, marker="o" if pool == "cls" else "s", linestyle="-" if pool == "cls" else "--",
-                    capsize=3, label=label)
-    _log_x(ax, lrs, [f"{lr:g}" for lr in lrs], "learning rate")
-    ax.set_ylabel("validation accuracy (%)")
-    ax.set_title("Class token vs GAP, learning-rate sweep (Fashion-MNIST)", fontsize=10)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
 def patch_figure(path: Path, patches: Sequence[int], acc: dict, flops: dict, train_ms: dict) -> Path:
     """Claim 4: accuracy, forward FLOPs and measured training time against the patch size."""
     fig = Figure(figsize=(10.5, 3.3))
@@ -195,4 +180,4 @@ def depth_figure(path: Path, per_seed: Sequence[Sequence[float]], uniform: float
     return _save(fig, path)
 
 
-__all__ = ["bar_figure", "grouped_bar_figure", "lr_figure", "patch_figure", "scale_figure", "depth_figure"]
+__all__ = ["bar_figure", "grouped_bar_figure", "patch_figure", "scale_figure", "depth_figure"]

@@ -10,15 +10,19 @@
     budgets      the chosen recipe's ViT and CNN at 1,000, 4,000 and 50,000 images (the search's largest
                  set; the claims train on 60,000), at steps doubling from 625: the budget at a size is the
                  first whose double moves neither model's held-out accuracy by TOLERANCE or more
-    convergence  every arm of every Fashion-MNIST claim (claims 2-5 and 7-9) at the smallest and the largest
-                 training set of its claim, at the budget in code and at twice it: an arm has converged when
-                 the difference is below TOLERANCE
+    convergence  every arm of every Fashion-MNIST claim (claims 2-5 and 7-9; claim 3's whole learning-rate
+                 sweep) at the smallest and the largest training set of its claim, at a budget and at twice it:
+                 an arm has converged when the difference is below TOLERANCE. The arms at one size share a
+                 budget (claim 9's of each model their own), which starts at the budget stage's (claim 9's at its
+                 regularisation's) and doubles until every arm of it has converged (up to 5,000 steps, for the
+                 report's time); claim 3's learning rates are then each pooling's best held out at that budget
 
-The recipe and the budgets are then written into the code by hand (`claims/shared.py`; the search prints
-the lines), and the search's record is kept beside it (`search.json`, which the report shows): the
-convergence stage runs only when the code holds the search's recipe, and its table is that of the budgets
-in code. Every run goes through the reproduce machinery (`RunSpec`, the run cache, the executors), so a
-second invocation reads the cache and an interrupted one resumes.
+The recipe, the budgets and claim 3's learning rates are then written into the code by hand
+(`claims/shared.py`, `claims/claim3_cls_vs_gap.py`; the search prints them), and the search's record is kept
+beside it (`search.json`, which the report shows; `code_holds` says where the code differs from it): the
+convergence stage runs only when the code holds the search's recipe. Every run goes through the reproduce
+machinery (`RunSpec`, the run cache, the executors), so a second invocation reads the cache and an
+interrupted one resumes.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from vitlab.experiments.executors import open_executor
 from vitlab.experiments.reproduce.claims import EXPERIMENTS
 from vitlab.experiments.reproduce.claims import shared
 from vitlab.experiments.reproduce.claims.base import Scale
-from vitlab.experiments.reproduce.claims.shared import CNN, VIT, epochs_for
+from vitlab.experiments.reproduce.claims.claim3_cls_vs_gap import POOL_LR
+from vitlab.experiments.reproduce.claims.shared import CNN, VIT, epochs_for, steps_per_epoch
 from vitlab.experiments.reproduce.report import md_table
 from vitlab.experiments.reproduce.runs import HELD_OUT, RunCache, RunSpec, run_spec, train_on
 from vitlab.fileio import check_out_folder, output_folder, write_json, write_text
@@ -82,6 +87,9 @@ class SearchPlan:
     max_steps: int
     n_val: int = HELD_OUT
     regularisation: tuple[int, int] = (4000, 2500)  # claim 9's smaller training set and its budget there
+    # The largest budget the convergence stage raises one to: a raised budget is paid by every arm at that size, three
+    # seeds each, in every report, so beyond it the stage stops and the report flags the arms still moving.
+    raise_to: int = 5000
 
 
 PLANS = {
@@ -121,11 +129,15 @@ def regularised(model: str, knobs: dict, name: str, n: int, steps: int, n_val: i
                     warmup_epochs=knobs["warmup"] * epochs, seed=0, weight_init=plain.weight_init)
 
 
-def twin(spec: RunSpec, factor: int = 1) -> RunSpec:
-    """A claim's run on the search's split (at most its 50,000 images), seed 0, for `factor` x its steps."""
+def twin(spec: RunSpec, factor: int = 1, steps: int | None = None) -> RunSpec:
+    """A claim's run on the search's split (at most its 50,000 images), seed 0, for `factor` x its steps, or `factor` x
+    the budget `steps` (placed, as the claim places its budget, at the whole epoch of its training set)."""
     n = min(spec.n_train, 60_000 - HELD_OUT)
-    steps = factor * spec.steps
-    epochs = epochs_for(steps, n, spec.batch_size, drop_last=bool(dict(spec.aug).get("mixup")))
+    mixing = bool(dict(spec.aug).get("mixup"))  # mixing drops each epoch's short batch
+    if steps is not None:
+        steps = epochs_for(steps, spec.n_train, spec.batch_size, drop_last=mixing) * steps_per_epoch(
+            spec.n_train, spec.batch_size, drop_last=mixing)
+    epochs = epochs_for(factor * (spec.steps if steps is None else steps), n, spec.batch_size, drop_last=mixing)
     data = tuple(sorted({**dict(spec.data), **search_data(n)}.items()))
     return dataclasses.replace(spec, data=data, epochs=epochs, warmup_epochs=spec.warmup_epochs / spec.epochs * epochs,
                                seed=0)
@@ -230,27 +242,74 @@ class Search:
                 steps *= 2
         return out
 
-    def convergence(self, scale: Scale) -> dict[str, list[dict]]:
-        """The convergence stage: every arm of every Fashion-MNIST claim at the smallest and the largest training
-        set of its claim, at the code's budget and at twice it, on the search's split."""
-        arms = {}
+    def convergence(self, scale: Scale, budgets: dict[int, dict], regularisation: dict | None) -> dict:
+        """The convergence stage: every arm of every Fashion-MNIST claim at the smallest and the largest training set
+        of its claim (claim 3's whole learning-rate sweep), at a budget and at twice it, on the search's split. The arms
+        at one size share a budget (claim 9's arms of each model have their own); it starts at the budget stage's there
+        (claim 9's at the regularisation stage's) and doubles until doubling moves no arm of it by TOLERANCE, or up to the
+        plan's `raise_to`. Returns each claim's rows at the budget found, the budgets found (which the code then holds), every
+        round, and claim 3's learning rates: each pooling's best held out at its budget."""
+        found = {60_000 if int(n) == 60_000 - HELD_OUT else int(n): b["steps"] for n, b in budgets.items()}
+        start = {n: found.get(n, s) for n, s in code_budgets().items()}
+        arms: dict[tuple, list[tuple[str, RunSpec]]] = {}  # (N, None): the size's shared budget; (N, model): claim 9's
         for e in EXPERIMENTS:
-            fashion = [s for s in e.plan(scale) if dict(s.data)["name"] == "fashion-mnist" and s.seed == scale.seeds[0]]
+            fashion = [s for s in (e.search_plan or e.plan)(scale)
+                       if dict(s.data)["name"] == "fashion-mnist" and s.seed == scale.seeds[0]]
             if not fashion:
                 continue
             ns = {min(s.n_train for s in fashion), max(s.n_train for s in fashion)}
-            arms[e.name] = list({s.key: s for s in fashion if s.n_train in ns}.values())
-        specs = [t for runs in arms.values() for s in runs for t in (twin(s), twin(s, 2))]
-        self.acc(specs)  # every claim's runs in one batch: the executor keeps every worker busy
-        out = {}
-        for name, runs in arms.items():
-            rows = []
-            for s in runs:
-                a, b = self.acc([twin(s), twin(s, 2)])
-                rows.append({"arm": arm_label(s), "n_train": s.n_train, "n_search": twin(s).n_train,
-                             "steps": twin(s).steps, "acc": a, "acc_2x": b, "converged": abs(b - a) < TOLERANCE})
-            out[name] = rows
-        return out
+            for s in {s.key: s for s in fashion if s.n_train in ns}.values():
+                arms.setdefault((s.n_train, s.model if e.name == "recipe" else None), []).append((e.name, s))
+        budget = {g: start[g[0]] for g in arms}
+        for m in MODELS if regularisation else ():  # claim 9's at its smaller size start at the regularisation stage's
+            if (regularisation["n"], m) in arms:
+                budget[(regularisation["n"], m)] = regularisation["budget"][MODELS[m]]
+        rows: dict[tuple, list[dict]] = {}
+        rounds, pending = [], list(arms)
+        while pending:
+            self.acc([twin(s, k, steps=budget[g]) for g in pending for _, s in arms[g] for k in (1, 2)])  # one batch
+            for g in list(pending):
+                rows[g] = []
+                for name, s in arms[g]:
+                    a, b = self.acc([twin(s, k, steps=budget[g]) for k in (1, 2)])
+                    rows[g].append({"claim": name, "arm": arm_label(s), "n_train": s.n_train, "n_search": twin(s).n_train,
+                                    "budget": budget[g], "steps": twin(s, steps=budget[g]).steps, "acc": a, "acc_2x": b,
+                                    "converged": abs(b - a) < TOLERANCE})
+                late = [r for r in rows[g] if not r["converged"]]
+                stop = not late or 2 * budget[g] > self.plan.raise_to
+                rounds.append({"n_train": g[0], "model": MODELS[g[1]] if g[1] else None, "budget": budget[g],
+                               "arms": len({s.key for _, s in arms[g]}), "late": [r["arm"] for r in late],
+                               "largest_move": max(abs(r["acc_2x"] - r["acc"]) for r in rows[g]),
+                               "outcome": "budget" if not late else "stopped" if stop else "doubled"})
+                self.log(f"  N={g[0]:,}{' ' + MODELS[g[1]] + ' (claim 9)' if g[1] else ''}, {budget[g]:,} steps -> "
+                         f"{2 * budget[g]:,}: {len(rows[g]) - len(late)} of {len(rows[g])} arms moved by less than a point"
+                         + "".join(f"; not {r['arm']} ({100 * r['acc']:.2f} -> {100 * r['acc_2x']:.2f})" for r in late))
+                if stop:
+                    pending.remove(g)
+                else:
+                    budget[g] *= 2
+        claims = {}
+        for g, rs in rows.items():
+            for r in rs:
+                claims.setdefault(r.pop("claim"), []).append(r)
+        shared_found = {n: b for (n, m), b in sorted(budget.items(), key=lambda kv: kv[0][0]) if m is None}
+        own = {n: {MODELS[m]: budget.get((n, m), shared_found.get(n)) for m in MODELS}
+               for n in sorted({n for n, m in budget if m is not None})}
+        return {"claims": {e.name: claims[e.name] for e in EXPERIMENTS if e.name in claims}, "budgets": shared_found,
+                "own_budgets": own, "rounds": sorted(rounds, key=lambda r: (r["n_train"], r["model"] or "")),
+                "pooling": self._pooling(arms, budget)}
+
+    def _pooling(self, arms: dict, budget: dict) -> dict | None:
+        """Claim 3's learning rates: each pooling's best held-out accuracy of the sweep at its budget (the code's on a tie)."""
+        sweep = [(g, s) for g, runs in arms.items() for name, s in runs if name == "cls_vs_gap"]
+        if not sweep:
+            return None
+        acc: dict[str, dict[str, float]] = {}
+        for g, s in sweep:
+            pool = "mean" if dict(s.overrides).get("pool") == "mean" else "cls"
+            acc.setdefault(pool, {})[f"{s.lr:g}"] = self.acc([twin(s, steps=budget[g])])[0]
+        chosen = {p: float(max(a, key=lambda lr: (a[lr], float(lr) == POOL_LR[p]))) for p, a in acc.items()}
+        return {"n_train": sweep[0][1].n_train, "budget": budget[sweep[0][0]], "acc": acc, "chosen": chosen}
 
 
 def _train(specs: Sequence[RunSpec], ex, cache: RunCache, fast_path: str, log: Callable[[str], None]) -> None:
@@ -278,7 +337,7 @@ def code_regularised_budgets() -> dict[int, dict[str, int]]:
     """Claim 9's budgets in code where it has its own (shared.REGULARISED_STEPS), per training-set size and model:
     each model's own there, or the shared one."""
     return {n: {MODELS[m]: b.get(m, shared.STEPS["default"][n]) for m in MODELS}
-            for n, b in shared.REGULARISED_STEPS["default"].items()}
+            for n, b in sorted(shared.REGULARISED_STEPS["default"].items())}
 
 
 def make_record(plan: SearchPlan, stages: list[dict], recipe: dict, budgets: dict[int, dict], cache: RunCache, *,
@@ -286,13 +345,52 @@ def make_record(plan: SearchPlan, stages: list[dict], recipe: dict, budgets: dic
                 regularisation: dict | None = None) -> dict:
     """The search's record (search.json): what it tried, what it chose, and the runs it took."""
     results = [json.loads(p.read_text()) for p in cache.root.glob("*/result.json")]
+    conv = convergence or {}
     return {"held_out": plan.n_val, "search_n": plan.search_n, "recipe_epochs": plan.recipe_epochs,
             "tolerance": TOLERANCE, "start": START, "stages": stages, "recipe": recipe, "regularisation": regularisation,
             "budgets": {str(n): b for n, b in budgets.items()},
             "code_budgets": {str(n): s for n, s in code_budgets().items()} if convergence else None,
             "code_regularised_budgets": {str(n): s for n, s in code_regularised_budgets().items()} if convergence else None,
-            "convergence": convergence, "made_by": made_by, "runs": len(results),
-            "train_cpu_s": sum(r["train_cpu_s"] for r in results)}
+            "convergence": conv.get("claims"),
+            "convergence_budgets": {str(n): s for n, s in conv["budgets"].items()} if convergence else None,
+            "convergence_own_budgets": {str(n): s for n, s in conv["own_budgets"].items()} if convergence else None,
+            "convergence_rounds": conv.get("rounds"), "pooling": conv.get("pooling"),
+            "made_by": made_by, "runs": len(results), "train_cpu_s": sum(r["train_cpu_s"] for r in results)}
+
+
+def hold_lines(convergence: dict) -> str:
+    """What the code must hold for the convergence stage's budgets and claim 3's learning rates, and whether it does."""
+    own = {n: {m: b for m, b in bs.items() if b != convergence["budgets"].get(n)} for n, bs in convergence["own_budgets"].items()}
+    lines = [f"  budgets found: {convergence['budgets']} (claims/shared.py STEPS['default']: {code_budgets()}); claim 9's "
+             f"own: {own} (REGULARISED_STEPS: {code_regularised_budgets()})"]
+    if convergence.get("pooling"):
+        lines.append(f"  claim 3's learning rates: {convergence['pooling']['chosen']} (claim3_cls_vs_gap.POOL_LR: {POOL_LR})")
+    return "\n".join(lines)
+
+
+def code_holds(record: dict) -> list[str]:
+    """Where the code differs from the search's record: the recipe, claim 9's regularisation, the budgets the
+    convergence stage found (or, without one, the budget stage's), claim 3's learning rates. Empty: it holds them."""
+    bad = []
+    if code_recipe() != record["recipe"]:
+        bad.append("the recipe")
+    if record.get("regularisation") and shared.REGULARISATION != record["regularisation"]["chosen"]:
+        bad.append("claim 9's regularisation")
+    if record.get("convergence_budgets"):
+        if {str(n): s for n, s in code_budgets().items()} != record["convergence_budgets"]:
+            bad.append("the budgets (STEPS)")
+        label = {v: k for k, v in MODELS.items()}
+        if any(shared.regularised_steps(label[m], int(n), Scale("default", (0,))) != b
+               for n, bs in record["convergence_own_budgets"].items() for m, b in bs.items()):
+            bad.append("claim 9's budgets (REGULARISED_STEPS)")
+    else:
+        for n, b in record["budgets"].items():
+            n = 60_000 if int(n) == 60_000 - HELD_OUT else int(n)
+            if b["converged"] and code_budgets().get(n, b["steps"]) != b["steps"]:
+                bad.append(f"the budget at {n:,}")
+    if record.get("pooling") and record["pooling"]["chosen"] != POOL_LR:
+        bad.append("claim 3's learning rates (POOL_LR)")
+    return bad
 
 
 def tune(out_dir: str | Path, *, scale: str = "default", workers: int | None = None, log: Callable[[str], None] = print,
@@ -319,14 +417,9 @@ def tune(out_dir: str | Path, *, scale: str = "default", workers: int | None = N
                 log("the code does not hold this recipe yet: set claims/shared.py to it and run --tune again for the "
                     f"convergence stage: {json.dumps(recipe)}")
             elif scale == "default":
-                log(f"convergence stage (every claim's arms at the code's budgets {code_budgets()}, claim 9's "
-                    f"{code_regularised_budgets()}, and twice them):")
-                convergence = search.convergence(Scale("default", (0,)))
-                for name, rows in convergence.items():
-                    bad = [r for r in rows if not r["converged"]]
-                    log(f"  {name}: {len(rows) - len(bad)} of {len(rows)} arms converged"
-                        + ("".join(f"; not: {r['arm']} at N={r['n_train']:,} ({100 * r['acc']:.2f} -> "
-                                   f"{100 * r['acc_2x']:.2f})" for r in bad)))
+                log("convergence stage (every claim's arms at a budget and twice it, doubling until none moves by a point):")
+                convergence = search.convergence(Scale("default", (0,)), budgets, regularisation)
+                log(hold_lines(convergence))
             record = make_record(plan, stages, recipe, budgets, cache, convergence=convergence,
                                  regularisation=regularisation)
             write_json(out / "search.json", record, indent=1)
@@ -390,17 +483,34 @@ def render(record: dict, heading: str = "#") -> str:
                            else "**not converged** (the search stopped here)"])
     lines += [md_table(["N", "steps", "2x steps", "ViT held-out %", "CNN held-out %", ""], rows), ""]
     if record.get("convergence"):
-        lines += [f"**Convergence** of every claim's arms at the budgets in code "
-                  f"({', '.join(f'{int(n):,} images: {s} steps' for n, s in record['code_budgets'].items())}; claim 9's own: "
-            f"{', '.join(f'{int(n):,} images: ' + ', '.join(f'{m} {s}' for m, s in b.items()) for n, b in (record.get('code_regularised_budgets') or {}).items())} steps; "
-                  "60,000 is trained as the search's 50,000):", ""]
-        rows = [[name, r["arm"], f"{r['n_train']:,}", str(r["steps"]), _pct(r["acc"]), _pct(r["acc_2x"]),
+        lines += [f"**Convergence** of every claim's arms (claim 3's whole learning-rate sweep) at the smallest and the "
+                  "largest training set of the claim, at a budget and at twice it (60,000 trained as the search's 50,000). "
+                  "The arms at one size share a budget, claim 9's arms of each model their own; it starts at the budget "
+                  "stage's (claim 9's at the regularisation stage's) and doubles until doubling moves none of them by "
+                  f"{100 * record['tolerance']:.0f} point. The rounds:", ""]
+        if record.get("convergence_rounds"):
+            outcome = {"budget": "**budget**", "doubled": "doubled", "stopped": "**not converged** (the search stopped here)"}
+            lines += [md_table(["N", "arms", "steps", "2x steps", "largest move (points)", "moved by a point or more", ""],
+                               [[f"{r['n_train']:,}", f"claim 9's {r['model']}" if r["model"] else f"the shared budget's {r['arms']}",
+                                 f"{r['budget']:,}", f"{2 * r['budget']:,}", f"{100 * r['largest_move']:.2f}",
+                                 ", ".join(r["late"]) or "none", outcome[r["outcome"]]] for r in record["convergence_rounds"]]), ""]
+        lines += [f"The budgets found, which the code holds: {', '.join(f'{int(n):,} images: {s:,} steps' for n, s in (record.get('convergence_budgets') or record['code_budgets']).items())}; "
+                  f"claim 9's own: {'; '.join(f'{int(n):,} images: ' + ', '.join(f'{m} {s:,}' for m, s in b.items()) for n, b in (record.get('convergence_own_budgets') or record.get('code_regularised_budgets') or {}).items())}. "
+                  "Every arm at its budget:", ""]
+        rows = [[name, r["arm"], f"{r['n_train']:,}", f"{r['steps']:,}", _pct(r["acc"]), _pct(r["acc_2x"]),
                  f"{100 * (r['acc_2x'] - r['acc']):+.2f}", "yes" if r["converged"] else "**no**"]
                 for name, rs in record["convergence"].items() for r in rs]
         lines += [md_table(["claim", "arm", "N", "steps", "held-out %", "2x steps: held-out %", "difference (points)",
                             "converged"], rows), ""]
+    pool = record.get("pooling")
+    if pool:
+        names = {"cls": "class token", "mean": "global average pooling"}
+        lines += [f"**Claim 3's learning rates**, each pooling's best held-out accuracy of the sweep at {pool['n_train']:,} "
+                  f"images and {pool['budget']:,} steps: " + "; ".join(
+                      f"{names[p]}: " + ", ".join(f"{lr}: {_pct(a)}" for lr, a in accs.items()) + f" -> **{pool['chosen'][p]:g}**"
+                      for p, accs in pool["acc"].items()) + ".", ""]
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["RECORD", "TOLERANCE", "Search", "arm_label", "code_budgets", "code_recipe", "code_regularised_budgets", "load_record", "render",
+__all__ = ["RECORD", "TOLERANCE", "Search", "arm_label", "code_budgets", "code_holds", "code_recipe", "code_regularised_budgets", "load_record", "render",
            "search_data", "tune", "twin"]
