@@ -97,6 +97,7 @@ def _fashion(train: bool) -> ImageTensors:
 
 HELD_OUT = 10_000  # training images the recipe search validates on (`split: "search"`); never the test images
 HELD_OUT_SEED = 28  # the one permutation of the 60,000 training images that splits them
+DIGITS_HELD_OUT = 400  # of the digits a run does not train on, those a claim chooses its lr and budget on (`split: "held_out"`)
 
 
 def search_split() -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,7 +112,9 @@ def search_split() -> tuple[torch.Tensor, torch.Tensor]:
 def dataset(data: tuple, seed: int) -> tuple[ImageTensors, ImageTensors, int]:
     """(train, val, num_classes) for a run's data description and seed: uint8 images (N, C, H, W).
     Fashion-MNIST's `split`: "test" (the claims: trained on the training images, validated on the test
-    images) or "search" (the recipe search: trained on 50,000 training images, validated on the other 10,000)."""
+    images) or "search" (the recipe search: trained on 50,000 training images, validated on the other 10,000). The
+    digits' `split`: "test" (validated on the digits not trained on, but for DIGITS_HELD_OUT of them, drawn per seed)
+    or "held_out" (validated on those)."""
     d = dict(data)
     name, n_train, n_val, channels = d["name"], int(d["n_train"]), int(d["n_val"]), int(d.get("channels", 3))
     if name == "fashion-mnist" and d.get("split", "test") == "search":
@@ -124,9 +127,11 @@ def dataset(data: tuple, seed: int) -> tuple[ImageTensors, ImageTensors, int]:
     if name == "x":
         (xt, yt), (xv, yv) = dataset_x_splits(n_train, n_val, seed=seed, normalize=False)
         return ImageTensors.from_float(xt, yt), ImageTensors.from_float(xv, yv), 2
-    if name == "digits":
+    if name == "digits":  # `split`: "test" (the claim's verdict) or "held_out" (the digits it chooses on)
         x, y = load_digits(int(d["img_size"]), channels=channels, normalize=False)
-        train, val = stratified_split(y, 1 - n_train / len(y), seed=seed)
+        train, rest = stratified_split(y, 1 - n_train / len(y), seed=seed)
+        rest = rest[torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed))]
+        val = (rest[:DIGITS_HELD_OUT] if d.get("split", "test") == "held_out" else rest[DIGITS_HELD_OUT:]).sort().values
         return ImageTensors.from_float(x[train], y[train]), ImageTensors.from_float(x[val][:n_val], y[val][:n_val]), 10
     raise VitlabError(f"unknown dataset {name!r} in an experiment's plan")
 
