@@ -90,7 +90,8 @@ def test_claims_reuse_the_data_scale_runs_and_each_comparison_has_one_budget():
     # the hybrid's conv stem downsamples by powers of 2: its ViT arm is the shared ViT only at such a patch size
     P = FASHION_VIT["patch_size"]
     for name in ("pos_embed", "cls_vs_gap", "patch_size", "attention", "recipe") + (("hybrid",) if P & (P - 1) == 0 else ()):
-        assert grid & {s.key for s in plans[name]}, f"{name}'s baseline arm is not a data-scale run"
+        e = next(e for e in EXPERIMENTS if e.name == name)  # claim 3's: in the sweep the search chooses its lrs from
+        assert grid & {s.key for s in (e.search_plan or e.plan)(scale)}, f"{name}'s baseline arm is not a data-scale run"
         budgets = {}
         for s in _fashion_runs(plans[name]):
             budgets.setdefault((s.n_train, s.model), set()).add((s.batch_size, s.weight_decay))
@@ -181,3 +182,41 @@ def test_the_command_line_scale_is_default_unless_asked(monkeypatch, tmp_path):
     for argv, scale in ([], "default"), (["--quick"], "quick"), (["--scale", "large"], "large"):
         assert main(["reproduce", *argv, "--out", str(tmp_path / "r")]) == 0
         assert seen["scale"] == scale
+
+
+def test_the_estimate_by_claim_counts_each_run_once_in_the_first_claim_that_plans_it():
+    from vitlab.experiments.reproduce.runner import _all_runs, claim_costs
+    scale = Scale("default", (0, 1, 2))
+    runs = _all_runs([s for e in EXPERIMENTS for s in e.plan(scale)])
+    costs = {s.key: float(s.steps * s.batch_size) for s in runs}  # any price per run
+    by = {e.name: t for e, t in claim_costs(EXPERIMENTS, scale, costs)}
+    assert sum(by.values()) == pytest.approx(sum(costs.values()))
+    assert by["attention"] == 0  # Figure 7 reads claim 5's ViTs, counted there
+    assert by["cls_vs_gap"] > 0 and by["recipe"] > 0
+    shared_vit = {s.key for s in next(e for e in EXPERIMENTS if e.name == "pos_embed").plan(scale)}
+    assert by["pos_embed"] == pytest.approx(sum(costs[k] for k in shared_vit))  # the 1,000-image ViT counted in claim 2
+
+
+def test_claim6_chooses_each_arms_lr_on_held_out_digits_never_on_the_verdicts(tmp_path):
+    from vitlab.experiments.reproduce.claims import claim6_pretrain as claim6
+    from vitlab.experiments.reproduce.runs import DIGITS_HELD_OUT, dataset
+    scale = Scale("default", (0, 1, 2))
+    train, verdict, _ = dataset(tuple(sorted(claim6._digits_data(scale).items())), 1)
+    train2, held, _ = dataset(tuple(sorted(claim6._digits_data(scale, held_out=True).items())), 1)
+    rows = lambda t: {bytes(x.numpy().tobytes()) for x in t.images}  # noqa: E731
+    assert len(held) == DIGITS_HELD_OUT and len(verdict) == 1797 - 500 - DIGITS_HELD_OUT
+    assert torch.equal(train.images, train2.images) and not rows(held) & rows(verdict) and not rows(train) & rows(held)
+
+    class Fake:  # held out, lr 3e-4 is better for both arms; on the verdict's digits, 1e-3 would be
+        def __getitem__(self, s):
+            held_out = dict(s.data).get("split") == "held_out"
+            base = 0.9 if s.init is not None else 0.8
+            return {"val_acc": base + (0.01 if (s.lr == 3e-4) == held_out else 0.0) + 0.001 * s.seed}
+
+        def acc(self, specs):
+            return [self[s]["val_acc"] for s in specs]
+    o = claim6.EXPERIMENT.analyze(scale, Fake(), tmp_path)
+    chosen = [r[:2] for r in o.rows if r[-1] == "chosen (held out)"]
+    assert chosen == [["fine-tuned", "0.0003"], ["from scratch", "0.0003"]]
+    assert "(lr 0.0003) - from scratch (lr 0.0003)" in o.verdict.detail
+    assert {dict(s.data).get("split") for s in claim6._plan(scale)} == {"held_out", None}

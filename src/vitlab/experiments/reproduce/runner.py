@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import statistics
 import time
 from collections import Counter
 from pathlib import Path
@@ -59,10 +60,11 @@ def _arch_key(spec: RunSpec) -> tuple:
     return spec.model, d["img_size"], d.get("channels", 3), spec.overrides, spec.batch_size, spec.aug
 
 
-def calibrate(specs: Sequence[RunSpec], device: torch.device) -> dict[tuple, tuple[float, float]]:
+def calibrate(specs: Sequence[RunSpec], device: torch.device, seconds: float = 1.0) -> dict[tuple, tuple[float, float]]:
     """Seconds per training image for each architecture and augmentation in `specs`, as (wall clock, CPU
-    time of this process): the batch augmentation, the batch mixing and a training step, the fastest of
-    those timed after a warm-up (at least two, until a quarter of a second). On a machine busy with other work the wall clock is longer than the CPU time; on an
+    time of this process): the batch augmentation, the batch mixing and a training step, the median of those
+    timed after a warm-up (at least four, until `seconds` of CPU time, at most 39). Earlier estimates took the fastest
+    of a quarter of a second, and priced a default report at 110 minutes that took 123. On a machine busy with other work the wall clock is longer than the CPU time; on an
     idle one they agree (one thread)."""
     out = {}
     for spec in specs:
@@ -84,7 +86,7 @@ def calibrate(specs: Sequence[RunSpec], device: torch.device) -> dict[tuple, tup
         params = train_tf.draw(B, g)
         with paths.training(model, plan, precision="fp32") as net:  # as fit trains it
             walls, cpus = [], []
-            while len(walls) < 3 or (len(walls) < 8 and sum(cpus[1:]) < 0.25):  # a warm-up, then at least 2 timed
+            while len(walls) < 5 or (len(walls) < 40 and sum(cpus[1:]) < seconds):  # a warm-up, then at least 4 timed
                 t, c = time.perf_counter(), time.process_time()
                 x, target = train_tf(images, params), y
                 if mix is not None:
@@ -96,7 +98,18 @@ def calibrate(specs: Sequence[RunSpec], device: torch.device) -> dict[tuple, tup
                     torch.cuda.synchronize(device)
                 walls.append(time.perf_counter() - t)
                 cpus.append(time.process_time() - c)
-        out[key] = (min(walls[1:]) / B, min(cpus[1:]) / B)
+        out[key] = (statistics.median(walls[1:]) / B, statistics.median(cpus[1:]) / B)
+    return out
+
+
+def claim_costs(experiments, scale: Scale, costs: dict[str, float]) -> list[tuple]:
+    """Each claim's share of the estimated seconds (`costs`, by run key, of the runs still to train): its runs no
+    claim before it plans (a shared run is counted once, in the first)."""
+    seen, out = set(), []
+    for e in experiments:
+        mine = {s.key for s in _all_runs(e.plan(scale))} - seen
+        seen |= mine
+        out.append((e, sum(costs.get(k, 0.0) for k in mine)))
     return out
 
 
@@ -166,7 +179,7 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, device: 
         else contextlib.nullcontext(Executor(dev))  # nothing to train: no pool to start, no cluster to join
     with num_threads(1 if dev.type == "cpu" else None), executing as ex:
         n_workers = ex.slots
-        timing = calibrate(todo, dev) if todo else {}
+        timing = calibrate(todo, dev, seconds=0.1 if scale.quick else 1.0) if todo else {}
         # On CPU the estimate comes from the CPU time of the timed steps: what they take on an idle machine
         # (a busy one stretches the wall clock, not the work); the wall-clock estimate is shown beside it.
         per_image = {k: (cpu if dev.type == "cpu" else wall) for k, (wall, cpu) in timing.items()}
@@ -178,6 +191,9 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, device: 
         log(f"vitlab reproduce: {len(experiments)} experiment(s), {len(runs)} training run(s), {len(runs) - len(todo)} cached; "
             f"estimated {_duration(total)} on {dev} with {n_workers} worker(s){busy}{where} "
             f"({scale_name} scale, {n_seeds} seed(s))")
+        if todo and len(experiments) > 1:  # where the time goes, to choose --only by
+            log("  by claim (a run shared by claims counted in the first): " + ", ".join(
+                f"{e.number} {e.name} {_duration(t / n_workers)}" for e, t in claim_costs(experiments, scale, costs)))
         bar = tqdm(total=max(sum(costs.values()), 1e-9), disable=not progress or not todo, unit="s", desc="reproduce",
                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} est. s [{elapsed}<{remaining}]")
         # Fine-tuning runs start from another run's weights: train every run without a pending parent first.
