@@ -275,14 +275,15 @@ class Search:
                     rows[g].append({"claim": name, "arm": arm_label(s), "n_train": s.n_train, "n_search": twin(s).n_train,
                                     "budget": budget[g], "steps": twin(s, steps=budget[g]).steps, "acc": a, "acc_2x": b,
                                     "converged": abs(b - a) < TOLERANCE})
-                late = [r for r in rows[g] if not r["converged"]]
+                late = list({r["arm"]: r for r in rows[g] if not r["converged"]}.values())  # an arm of several claims once
+                n_arms = len({s.key for _, s in arms[g]})
                 stop = not late or 2 * budget[g] > self.plan.raise_to
                 rounds.append({"n_train": g[0], "model": MODELS[g[1]] if g[1] else None, "budget": budget[g],
-                               "arms": len({s.key for _, s in arms[g]}), "late": [r["arm"] for r in late],
+                               "arms": n_arms, "late": [r["arm"] for r in late],
                                "largest_move": max(abs(r["acc_2x"] - r["acc"]) for r in rows[g]),
                                "outcome": "budget" if not late else "stopped" if stop else "doubled"})
                 self.log(f"  N={g[0]:,}{' ' + MODELS[g[1]] + ' (claim 9)' if g[1] else ''}, {budget[g]:,} steps -> "
-                         f"{2 * budget[g]:,}: {len(rows[g]) - len(late)} of {len(rows[g])} arms moved by less than a point"
+                         f"{2 * budget[g]:,}: {n_arms - len(late)} of {n_arms} arms moved by less than a point"
                          + "".join(f"; not {r['arm']} ({100 * r['acc']:.2f} -> {100 * r['acc_2x']:.2f})" for r in late))
                 if stop:
                     pending.remove(g)
@@ -493,7 +494,7 @@ def render(record: dict, heading: str = "#") -> str:
             lines += [md_table(["N", "arms", "steps", "2x steps", "largest move (points)", "moved by a point or more", ""],
                                [[f"{r['n_train']:,}", f"claim 9's {r['model']}" if r["model"] else f"the shared budget's {r['arms']}",
                                  f"{r['budget']:,}", f"{2 * r['budget']:,}", f"{100 * r['largest_move']:.2f}",
-                                 ", ".join(r["late"]) or "none", outcome[r["outcome"]]] for r in record["convergence_rounds"]]), ""]
+                                 "; ".join(r["late"]) or "none", outcome[r["outcome"]]] for r in record["convergence_rounds"]]), ""]
         lines += [f"The budgets found, which the code holds: {', '.join(f'{int(n):,} images: {s:,} steps' for n, s in (record.get('convergence_budgets') or record['code_budgets']).items())}; "
                   f"claim 9's own: {'; '.join(f'{int(n):,} images: ' + ', '.join(f'{m} {s:,}' for m, s in b.items()) for n, b in (record.get('convergence_own_budgets') or record.get('code_regularised_budgets') or {}).items())}. "
                   "Every arm at its budget:", ""]

@@ -47,7 +47,7 @@ RECIPES = {  # per model: peak learning rate, AdamW's weight decay, batch size, 
 PLAIN = {"hflip": True}
 STEPS = {  # optimizer steps per training-set size, every arm of a comparison alike
     "quick": {100: 4, 200: 4, 400: 4},
-    "default": {1000: 2500, 4000: 2500, 60_000: 10_000},
+    "default": {1000: 5000, 4000: 2500, 60_000: 10_000},
 }
 # Claim 9's own budgets at its smaller training set, per model, where the shared one is too short for its
 # regularisation (the search's regularisation stage doubles each model's budget with it until doubling moves it by less
