@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-
 from vitlab.errors import VitlabError
 from vitlab.experiments.executors import open_executor
 from vitlab.experiments.reproduce.claims import EXPERIMENTS
