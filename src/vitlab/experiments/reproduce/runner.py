@@ -63,9 +63,9 @@ def _arch_key(spec: RunSpec) -> tuple:
 def calibrate(specs: Sequence[RunSpec], device: torch.device, seconds: float = 1.0) -> dict[tuple, tuple[float, float]]:
     """Seconds per training image for each architecture and augmentation in `specs`, as (wall clock, CPU
     time of this process): the batch augmentation, the batch mixing and a training step, the median of those
-    timed after a warm-up (at least four, until `seconds` of CPU time, at most 39). Earlier estimates took the fastest
-    of a quarter of a second, and priced a default report at 110 minutes that took 123. On a machine busy with other work the wall clock is longer than the CPU time; on an
-    idle one they agree (one thread)."""
+    timed after a warm-up (at least four, until `seconds` of CPU time, at most 39). Earlier estimates took the
+    fastest of a quarter of a second, and priced a default report at 110 minutes that took 123. On a machine
+    busy with other work the wall clock is longer than the CPU time; on an idle one they agree (one thread)."""
     out = {}
     for spec in specs:
         key = _arch_key(spec)
