@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test docs bench clean
+.PHONY: demo test lint docs bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile $(ARGS)
+
+# ruff's formatter (checked, not applied: `ruff format` applies it) and its linter, as pyproject.toml configures them
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks
 
 # the documentation site: docs/ -> site/ (open site/index.html); --strict fails on a broken link or a page left out
 docs: $(STAMP)

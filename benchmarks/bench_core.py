@@ -26,7 +26,7 @@ import json
 import platform
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -97,8 +97,16 @@ def big_rows(size: str, *, batch_infer: int, batch_train: int, warmup: int, repe
     ours = vitlab.create_model(name).to(device)
     torch.nn.init.normal_(ours.head.weight, std=0.02)  # a non-zero head, so the logit check means something
     c = ours.cfg
-    theirs = timm_twin(ours, img_size=224, patch_size=16, embed_dim=c.dim, depth=c.depth, num_heads=c.heads,
-                       mlp_ratio=c.mlp_ratio, num_classes=c.num_classes).to(device)
+    theirs = timm_twin(
+        ours,
+        img_size=224,
+        patch_size=16,
+        embed_dim=c.dim,
+        depth=c.depth,
+        num_heads=c.heads,
+        mlp_ratio=c.mlp_ratio,
+        num_classes=c.num_classes,
+    ).to(device)
     diff = check_same(ours, theirs, torch.randn(2, 3, 224, 224, device=device))
     label = f"ViT-{size[0].upper()}/16"
     rows = []
@@ -109,6 +117,7 @@ def big_rows(size: str, *, batch_infer: int, batch_train: int, warmup: int, repe
         def fn():
             with torch.inference_mode():
                 model(x)
+
         return fn
 
     ours.eval(), theirs.eval()
@@ -125,6 +134,7 @@ def big_rows(size: str, *, batch_infer: int, batch_train: int, warmup: int, repe
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(model(xt), yt).backward()
             opt.step()
+
         return fn
 
     ours.train(), theirs.train()
@@ -137,8 +147,9 @@ def demo_row(*, n_images: int, warmup: int, repeats: int, device) -> list[dict]:
     """The demo's loop (vitlab.train.engine.train_one_epoch, batch 32, fused AdamW, grad clipping)."""
     torch.manual_seed(0)
     ours = vitlab.create_model("vit_mini_x").to(device)
-    theirs = timm_twin(ours, img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2,
-                       num_classes=2).to(device)
+    theirs = timm_twin(
+        ours, img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2, num_classes=2
+    ).to(device)
     (x, y), _ = dataset_x_splits(2000, 1, seed=0)
     x, y = x[:n_images], y[:n_images]
     diff = check_same(ours, theirs, x[:8].to(device))
@@ -149,8 +160,14 @@ def demo_row(*, n_images: int, warmup: int, repeats: int, device) -> list[dict]:
         return lambda: train_one_epoch(model, loader, opt, device=device)
 
     t = race({"vitlab": epoch(ours), "timm": epoch(theirs)}, warmup=warmup, repeats=repeats, device=device)
-    return [{"row": f"demo loop: vit_mini_x, dataset X, batch 32 ({n_images} images/epoch)", "images": n_images, **t,
-             "max_logit_diff": diff}]
+    return [
+        {
+            "row": f"demo loop: vit_mini_x, dataset X, batch 32 ({n_images} images/epoch)",
+            "images": n_images,
+            **t,
+            "max_logit_diff": diff,
+        }
+    ]
 
 
 def _rate(x: float) -> str:
@@ -169,14 +186,22 @@ def main(argv=None) -> int:
     warmup = 1
     only = set(args.only.split(","))
     t_start = time.perf_counter()
-    print(f"vitlab {vitlab.__version__} vs timm {timm.__version__}; torch {torch.__version__}, {device}, "
-          f"{torch.get_num_threads()} threads, fp32, median of {repeats} alternating repeats after {warmup} warm-up"
-          f"{' (--quick: small batches)' if args.quick else ''}")
+    print(
+        f"vitlab {vitlab.__version__} vs timm {timm.__version__}; torch {torch.__version__}, {device}, "
+        f"{torch.get_num_threads()} threads, fp32, median of {repeats} alternating repeats after {warmup} warm-up"
+        f"{' (--quick: small batches)' if args.quick else ''}"
+    )
     rows = []
     for size in ("small", "base"):
         if size in only:
-            rows += big_rows(size, batch_infer=4 if args.quick else 32, batch_train=2 if args.quick else 16,
-                             warmup=warmup, repeats=repeats, device=device)
+            rows += big_rows(
+                size,
+                batch_infer=4 if args.quick else 32,
+                batch_train=2 if args.quick else 16,
+                warmup=warmup,
+                repeats=repeats,
+                device=device,
+            )
             print(f"  done: {size}", flush=True)
     if "demo" in only:
         rows += demo_row(n_images=320 if args.quick else 2000, warmup=warmup, repeats=repeats, device=device)
@@ -187,12 +212,23 @@ def main(argv=None) -> int:
         r["ratio"] = r["vitlab_img_s"] / r["timm_img_s"]
         print(f"{r['row']:<58}{_rate(r['vitlab_img_s']):>14}{_rate(r['timm_img_s']):>12}{r['ratio']:>12.2f}x")
     diffs = [r["max_logit_diff"] for r in rows if "max_logit_diff" in r]
-    print(f"same weights in both: max |logit difference| {max(diffs):.2e}; "
-          f"wall time {time.perf_counter() - t_start:.0f} s; host {platform.node() or '?'} ({platform.machine()})")
+    print(
+        f"same weights in both: max |logit difference| {max(diffs):.2e}; "
+        f"wall time {time.perf_counter() - t_start:.0f} s; host {platform.node() or '?'} ({platform.machine()})"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": str(device), "threads": torch.get_num_threads(), "quick": args.quick,
-                       "repeats": repeats, "rows": rows}, f, indent=2)
+            json.dump(
+                {
+                    "device": str(device),
+                    "threads": torch.get_num_threads(),
+                    "quick": args.quick,
+                    "repeats": repeats,
+                    "rows": rows,
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

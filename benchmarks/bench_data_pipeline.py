@@ -27,7 +27,6 @@ Time it on an otherwise idle machine: the table is images per second of wall clo
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -52,8 +51,9 @@ BATCH = 128
 
 def timm_model() -> torch.nn.Module:
     """timm's VisionTransformer with vit_mini's configuration on 28x28 grey images."""
-    return VisionTransformer(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depth=4,
-                             num_heads=4, mlp_ratio=2.0)
+    return VisionTransformer(
+        img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0
+    )
 
 
 def plain_loop(x: torch.Tensor, y: torch.Tensor, device: torch.device, seed: int) -> float:
@@ -109,7 +109,9 @@ def _sync(device: torch.device) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--images", type=int, default=10_000, help="training images per epoch (a nested subset of the 60,000)")
+    p.add_argument(
+        "--images", type=int, default=10_000, help="training images per epoch (a nested subset of the 60,000)"
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader processes of the decoding run (default 0)")
@@ -126,27 +128,48 @@ def main() -> None:
     base = RECIPES["scratch"].replace(batch_size=BATCH, seed=args.seed)
     rows = []
     with num_threads(args.threads):
-        rows.append(("plain loop + timm (preloaded tensors, no augmentation)", plain_loop(data.train.images, data.train.labels,
-                                                                                          device, args.seed)))
+        rows.append(
+            (
+                "plain loop + timm (preloaded tensors, no augmentation)",
+                plain_loop(data.train.images, data.train.labels, device, args.seed),
+            )
+        )
         runs = [
             ("vitlab, in memory, no augmentation", data, base.replace(augment=False)),
             ("vitlab, in memory, crop 0.35 + flip", data, base.replace(hflip=True, crop_scale=0.35)),
-            ("vitlab, in memory, crop + flip + RandAugment + MixUp/CutMix", data,
-             base.replace(hflip=True, crop_scale=0.35, auto_augment="rand", mixup=0.8, cutmix=1.0)),
+            (
+                "vitlab, in memory, crop + flip + RandAugment + MixUp/CutMix",
+                data,
+                base.replace(hflip=True, crop_scale=0.35, auto_augment="rand", mixup=0.8, cutmix=1.0),
+            ),
             ("vitlab, decoding PNGs every epoch, no augmentation", from_disk, base.replace(augment=False)),
-            ("vitlab, decoding PNGs every epoch, crop 0.35 + flip", from_disk, base.replace(hflip=True, crop_scale=0.35)),
+            (
+                "vitlab, decoding PNGs every epoch, crop 0.35 + flip",
+                from_disk,
+                base.replace(hflip=True, crop_scale=0.35),
+            ),
         ]
         for name, d, recipe in runs:
             rows.append((name, vitlab_epoch(d, recipe, device, args.workers, args.seed)))
     ceiling = rows[0][1]
-    print(f"Fashion-MNIST, {args.images:,} training images, batch {BATCH}, {device}, {args.threads} thread(s), "
-          f"{args.workers} DataLoader worker(s) for the decoding runs; torch {torch.__version__}")
+    print(
+        f"Fashion-MNIST, {args.images:,} training images, batch {BATCH}, {device}, {args.threads} thread(s), "
+        f"{args.workers} DataLoader worker(s) for the decoding runs; torch {torch.__version__}"
+    )
     print("| run | images/s | vs plain loop |")
     print("|---|---:|---:|")
     for name, ips in rows:
         print(f"| {name} | {ips:,.0f} | {ips / ceiling:.2f}x |")
-    write_json(out / "results.json", {"images": args.images, "device": str(device), "threads": args.threads,
-                                      "workers": args.workers, "rows": [{"run": n, "images_per_s": v} for n, v in rows]})
+    write_json(
+        out / "results.json",
+        {
+            "images": args.images,
+            "device": str(device),
+            "threads": args.threads,
+            "workers": args.workers,
+            "rows": [{"run": n, "images_per_s": v} for n, v in rows],
+        },
+    )
 
 
 if __name__ == "__main__":

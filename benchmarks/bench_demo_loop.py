@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.runtime import num_threads
 from vitlab.data.synthetic import dataset_x_splits
+from vitlab.runtime import num_threads
 from vitlab.train.engine import TensorLoader, fit
 from vitlab.train.recipe import RECIPES
 
@@ -45,8 +45,9 @@ from vitlab.train.recipe import RECIPES
 def timm_mini() -> torch.nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
-                             num_classes=2)
+    return VisionTransformer(
+        img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=2
+    )
 
 
 def simple_loop(model, data, epochs: int, seed: int) -> float:
@@ -77,16 +78,22 @@ def engine_loop(model, data, epochs: int, seed: int) -> float:
     """`vitlab demo`'s path: fit() with the mini experiment's recipe (RECIPES["mini"])."""
     (xt, yt), (xv, yv) = data
     recipe = RECIPES["mini"].replace(epochs=epochs, seed=seed)
-    history = fit(model, TensorLoader(xt, yt, batch_size=recipe.batch_size, shuffle=True, seed=seed),
-                  TensorLoader(xv, yv, batch_size=250), recipe, device="cpu")
+    history = fit(
+        model,
+        TensorLoader(xt, yt, batch_size=recipe.batch_size, shuffle=True, seed=seed),
+        TensorLoader(xv, yv, batch_size=250),
+        recipe,
+        device="cpu",
+    )
     return history.last["val_acc"]
 
 
 def timm_mini_no_pos() -> torch.nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
-                             num_classes=2, pos_embed="none")
+    return VisionTransformer(
+        img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=2, pos_embed="none"
+    )
 
 
 def whole_demo(epochs: int, seed: int) -> list[dict]:
@@ -102,15 +109,25 @@ def whole_demo(epochs: int, seed: int) -> list[dict]:
             for build in (timm_mini, timm_mini_no_pos):
                 torch.manual_seed(seed)
                 accs.append(simple_loop(build(), data, epochs, seed))
-            rows.append({"run": f"timm + simple loop, 2 runs, {threads} thread(s)", "wall_s": time.perf_counter() - wall,
-                         "val_acc": accs})
+            rows.append(
+                {
+                    "run": f"timm + simple loop, 2 runs, {threads} thread(s)",
+                    "wall_s": time.perf_counter() - wall,
+                    "val_acc": accs,
+                }
+            )
             print(f"{rows[-1]['run']:<44} wall {rows[-1]['wall_s']:7.1f} s  val_acc {accs}", flush=True)
     with tempfile.TemporaryDirectory() as out:
         wall = time.perf_counter()
         summary = run_demo(epochs=epochs, seed=seed, out=out, device="cpu", progress=False, echo=lambda line: None)
         accs = [summary["runs"][p]["final_val_acc"] for p in ("learned", "none")]
-        rows.append({"run": f"vitlab demo, {summary['workers']} process(es) x 1 thread", "wall_s": time.perf_counter() - wall,
-                     "val_acc": accs})
+        rows.append(
+            {
+                "run": f"vitlab demo, {summary['workers']} process(es) x 1 thread",
+                "wall_s": time.perf_counter() - wall,
+                "val_acc": accs,
+            }
+        )
         print(f"{rows[-1]['run']:<44} wall {rows[-1]['wall_s']:7.1f} s  val_acc {accs}", flush=True)
     for r in rows[:-1]:
         print(f"vitlab demo / ({r['run']}): {r['wall_s'] / rows[-1]['wall_s']:.2f}x faster")
@@ -123,7 +140,11 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads for every run")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the shuffling")
     p.add_argument("--compile", action="store_true", help="add a run of vitlab + fit under torch.compile")
-    p.add_argument("--demo", action="store_true", help="time the whole demo (both runs) instead: one line per timed run and the speed-ups, not the demo's own output")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="time the whole demo (both runs) instead: one line per timed run and the speed-ups, not the demo's own output",
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = p.parse_args(argv)
     if args.demo:
@@ -134,13 +155,14 @@ def main(argv=None) -> int:
         return 0
 
     data = dataset_x_splits()
-    runs = [("timm + simple loop", timm_mini, simple_loop),
-            ("vitlab + fit", lambda: vitlab.create_model("vit_mini_x"), engine_loop),
-            ("vitlab + simple loop", lambda: vitlab.create_model("vit_mini_x"), simple_loop),
-            ("timm + fit", timm_mini, engine_loop)]
+    runs = [
+        ("timm + simple loop", timm_mini, simple_loop),
+        ("vitlab + fit", lambda: vitlab.create_model("vit_mini_x"), engine_loop),
+        ("vitlab + simple loop", lambda: vitlab.create_model("vit_mini_x"), simple_loop),
+        ("timm + fit", timm_mini, engine_loop),
+    ]
     if args.compile:
-        runs.append(("vitlab + fit + compile", lambda: torch.compile(vitlab.create_model("vit_mini_x")),
-                     engine_loop))
+        runs.append(("vitlab + fit + compile", lambda: torch.compile(vitlab.create_model("vit_mini_x")), engine_loop))
     rows = []
     with num_threads(args.threads):
         for name, build, loop in runs:
@@ -148,10 +170,13 @@ def main(argv=None) -> int:
             model = build()
             wall, cpu = time.perf_counter(), time.process_time()
             acc = loop(model, data, args.epochs, args.seed)
-            rows.append({"run": name, "wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
-                         "val_acc": acc})
-            print(f"{name:<24} wall {rows[-1]['wall_s']:7.1f} s  cpu {rows[-1]['cpu_s']:7.1f} s  "
-                  f"val_acc {acc:.3f}", flush=True)
+            rows.append(
+                {"run": name, "wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "val_acc": acc}
+            )
+            print(
+                f"{name:<24} wall {rows[-1]['wall_s']:7.1f} s  cpu {rows[-1]['cpu_s']:7.1f} s  val_acc {acc:.3f}",
+                flush=True,
+            )
     base = rows[0]
     print(f"\n{args.epochs} epochs, {args.threads} thread(s); speed-up over timm + simple loop:")
     for r in rows[1:]:

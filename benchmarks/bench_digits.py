@@ -39,8 +39,18 @@ from vitlab import create_model
 from vitlab.data.digits import write_digits_folder
 from vitlab.train import RECIPES, Recipe, TensorLoader, TrainJob, fit, run
 
-STROKES = ("horizontal bar", "vertical bar", "diagonal /", "diagonal \\", "plus", "x", "circle", "box",
-           "triangle", "chevron")
+STROKES = (
+    "horizontal bar",
+    "vertical bar",
+    "diagonal /",
+    "diagonal \\",
+    "plus",
+    "x",
+    "circle",
+    "box",
+    "triangle",
+    "chevron",
+)
 
 
 def render_strokes(n: int, *, size: int = 32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,8 +109,15 @@ def pretrain_on_strokes(out: Path, *, n: int, epochs: int, seed: int) -> tuple[P
     model = create_model("vit_mini", num_classes=len(STROKES))
     t0 = time.perf_counter()
     shutil.rmtree(out, ignore_errors=True)  # an incomplete earlier pre-training
-    hist = fit(model, TensorLoader(x, y, batch_size=64, shuffle=True, seed=seed), TensorLoader(xv, yv, batch_size=256),
-               Recipe(epochs=epochs, lr=1e-3, warmup_epochs=1, seed=seed), device="cpu", out=out, desc="pretrain")
+    hist = fit(
+        model,
+        TensorLoader(x, y, batch_size=64, shuffle=True, seed=seed),
+        TensorLoader(xv, yv, batch_size=256),
+        Recipe(epochs=epochs, lr=1e-3, warmup_epochs=1, seed=seed),
+        device="cpu",
+        out=out,
+        desc="pretrain",
+    )
     return out, hist.last["val_acc"], time.perf_counter() - t0
 
 
@@ -131,8 +148,17 @@ def main() -> None:
             job.out = str(out)
             s = run(job)
         params = sum(t.numel() for t in create_model(checkpoint=out).parameters())
-        rows.append({"model": label, "init": init, "params": params, "best_val_acc": s["best"]["val_acc"],
-                     "last_val_acc": s["final"]["val_acc"], "train_s": s["train_time_s"], "pretrain_s": extra_s})
+        rows.append(
+            {
+                "model": label,
+                "init": init,
+                "params": params,
+                "best_val_acc": s["best"]["val_acc"],
+                "last_val_acc": s["final"]["val_acc"],
+                "train_s": s["train_time_s"],
+                "pretrain_s": extra_s,
+            }
+        )
 
     data = dict(data=str(root / "digits"), device="cpu")
     one("vit_mini scratch", "random", TrainJob(model="vit_mini", recipe=scratch, **data))
@@ -141,21 +167,36 @@ def main() -> None:
     if (pre / "last.json").exists() and json.loads((pre / "last.json").read_text())["epoch"] == args.pretrain_epochs:
         pre_acc, pre_s = float("nan"), float("nan")  # reused from an earlier run of this script
     else:
-        pre, pre_acc, pre_s = pretrain_on_strokes(pre, n=args.pretrain_images, epochs=args.pretrain_epochs, seed=args.seed)
+        pre, pre_acc, pre_s = pretrain_on_strokes(
+            pre, n=args.pretrain_images, epochs=args.pretrain_epochs, seed=args.seed
+        )
         print(f"pre-trained vit_mini on {args.pretrain_images} stroke images: val acc {pre_acc:.3f} in {pre_s:.0f}s")
-    one("vit_mini fine-tuned", f"strokes ({args.pretrain_images} imgs)",
-        TrainJob(checkpoint=str(pre), recipe=RECIPES["finetune"].replace(lr=1e-3, warmup_epochs=1.0, freeze_epochs=2,
-                 unfreeze="all", layer_decay=0.75, **common), **data), extra_s=pre_s)
+    one(
+        "vit_mini fine-tuned",
+        f"strokes ({args.pretrain_images} imgs)",
+        TrainJob(
+            checkpoint=str(pre),
+            recipe=RECIPES["finetune"].replace(
+                lr=1e-3, warmup_epochs=1.0, freeze_epochs=2, unfreeze="all", layer_decay=0.75, **common
+            ),
+            **data,
+        ),
+        extra_s=pre_s,
+    )
 
     header = f"{'model':<22} {'initial weights':<24} {'params':>8} {'best val acc':>12} {'last val acc':>12} {'train s':>8} {'pretrain s':>10}"
-    print(f"\ndigits (sklearn, 32 px, {rows and json.loads((root / 'vit_mini_scratch/summary.json').read_text())['images']['train']} "
-          f"train / 359 val), {args.epochs} epochs each, batch 32, {args.threads} thread(s)")
+    print(
+        f"\ndigits (sklearn, 32 px, {rows and json.loads((root / 'vit_mini_scratch/summary.json').read_text())['images']['train']} "
+        f"train / 359 val), {args.epochs} epochs each, batch 32, {args.threads} thread(s)"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
         pre_txt = "" if math.isnan(r["pretrain_s"]) or r["pretrain_s"] == 0 else f"{r['pretrain_s']:.0f}"
-        print(f"{r['model']:<22} {r['init']:<24} {r['params']:>8,} {r['best_val_acc']:>12.4f} {r['last_val_acc']:>12.4f} "
-              f"{r['train_s']:>8.0f} {pre_txt:>10}")
+        print(
+            f"{r['model']:<22} {r['init']:<24} {r['params']:>8,} {r['best_val_acc']:>12.4f} {r['last_val_acc']:>12.4f} "
+            f"{r['train_s']:>8.0f} {pre_txt:>10}"
+        )
     (root / "bench_digits.json").write_text(json.dumps(rows, indent=2))
     print(f"\nruns and bench_digits.json in {root}")
 

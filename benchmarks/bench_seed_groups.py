@@ -56,8 +56,8 @@ import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
 from vitlab.data.memory import MemoryLoader
-from vitlab.experiments.reproduce.claims.shared import CNN, VIT, fashion_run
 from vitlab.experiments.reproduce.claims.base import Scale
+from vitlab.experiments.reproduce.claims.shared import CNN, VIT, fashion_run
 from vitlab.experiments.reproduce.runs import build_model, dataset, transforms
 from vitlab.runtime import seed_everything
 
@@ -81,8 +81,9 @@ def _batches(spec, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The first `steps` training batches of the run `spec` (its data, order and augmentation)."""
     train, _, k = dataset(spec.data, spec.seed)
     model = build_model(spec, k)
-    loader = MemoryLoader(train, transforms(spec, model, train.size)[0], batch_size=spec.batch_size, shuffle=True,
-                          seed=spec.seed)
+    loader = MemoryLoader(
+        train, transforms(spec, model, train.size)[0], batch_size=spec.batch_size, shuffle=True, seed=spec.seed
+    )
     out = []
     for batch in loader:
         out.append(batch)
@@ -184,8 +185,12 @@ def measure(arch: str, steps: int, seeds_per_process: int, processes: int = 2) -
     pairs = list(zip(out["runs"]["losses"], out["grouped"]["losses"]))
     diff = max(abs(a - b) for ra, rb in pairs for a, b in zip(ra, rb))
     first = max(abs(ra[0] - rb[0]) for ra, rb in pairs)  # the first step: the same weights, the same batch
-    return {**out, "speedup": out["grouped"]["seed_steps_per_s"] / out["runs"]["seed_steps_per_s"],
-            "max_loss_diff": diff, "first_loss_diff": first}
+    return {
+        **out,
+        "speedup": out["grouped"]["seed_steps_per_s"] / out["runs"]["seed_steps_per_s"],
+        "max_loss_diff": diff,
+        "first_loss_diff": first,
+    }
 
 
 def main() -> None:
@@ -195,20 +200,32 @@ def main() -> None:
     parser.add_argument("--archs", nargs="*", default=list(ARCHS), choices=list(ARCHS))
     parser.add_argument("--processes", type=int, default=2, help="processes side by side (2: the 2 cores)")
     args = parser.parse_args()
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?") \
-        if os.path.exists("/proc/cpuinfo") else "?"
-    print(f"CPU: {cpu}; {os.cpu_count()} cores; load average before: {os.getloadavg()[0]:.2f}; torch {torch.__version__}")
+    cpu = (
+        next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+        if os.path.exists("/proc/cpuinfo")
+        else "?"
+    )
+    print(
+        f"CPU: {cpu}; {os.cpu_count()} cores; load average before: {os.getloadavg()[0]:.2f}; torch {torch.__version__}"
+    )
     batch = _specs(args.archs[0], [0])[0].batch_size
-    print(f"Fashion-MNIST, {N_TRAIN:,} training images, batch {batch}, {args.seeds} seeds per process, {args.processes} processes, "
-          f"{args.steps} steps per seed")
-    print("| architecture | runs: seed-steps/s | grouped: seed-steps/s | speed-up | runs: CPU s/seed-step | "
-          "grouped: CPU s/seed-step | loss difference: first step | largest |")
+    print(
+        f"Fashion-MNIST, {N_TRAIN:,} training images, batch {batch}, {args.seeds} seeds per process, {args.processes} processes, "
+        f"{args.steps} steps per seed"
+    )
+    print(
+        "| architecture | runs: seed-steps/s | grouped: seed-steps/s | speed-up | runs: CPU s/seed-step | "
+        "grouped: CPU s/seed-step | loss difference: first step | largest |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for arch in args.archs:
         r = measure(arch, args.steps, args.seeds, args.processes)
-        print(f"| {arch} | {r['runs']['seed_steps_per_s']:.2f} | {r['grouped']['seed_steps_per_s']:.2f} | "
-              f"{r['speedup']:.2f}x | {r['runs']['cpu_per_seed_step']:.3f} | {r['grouped']['cpu_per_seed_step']:.3f} | "
-              f"{r['first_loss_diff']:.1e} | {r['max_loss_diff']:.1e} |", flush=True)
+        print(
+            f"| {arch} | {r['runs']['seed_steps_per_s']:.2f} | {r['grouped']['seed_steps_per_s']:.2f} | "
+            f"{r['speedup']:.2f}x | {r['runs']['cpu_per_seed_step']:.3f} | {r['grouped']['cpu_per_seed_step']:.3f} | "
+            f"{r['first_loss_diff']:.1e} | {r['max_loss_diff']:.1e} |",
+            flush=True,
+        )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -33,12 +33,29 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.runtime import num_threads
 from vitlab.bench import race
-from vitlab.runtime import autocast
+from vitlab.runtime import autocast, num_threads
 
-PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "cat", "camera", "coins", "moon", "page", "text",
-          "immunohistochemistry", "hubble_deep_field", "retina", "colorwheel", "logo", "brick", "grass", "gravel")
+PHOTOS = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "cat",
+    "camera",
+    "coins",
+    "moon",
+    "page",
+    "text",
+    "immunohistochemistry",
+    "hubble_deep_field",
+    "retina",
+    "colorwheel",
+    "logo",
+    "brick",
+    "grass",
+    "gravel",
+)
 
 
 def natural_images(n: int, *, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
@@ -60,7 +77,7 @@ def natural_images(n: int, *, size: int, seed: int) -> tuple[torch.Tensor, torch
     digits = load_digits()
     names += [f"digit {d}" for d in range(10)]
     xs, ys = [], []
-    for i in range(n):
+    for _ in range(n):
         label = int(torch.randint(len(names), (1,), generator=g))
         if label < len(photos):
             img = photos[label]
@@ -69,7 +86,7 @@ def natural_images(n: int, *, size: int, seed: int) -> tuple[torch.Tensor, torch
             h, w = max(16, int(H * scale)), max(16, int(W * scale))
             top = int(torch.randint(H - h + 1, (1,), generator=g))
             left = int(torch.randint(W - w + 1, (1,), generator=g))
-            crop = img[:, top:top + h, left:left + w]
+            crop = img[:, top : top + h, left : left + w]
         else:
             digit = label - len(photos)
             choices = np.flatnonzero(digits.target == digit)
@@ -90,7 +107,7 @@ def run_model(model, x: torch.Tensor, precision: str, batch: int, pre_logits: bo
     out = []
     for i in range(0, len(x), batch):
         with autocast(x.device, precision):
-            feats = model.forward_features(x[i:i + batch])
+            feats = model.forward_features(x[i : i + batch])
             out.append(model.forward_head(feats, pre_logits=pre_logits).float())
     return torch.cat(out)
 
@@ -103,9 +120,13 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=16, help="batch size of the comparison")
     p.add_argument("--speed-batch", type=int, default=32, help="batch size of the fp32-vs-bf16 speed race (0: skip)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of the speed race (median)")
-    p.add_argument("--ridge", type=float, default=1.0,
-                   help="ridge strength of the probe, in units of the mean eigenvalue of the feature Gram matrix; "
-                        "a weak ridge (0.001) gives a head that amplifies feature noise (see the module docstring)")
+    p.add_argument(
+        "--ridge",
+        type=float,
+        default=1.0,
+        help="ridge strength of the probe, in units of the mean eigenvalue of the feature Gram matrix; "
+        "a weak ridge (0.001) gives a head that amplifies feature noise (see the module docstring)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--seed", type=int, default=0, help="seed for the weights and the images")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
@@ -120,7 +141,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         x, y, names = natural_images(args.n_probe + args.n_test, size=size, seed=args.seed)
         x = (x - mean) / std
-        xp, yp, xt, yt = x[: args.n_probe], y[: args.n_probe], x[args.n_probe:], y[args.n_probe:]
+        xp, yp, xt, yt = x[: args.n_probe], y[: args.n_probe], x[args.n_probe :], y[args.n_probe :]
 
         # The linear probe: ridge regression of one-hot labels on fp32 features (closed form).
         feats = run_model(model, xp, "fp32", args.batch_size, pre_logits=True).double()  # (n, D)
@@ -129,8 +150,9 @@ def main(argv=None) -> int:
         target = F.one_hot(yp, len(names)).double() * 10.0  # logits of 0/10: margins a softmax notices
         gram = A.T @ A
         lam = args.ridge * gram.trace() / gram.shape[0]  # ridge strength in units of the mean eigenvalue
-        W = torch.linalg.solve(gram + lam * torch.eye(gram.shape[0], dtype=torch.float64),
-                               A.T @ (target - target.mean(0)))  # (D, K)
+        W = torch.linalg.solve(
+            gram + lam * torch.eye(gram.shape[0], dtype=torch.float64), A.T @ (target - target.mean(0))
+        )  # (D, K)
         model.reset_classifier(len(names))
         with torch.no_grad():
             model.head.weight.copy_(W.T.float())
@@ -143,26 +165,48 @@ def main(argv=None) -> int:
         probe_acc = (ref.argmax(1) == yt).float().mean().item()
         top2 = ref.topk(2, dim=1).values
         result = {
-            "model": args.model, "threads": torch.get_num_threads(), "n_test": args.n_test,
-            "sources": len(names), "probe_accuracy_fp32": probe_acc,
-            "ridge": args.ridge, "rel_err_max": max(rel), "rel_err_median": statistics.median(rel), "rel_err_mean": sum(rel) / len(rel),
-            "top1_agreement": agree, "top1_margin_median": (top2[:, 0] - top2[:, 1]).median().item(),
+            "model": args.model,
+            "threads": torch.get_num_threads(),
+            "n_test": args.n_test,
+            "sources": len(names),
+            "probe_accuracy_fp32": probe_acc,
+            "ridge": args.ridge,
+            "rel_err_max": max(rel),
+            "rel_err_median": statistics.median(rel),
+            "rel_err_mean": sum(rel) / len(rel),
+            "top1_agreement": agree,
+            "top1_margin_median": (top2[:, 0] - top2[:, 1]).median().item(),
             "accuracy_s": time.perf_counter() - t0,
         }
         if args.speed_batch:
-            xb = x[: args.speed_batch] if len(x) >= args.speed_batch else x.repeat(args.speed_batch // len(x) + 1, 1, 1, 1)[: args.speed_batch]
+            xb = (
+                x[: args.speed_batch]
+                if len(x) >= args.speed_batch
+                else x.repeat(args.speed_batch // len(x) + 1, 1, 1, 1)[: args.speed_batch]
+            )
 
             def infer(precision):
                 def fn():
                     with torch.inference_mode(), autocast(xb.device, precision):
                         model(xb)
+
                 return fn
 
-            times = race({"fp32": infer("fp32"), "bf16": infer("bf16")}, warmup=1, repeats=args.repeats,
-                         clock="cpu" if torch.get_num_threads() == 1 else "wall")
+            times = race(
+                {"fp32": infer("fp32"), "bf16": infer("bf16")},
+                warmup=1,
+                repeats=args.repeats,
+                clock="cpu" if torch.get_num_threads() == 1 else "wall",
+            )
             s32, s16 = statistics.median(times["fp32"]), statistics.median(times["bf16"])
-            result.update({"speed_batch": args.speed_batch, "fp32_img_s": args.speed_batch / s32,
-                           "bf16_img_s": args.speed_batch / s16, "bf16_speedup": s32 / s16})
+            result.update(
+                {
+                    "speed_batch": args.speed_batch,
+                    "fp32_img_s": args.speed_batch / s32,
+                    "bf16_img_s": args.speed_batch / s16,
+                    "bf16_speedup": s32 / s16,
+                }
+            )
     for k, v in result.items():
         print(f"{k:>22}: {v:.4f}" if isinstance(v, float) else f"{k:>22}: {v}")
     if args.json:

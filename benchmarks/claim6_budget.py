@@ -36,7 +36,10 @@ def main() -> None:
     parents = list({s.init.key: s.init for s in arms if s.init is not None}.values())  # trained first
     todo = [s for s in parents + [s for group in specs.values() for s in group] if not cache.has(s)]
     with open_executor("pool", device="cpu", workers=args.workers, n_items=max(1, len(todo))) as ex, num_threads(1):
-        for batch in ([s for s in todo if s in parents], sorted((s for s in todo if s not in parents), key=lambda s: -s.epochs)):
+        for batch in (
+            [s for s in todo if s in parents],
+            sorted((s for s in todo if s not in parents), key=lambda s: -s.epochs),
+        ):
             for _ in train_on(batch, ex, cache, "auto"):
                 pass
     names = sorted({(s.init is None, s.lr) for s in arms})

@@ -77,11 +77,18 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
         for run in ("first process (empty cache)", "second process (the first one's cache)"):
-            out = subprocess.run([sys.executable, __file__, "--child", *(argv or sys.argv[1:])], env=env, check=True,
-                                 capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", *(argv or sys.argv[1:])],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             r = json.loads(out.strip().splitlines()[-1])
-            print(f"{what}, {run}: first call {r['first_call_s']:.1f} s (compile + one call), second call "
-                  f"{r['second_call_s']:.2f} s; caches {r['caches']}")
+            print(
+                f"{what}, {run}: first call {r['first_call_s']:.1f} s (compile + one call), second call "
+                f"{r['second_call_s']:.2f} s; caches {r['caches']}"
+            )
     return 0
 
 

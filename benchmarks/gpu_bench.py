@@ -48,15 +48,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--matmul-size", type=int, default=8192, help="n of the n^3 bf16 matmul probe")
     p.add_argument("--no-compile", action="store_true", help="time eager only")
     p.add_argument("--no-channels-last", action="store_true", help="keep the input NCHW")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="datasheet dense bf16 peak, for a second MFU column (H100/H200 SXM: 989)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="CPU, vit_mini_x, batch 8, 2 steps: exercises every code path without a GPU")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="datasheet dense bf16 peak, for a second MFU column (H100/H200 SXM: 989)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="CPU, vit_mini_x, batch 8, 2 steps: exercises every code path without a GPU",
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = p.parse_args(argv)
     if args.dry_run:
         args.model, args.batch_size, args.steps, args.windows, args.warmup, args.matmul_size = (
-            "vit_mini_x", 8, 2, 2, 1, 256)
+            "vit_mini_x",
+            8,
+            2,
+            2,
+            1,
+            256,
+        )
     return args
 
 
@@ -81,8 +94,11 @@ def make_step(model, optimizer, x, y, device):
 def time_training(model, optimizer, x, y, device, *, warmup: int, steps: int, windows: int) -> dict:
     """Warm-up (compilation included, timed separately), then `windows` timed runs of `steps` steps."""
     step = make_step(model, optimizer, x, y, device)
-    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION] if device.type == "cuda" else \
-        [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    backends = (
+        [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+        if device.type == "cuda"
+        else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    )
     with sdpa_kernel(backends):
         t0 = time.perf_counter()
         for _ in range(warmup):
@@ -98,8 +114,7 @@ def time_training(model, optimizer, x, y, device, *, warmup: int, steps: int, wi
             per_step.append((time.perf_counter() - t0) / steps)
     if not torch.isfinite(loss):
         raise RuntimeError(f"training loss is {loss.item()}: the benchmark's step is broken")
-    return {"warmup_s": warmup_s, "step_s": statistics.median(per_step), "windows_s": per_step,
-            "loss": loss.item()}
+    return {"warmup_s": warmup_s, "step_s": statistics.median(per_step), "windows_s": per_step, "loss": loss.item()}
 
 
 def main(argv=None) -> int:
@@ -116,8 +131,13 @@ def main(argv=None) -> int:
 
     torch.manual_seed(0)
     cfg_flops = None
-    results = {"machine": info, "matmul_bf16_flops": rate, "model": args.model, "batch_size": args.batch_size,
-               "runs": []}
+    results = {
+        "machine": info,
+        "matmul_bf16_flops": rate,
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "runs": [],
+    }
     variants = [("eager", False)] + ([] if args.no_compile else [("compiled", True)])
     for label, compiled in variants:
         model = vitlab.create_model(args.model).to(device).train()
@@ -131,10 +151,17 @@ def main(argv=None) -> int:
         run_model = torch.compile(model) if compiled else model
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        r = time_training(run_model, optimizer, x, y, device, warmup=args.warmup, steps=args.steps,
-                          windows=args.windows)
-        r.update({"variant": label, "images_per_s": args.batch_size / r["step_s"],
-                  "flops_per_s": cfg_flops / r["step_s"], "mfu": cfg_flops / r["step_s"] / rate})
+        r = time_training(
+            run_model, optimizer, x, y, device, warmup=args.warmup, steps=args.steps, windows=args.windows
+        )
+        r.update(
+            {
+                "variant": label,
+                "images_per_s": args.batch_size / r["step_s"],
+                "flops_per_s": cfg_flops / r["step_s"],
+                "mfu": cfg_flops / r["step_s"] / rate,
+            }
+        )
         if args.peak_tflops:
             r["mfu_datasheet"] = cfg_flops / r["step_s"] / (args.peak_tflops * 1e12)
         if device.type == "cuda":
@@ -144,13 +171,19 @@ def main(argv=None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
-    print(f"\n{args.model}, batch {args.batch_size}, bf16 autocast, fused AdamW, SDPA flash/efficient, "
-          f"{'NCHW' if args.no_channels_last else 'channels-last'} input")
-    print(f"{'variant':<10}{'warm-up s':>10}{'step ms':>10}{'img/s':>10}{'TFLOP/s':>10}{'MFU':>8}"
-          + (f"{'MFU (sheet)':>13}" if args.peak_tflops else ""))
+    print(
+        f"\n{args.model}, batch {args.batch_size}, bf16 autocast, fused AdamW, SDPA flash/efficient, "
+        f"{'NCHW' if args.no_channels_last else 'channels-last'} input"
+    )
+    print(
+        f"{'variant':<10}{'warm-up s':>10}{'step ms':>10}{'img/s':>10}{'TFLOP/s':>10}{'MFU':>8}"
+        + (f"{'MFU (sheet)':>13}" if args.peak_tflops else "")
+    )
     for r in results["runs"]:
-        line = (f"{r['variant']:<10}{r['warmup_s']:>10.1f}{1e3 * r['step_s']:>10.1f}{r['images_per_s']:>10.1f}"
-                f"{r['flops_per_s'] / 1e12:>10.2f}{100 * r['mfu']:>7.1f}%")
+        line = (
+            f"{r['variant']:<10}{r['warmup_s']:>10.1f}{1e3 * r['step_s']:>10.1f}{r['images_per_s']:>10.1f}"
+            f"{r['flops_per_s'] / 1e12:>10.2f}{100 * r['mfu']:>7.1f}%"
+        )
         if args.peak_tflops:
             line += f"{100 * r['mfu_datasheet']:>12.1f}%"
         print(line)

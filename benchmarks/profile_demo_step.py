@@ -47,8 +47,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40, help="steps per timed round")
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds; the median is reported")
-    p.add_argument("--warm-cache", action="store_true",
-                   help="compile with inductor's usual on-disk cache instead of a fresh, empty one")
+    p.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="compile with inductor's usual on-disk cache instead of a fresh, empty one",
+    )
     args = p.parse_args(argv)
     cold = None if args.warm_cache else tempfile.TemporaryDirectory(prefix="inductor-cold-")
     if cold is not None:
@@ -65,7 +68,9 @@ def main(argv=None) -> int:
             # profiling, and on a machine without a GPU logs "gpuGetDeviceCount failed": silence its log
             # (KINETO_LOG_LEVEL is read when the profiler first starts; a value set by the user wins).
             os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:  # the step runs on the CPU
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU]
+        ) as prof:  # the step runs on the CPU
             for _ in range(args.steps):
                 step()
         events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
@@ -80,8 +85,11 @@ def main(argv=None) -> int:
         compiled_step()
         cache = "warm (usual) cache" if cold is None else "fresh, empty cache"
         print(f"\ntorch.compile: first step (compilation, {cache}) {time.perf_counter() - t0:.1f} s")
-        variants = {"sdpa": step, "explicit": make_step(vitlab.create_model("vit_mini_x"), x, y, explicit=True),
-                    "sdpa + compile": compiled_step}
+        variants = {
+            "sdpa": step,
+            "explicit": make_step(vitlab.create_model("vit_mini_x"), x, y, explicit=True),
+            "sdpa + compile": compiled_step,
+        }
 
     def timed(name: str) -> float:
         threads = 2 if name == "2 threads" else 1

@@ -67,8 +67,19 @@ MODEL = "vit_mini"
 ROWS: dict[str, list[str] | None] = {
     "plain": None,
     "defaults": [],
-    "before": ["--init", "trunc_normal", "--head-init", "0", "--warmup-epochs", "3", "--aug", "--crop-scale", "0.35",
-               "--crop-pct", "0.9"],
+    "before": [
+        "--init",
+        "trunc_normal",
+        "--head-init",
+        "0",
+        "--warmup-epochs",
+        "3",
+        "--aug",
+        "--crop-scale",
+        "0.35",
+        "--crop-pct",
+        "0.9",
+    ],
     # initialisation of the random weights
     "init trunc_normal": ["--init", "trunc_normal"],
     "head zero": ["--head-init", "0"],
@@ -129,7 +140,7 @@ def write_folders(root: Path, sizes: list[int], seed: int = SPLIT_SEED) -> dict[
             x, y = load_fashion_mnist(None, train=True)
             order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".fm{n}."))
-        for part, idx in (("val", order[:VAL_IMAGES]), ("train", order[VAL_IMAGES:VAL_IMAGES + n])):
+        for part, idx in (("val", order[:VAL_IMAGES]), ("train", order[VAL_IMAGES : VAL_IMAGES + n])):
             for name in FOLDER_NAMES:
                 (tmp / part / name).mkdir(parents=True)
             for i in idx.tolist():
@@ -147,16 +158,20 @@ def plain_loop(data: Path, epochs: int, seed: int = 0) -> dict:
     from timm.models.vision_transformer import VisionTransformer  # timm: a dev extra, the reference only
 
     torch.manual_seed(seed)
-    tf = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Resize(32), v2.Normalize([0.5] * 3, [0.5] * 3)])
+    tf = v2.Compose(
+        [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Resize(32), v2.Normalize([0.5] * 3, [0.5] * 3)]
+    )
     xt, yt = zip(*ImageFolder(str(data / "train"), transform=tf))  # decoded once: 28x28 grey -> (3, 32, 32)
     xv, yv = zip(*ImageFolder(str(data / "val"), transform=tf))
     xt, yt, xv, yv = torch.stack(xt), torch.tensor(yt), torch.stack(xv), torch.tensor(yv)
-    model = VisionTransformer(img_size=32, patch_size=4, in_chans=3, num_classes=10, embed_dim=64, depth=4,
-                              num_heads=4, mlp_ratio=2.0)
+    model = VisionTransformer(
+        img_size=32, patch_size=4, in_chans=3, num_classes=10, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
     batch, order_rng = 32, torch.Generator().manual_seed(seed)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=epochs * math.ceil(len(yt) / batch),
-                                                pct_start=0.1)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=1e-3, total_steps=epochs * math.ceil(len(yt) / batch), pct_start=0.1
+    )
     accs = []
     for _ in range(epochs):
         model.train()
@@ -168,9 +183,15 @@ def plain_loop(data: Path, epochs: int, seed: int = 0) -> dict:
             sched.step()
         model.eval()
         with torch.no_grad():
-            accs.append(sum((model(x).argmax(-1) == y).sum().item() for x, y in zip(xv.split(500), yv.split(500))) / len(yv))
-    return {"val_acc": accs[-1], "best_val_acc": max(accs), "curve": accs,
-            "parameters": sum(p.numel() for p in model.parameters())}
+            accs.append(
+                sum((model(x).argmax(-1) == y).sum().item() for x, y in zip(xv.split(500), yv.split(500))) / len(yv)
+            )
+    return {
+        "val_acc": accs[-1],
+        "best_val_acc": max(accs),
+        "curve": accs,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -179,8 +200,20 @@ def plain_loop(data: Path, epochs: int, seed: int = 0) -> dict:
 
 def train_args(data: Path, epochs: int, flags: list[str], seed: int, checkpoint: Path | None = None) -> list[str]:
     source = ["finetune", "--checkpoint", str(checkpoint), "--no-hflip"] if checkpoint else ["train", "--model", MODEL]
-    return [*source, "--data", str(data), "--epochs", str(epochs), "--seed", str(seed), "--threads", "1",
-            "--fast-path", "off", *flags]
+    return [
+        *source,
+        "--data",
+        str(data),
+        "--epochs",
+        str(epochs),
+        "--seed",
+        str(seed),
+        "--threads",
+        "1",
+        "--fast-path",
+        "off",
+        *flags,
+    ]
 
 
 def run_key(data: Path, epochs: int, flags: list[str] | None, seed: int, checkpoint: Path | None = None) -> str:
@@ -196,18 +229,36 @@ def run_key(data: Path, epochs: int, flags: list[str] | None, seed: int, checkpo
     return f"vitlab_{data.name}_e{epochs}_s{seed}_" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def run_cell(out: Path, key: str, data: Path, epochs: int, flags: list[str] | None, seed: int,
-             checkpoint: Path | None = None) -> dict:
+def run_cell(
+    out: Path, key: str, data: Path, epochs: int, flags: list[str] | None, seed: int, checkpoint: Path | None = None
+) -> dict:
     folder = out / "runs" / key
     result_file = folder / "result.json"
     if result_file.exists():
         return json.loads(result_file.read_text())
     t0 = time.perf_counter()
     if flags is None:
-        cmd = [sys.executable, __file__, "--plain", str(data), "--epochs", str(epochs), "--seed", str(seed),
-               "--out", str(folder)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--plain",
+            str(data),
+            "--epochs",
+            str(epochs),
+            "--seed",
+            str(seed),
+            "--out",
+            str(folder),
+        ]
     else:
-        cmd = [sys.executable, "-m", "vitlab", *train_args(data, epochs, flags, seed, checkpoint), "--out", str(folder / "run")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "vitlab",
+            *train_args(data, epochs, flags, seed, checkpoint),
+            "--out",
+            str(folder / "run"),
+        ]
     finished = folder / ("plain.json" if flags is None else "run/summary.json")  # written last by a complete run
     ran = not finished.exists()
     if ran:  # (a run finished after its result.json was lost is read, not run again)
@@ -224,8 +275,13 @@ def run_cell(out: Path, key: str, data: Path, epochs: int, flags: list[str] | No
         summary = json.loads((folder / "run" / "summary.json").read_text())
         header, *lines = (folder / "run" / "metrics.csv").read_text().splitlines()
         curve = [float(line.split(",")[header.split(",").index("val_acc")]) for line in lines]
-        result = {"val_acc": summary["final"]["val_acc"], "best_val_acc": summary["best"]["val_acc"], "curve": curve,
-                  "recipe": summary["recipe"], "time_s": summary["time_s"]}
+        result = {
+            "val_acc": summary["final"]["val_acc"],
+            "best_val_acc": summary["best"]["val_acc"],
+            "curve": curve,
+            "recipe": summary["recipe"],
+            "time_s": summary["time_s"],
+        }
     shown = ["vitlab", *cmd[3:]] if flags is not None else ["python", "benchmarks/recipe_ablation.py", *cmd[2:]]
     result.update(command=" ".join(shown), wall_s=time.perf_counter() - t0 if ran else result.get("time_s", 0.0))
     result_file.write_text(json.dumps(result, indent=1))
@@ -246,8 +302,10 @@ def run_grid(out: Path, cells: dict, seed: int, jobs: int, where) -> dict:
         data, e, flags, ckpt = cells[cell]
         done[key] = r = run_cell(out, key, data, e, flags, seed, ckpt)
         same = [c[0] for c, k in keys.items() if k == key]
-        print(f"{' = '.join(same):<40} {where(cell[1], e)}: val acc {100 * r['val_acc']:.1f}%  ({r['wall_s']:.0f} s)",
-              flush=True)
+        print(
+            f"{' = '.join(same):<40} {where(cell[1], e)}: val acc {100 * r['val_acc']:.1f}%  ({r['wall_s']:.0f} s)",
+            flush=True,
+        )
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(one, first))
@@ -267,16 +325,26 @@ def table(results: dict, rows: list[str], columns: list[tuple[int, int]]) -> str
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", default="runs/recipe_ablation", help="folder for the data, the runs and table.md")
     p.add_argument("--sizes", type=int, nargs="+", default=[2000], help="training images (default 2000)")
     p.add_argument("--epochs", type=int, nargs="+", default=[3, 15], help="run lengths (default 3 15)")
     p.add_argument("--rows", nargs="+", default=None, help=f"rows to run (default all): {', '.join(ROWS)}")
     p.add_argument("--compare", action="store_true", help="only the rows plain and defaults (the issue's criterion)")
-    p.add_argument("--finetune", action="store_true", help="the fine-tuning rows instead (FT_ROWS), on the digits, "
-                   "from the row defaults' run on 10,000 images for 15 epochs (run first if missing)")
-    p.add_argument("--seed", type=int, default=0, help="seed of every run: initial weights, order, augmentation (default "
-                   "0; the data's split is always the same)")
+    p.add_argument(
+        "--finetune",
+        action="store_true",
+        help="the fine-tuning rows instead (FT_ROWS), on the digits, "
+        "from the row defaults' run on 10,000 images for 15 epochs (run first if missing)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of every run: initial weights, order, augmentation (default 0; the data's split is always the same)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (default 2)")
     p.add_argument("--plain", metavar="DIR", help=argparse.SUPPRESS)  # internal: one plain-loop run
     args = p.parse_args()
@@ -298,7 +366,9 @@ def main() -> None:
     cells = {(row, n, e): (folders[n], e, ROWS[row], None) for n in args.sizes for e in args.epochs for row in rows}
     results = run_grid(out, cells, args.seed, args.jobs, lambda n, e: f"{n:>6} images {e:>3} epochs")
     text = table(results, rows, [(n, e) for n in args.sizes for e in args.epochs])
-    print(f"\nvalidation accuracy (%) after the last epoch, {VAL_IMAGES:,} held-out training images; {cpu_name()}\n\n{text}")
+    print(
+        f"\nvalidation accuracy (%) after the last epoch, {VAL_IMAGES:,} held-out training images; {cpu_name()}\n\n{text}"
+    )
     (out / "table.md").write_text(text + "\n")
 
 
@@ -316,14 +386,19 @@ def finetune(out: Path, args) -> None:
     cells = {(row, 0, ep): (digits, ep, FT_ROWS[row], checkpoint) for ep in args.epochs for row in FT_ROWS}
     results = run_grid(out, cells, args.seed, args.jobs, lambda _, e: f"digits {e:>3} epochs")
     text = table(results, list(FT_ROWS), [(0, ep) for ep in args.epochs])
-    print(f"\nfine-tuning on the digits: validation accuracy (%) after the last epoch, 359 images; {cpu_name()}\n\n{text}")
+    print(
+        f"\nfine-tuning on the digits: validation accuracy (%) after the last epoch, 359 images; {cpu_name()}\n\n{text}"
+    )
     (out / "table_finetune.md").write_text(text + "\n")
 
 
 def cpu_name() -> str:
     info = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")] \
-        if info.exists() else []
+    names = (
+        [line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")]
+        if info.exists()
+        else []
+    )
     return names[0] if names else "unknown CPU"
 
 

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from vitlab.experiments.executors import open_executor
 from vitlab.experiments.reproduce import search
-from vitlab.experiments.reproduce.claims.shared import CNN, VIT, epochs_for, fashion_data
 from vitlab.experiments.reproduce.claims.base import Scale
+from vitlab.experiments.reproduce.claims.shared import CNN, VIT, epochs_for, fashion_data
 from vitlab.experiments.reproduce.runs import RunCache, run_spec, train_on
 from vitlab.models.registry import get_config
 from vitlab.runtime import num_threads
@@ -50,33 +50,54 @@ def test_run(model: str, knobs: dict, n: int, steps: int, seed: int):
     base = get_config(model)
     ov = {k: v for k, v in ov.items() if getattr(base, k, None) != v}
     epochs = epochs_for(steps, n, knobs["batch_size"])
-    return run_spec(fashion_data(n, Scale("default", (0, 1, 2))), model, overrides=ov, aug=search.AUGS[knobs["aug"]],
-                    epochs=epochs, lr=knobs["lr"], batch_size=knobs["batch_size"], weight_decay=knobs["weight_decay"],
-                    warmup_epochs=knobs["warmup"] * epochs, seed=seed, weight_init=knobs["weight_init"])
+    return run_spec(
+        fashion_data(n, Scale("default", (0, 1, 2))),
+        model,
+        overrides=ov,
+        aug=search.AUGS[knobs["aug"]],
+        epochs=epochs,
+        lr=knobs["lr"],
+        batch_size=knobs["batch_size"],
+        weight_decay=knobs["weight_decay"],
+        warmup_epochs=knobs["warmup"] * epochs,
+        seed=seed,
+        weight_init=knobs["weight_init"],
+    )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--n", type=int, default=1000, help="the training-set size of the seeds' runs")
-    p.add_argument("--budget", action="append", metavar="N[:FIRST]",
-                   help="a size of the budget stage and the steps it starts from (default: --n, from the plan's first)")
+    p.add_argument(
+        "--budget",
+        action="append",
+        metavar="N[:FIRST]",
+        help="a size of the budget stage and the steps it starts from (default: --n, from the plan's first)",
+    )
     p.add_argument("--max-steps", type=int, default=search.PLANS["default"].max_steps)
     p.add_argument("--workers", type=int, default=1, help="runs trained side by side, one thread each")
-    p.add_argument("--parts", default="recipe,budget,seeds",
-                   help="the parts to run, of recipe,budget,convergence,seeds (the recipe stage always runs: the others "
-                        "need it); the record is written after the budget part, with the convergence stage's table when "
-                        "that part ran")
+    p.add_argument(
+        "--parts",
+        default="recipe,budget,seeds",
+        help="the parts to run, of recipe,budget,convergence,seeds (the recipe stage always runs: the others "
+        "need it); the record is written after the budget part, with the convergence stage's table when "
+        "that part ran",
+    )
     args = p.parse_args()
     sizes = [tuple(int(x) for x in b.split(":")) for b in args.budget or [str(args.n)]]
     out = Path(args.out)
     cache = RunCache(out / "cache")
     with open_executor("pool", device="cpu", workers=args.workers, n_items=64) as ex, num_threads(1):
+
         def train(specs):
             for spec, _ in train_on(sorted(specs, key=lambda s: -s.epochs * s.n_train), ex, cache, "auto"):
                 r = cache.result(spec)
-                print(f"    trained {search.arm_label(spec)} N={spec.n_train} steps {spec.steps} lr {spec.lr:g} "
-                      f"B {spec.batch_size}: {100 * r['val_acc']:.2f}% ({r['train_cpu_s']:.0f} CPU s)", flush=True)
+                print(
+                    f"    trained {search.arm_label(spec)} N={spec.n_train} steps {spec.steps} lr {spec.lr:g} "
+                    f"B {spec.batch_size}: {100 * r['val_acc']:.2f}% ({r['train_cpu_s']:.0f} CPU s)",
+                    flush=True,
+                )
 
         s = search.Search(cache, train, lambda m: print(m, flush=True))
         print("recipe stage:", flush=True)
@@ -84,32 +105,47 @@ def main() -> None:
         print("claim 9's regularisation:", flush=True)
         regularisation = s.regularisation(recipe)
         budgets = {}
-        for n, *first in (sizes if "budget" in args.parts else []):
+        for n, *first in sizes if "budget" in args.parts else []:
             print(f"budget stage at N={n:,}:", flush=True)
-            plan = dataclasses.replace(search.PLANS["default"], max_steps=args.max_steps,
-                                       first_steps=first[0] if first else search.PLANS["default"].first_steps)
+            plan = dataclasses.replace(
+                search.PLANS["default"],
+                max_steps=args.max_steps,
+                first_steps=first[0] if first else search.PLANS["default"].first_steps,
+            )
             budgets.update(search.Search(cache, train, s.log, plan).budgets(recipe, ns=(n,)))
         convergence = None
         if "convergence" in args.parts.split(","):
             if recipe != search.code_recipe():
                 raise SystemExit("the convergence stage needs the code to hold the search's recipe (claims/shared.py)")
-            print("convergence stage (every claim's arms at a budget and twice it, doubling until none moves by a "
-                  "point):", flush=True)
+            print(
+                "convergence stage (every claim's arms at a budget and twice it, doubling until none moves by a "
+                "point):",
+                flush=True,
+            )
             convergence = s.convergence(Scale("default", (0,)), budgets, regularisation)
             print(search.hold_lines(convergence), flush=True)
-        where = " and ".join(f"{n:,} images" + (f" (from {first[0]:,} steps, at most {args.max_steps:,})" if first else "")
-                             for n, *first in sizes)
+        where = " and ".join(
+            f"{n:,} images" + (f" (from {first[0]:,} steps, at most {args.max_steps:,})" if first else "")
+            for n, *first in sizes
+        )
         if "budget" not in args.parts:
             return
-        record = search.make_record(search.PLANS["default"], stages, recipe, budgets, cache, regularisation=regularisation,
-                                    convergence=convergence,
-                                    made_by="`PYTHONPATH=src python benchmarks/reproduce_search_small.py --out DIR "
-                                    + " ".join(f"--budget {b}" for b in args.budget or []) +
-                                    (f" --max-steps {args.max_steps}" if args.budget else "")
-                                    + f" --parts {args.parts}` (the recipe stage of `vitlab reproduce --tune`, its choice of "
-                                    f"claim 9's regularisation and budget, its budget stage at {where}"
-                                    + (" and its convergence stage" if convergence else "; not its convergence stage")
-                                    + ". The runs include a first round's, with the CNN at batch 128)")
+        record = search.make_record(
+            search.PLANS["default"],
+            stages,
+            recipe,
+            budgets,
+            cache,
+            regularisation=regularisation,
+            convergence=convergence,
+            made_by="`PYTHONPATH=src python benchmarks/reproduce_search_small.py --out DIR "
+            + " ".join(f"--budget {b}" for b in args.budget or [])
+            + (f" --max-steps {args.max_steps}" if args.budget else "")
+            + f" --parts {args.parts}` (the recipe stage of `vitlab reproduce --tune`, its choice of "
+            f"claim 9's regularisation and budget, its budget stage at {where}"
+            + (" and its convergence stage" if convergence else "; not its convergence stage")
+            + ". The runs include a first round's, with the CNN at batch 128)",
+        )
         (out / "search.json").write_text(json.dumps(record, indent=1))
         (out / "search.md").write_text(search.render(record))
         if "seeds" not in args.parts:
@@ -120,12 +156,18 @@ def main() -> None:
         for m in (VIT, CNN):
             acc = s.acc([test_run(m, recipe[m], args.n, steps, seed) for seed in (0, 1, 2)])
             seeds[search.MODELS[m]] = acc
-            print(f"  {search.MODELS[m]}: " + ", ".join(f"{100 * a:.2f}" for a in acc)
-                  + f"; mean {100 * statistics.fmean(acc):.2f} +- {100 * statistics.stdev(acc):.2f}", flush=True)
+            print(
+                f"  {search.MODELS[m]}: "
+                + ", ".join(f"{100 * a:.2f}" for a in acc)
+                + f"; mean {100 * statistics.fmean(acc):.2f} +- {100 * statistics.stdev(acc):.2f}",
+                flush=True,
+            )
     cpu = sum(json.loads(f.read_text())["train_cpu_s"] for f in cache.root.glob("*/result.json"))
     (out / "seeds_test.json").write_text(json.dumps({"n_train": args.n, "steps": steps, "acc": seeds}, indent=1))
-    print(f"wrote {out / 'search.json'} (the search's record, as `vitlab reproduce --tune` writes it), search.md and "
-          f"seeds_test.json; {cpu / 3600:.2f} CPU-hours of training in the cache")
+    print(
+        f"wrote {out / 'search.json'} (the search's record, as `vitlab reproduce --tune` writes it), search.md and "
+        f"seeds_test.json; {cpu / 3600:.2f} CPU-hours of training in the cache"
+    )
 
 
 if __name__ == "__main__":

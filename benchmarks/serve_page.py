@@ -62,16 +62,24 @@ STATUS = re.compile(r"^((processing|queue: \S+) \| )?[\d.]+s$")
 
 def offline_env() -> dict:
     """The environment of a server that reaches nothing outside this machine."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        GRADIO_ANALYTICS_ENABLED="False",
+        HF_HUB_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+    )
     return env
 
 
 class Server:
     """`vitlab serve ARGS` in a subprocess; `url` once it has printed where it listens and answers."""
 
-    def __init__(self, args: list[str], *, cwd: str | Path | None = None, timeout: float = 120.0, threads: int | None = None):
+    def __init__(
+        self, args: list[str], *, cwd: str | Path | None = None, timeout: float = 120.0, threads: int | None = None
+    ):
         """Start the server; `url` waits until it answers (so other work can go on meanwhile)."""
         cmd = [sys.executable, "-m", "vitlab", "serve", *args] + (["--threads", str(threads)] if threads else [])
         self.log = tempfile.NamedTemporaryFile(prefix="vitlab-serve-", suffix=".log", delete=False)
@@ -145,8 +153,16 @@ def sample_image(folder: str | Path, name: str = "chelsea") -> Path:
     return path
 
 
-def load_test(url: str, image: str | Path, *, model: tuple[str, str] | None = None, clients: int = 8, rounds: int = 5,
-              server: Server | None = None, timeout: float = 300.0) -> dict:
+def load_test(
+    url: str,
+    image: str | Path,
+    *,
+    model: tuple[str, str] | None = None,
+    clients: int = 8,
+    rounds: int = 5,
+    server: Server | None = None,
+    timeout: float = 300.0,
+) -> dict:
     """`clients` sessions send `image` at the same moment, `rounds` times. `model` = (kind, value) is
     loaded in each session first (the server keeps one copy), and the rounds start once the server has
     readied its top-k copy (steady state). Returns the latencies, the answers
@@ -167,7 +183,7 @@ def load_test(url: str, image: str | Path, *, model: tuple[str, str] | None = No
     for _ in range(rounds):
         barrier = threading.Barrier(clients)
 
-        def one(client):
+        def one(client, barrier=barrier):
             nonlocal answers
             barrier.wait()
             t0 = time.perf_counter()
@@ -195,9 +211,17 @@ def load_test(url: str, image: str | Path, *, model: tuple[str, str] | None = No
             rss.append(server.rss_mb())
     for c in sessions:
         c.close()
-    return {"clients": clients, "rounds": rounds, "requests": clients * rounds, "answered": answers, "errors": errors,
-            "latency_s": sorted(latencies), "median_s": statistics.median(latencies) if latencies else None,
-            "worst_s": max(latencies) if latencies else None, "rss_mb": rss}
+    return {
+        "clients": clients,
+        "rounds": rounds,
+        "requests": clients * rounds,
+        "answered": answers,
+        "errors": errors,
+        "latency_s": sorted(latencies),
+        "median_s": statistics.median(latencies) if latencies else None,
+        "worst_s": max(latencies) if latencies else None,
+        "rss_mb": rss,
+    }
 
 
 def cpu_name() -> str:
@@ -219,16 +243,25 @@ def main_load(args) -> int:
         finally:
             server.stop()
     result["rss_start_mb"] = rss0
-    threads = f"{args.threads} torch threads" if args.threads else f"torch's default threads ({torch.get_num_threads()})"
-    print(f"vitlab serve, ViT-S/16 (random weights, fp32), {args.clients} clients sending the same photo (451x300 PNG, "
-          f"preprocessed to 224x224) at the same moment, {args.rounds} rounds; {cpu_name()}, {os.cpu_count()} cores, "
-          f"{threads}, torch {torch.__version__}")
+    threads = (
+        f"{args.threads} torch threads" if args.threads else f"torch's default threads ({torch.get_num_threads()})"
+    )
+    print(
+        f"vitlab serve, ViT-S/16 (random weights, fp32), {args.clients} clients sending the same photo (451x300 PNG, "
+        f"preprocessed to 224x224) at the same moment, {args.rounds} rounds; {cpu_name()}, {os.cpu_count()} cores, "
+        f"{threads}, torch {torch.__version__}"
+    )
     print(f"  answered {result['answered']} of {result['requests']} requests ({len(result['errors'])} errors)")
     if result["latency_s"]:
-        print(f"  latency: median {result['median_s']:.2f} s, worst {result['worst_s']:.2f} s (submit to answer, "
-              "queueing included: the server runs one forward pass at a time)")
-    print(f"  server memory (RSS): {rss0:.0f} MiB once started, after each round: "
-          + ", ".join(f"{m:.0f}" for m in result["rss_mb"]) + " MiB")
+        print(
+            f"  latency: median {result['median_s']:.2f} s, worst {result['worst_s']:.2f} s (submit to answer, "
+            "queueing included: the server runs one forward pass at a time)"
+        )
+    print(
+        f"  server memory (RSS): {rss0:.0f} MiB once started, after each round: "
+        + ", ".join(f"{m:.0f}" for m in result["rss_mb"])
+        + " MiB"
+    )
     for e in result["errors"][:5]:
         print(f"  error: {e}")
     if args.json:
@@ -260,10 +293,21 @@ def chromium(profile: str | Path, *, width: int = 1400, height: int = 1000):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-default-apps", "--disable-extensions", f"--user-data-dir={profile}",
-                 f"--window-size={width},{height}", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-default-apps",
+        "--disable-extensions",
+        f"--user-data-dir={profile}",
+        f"--window-size={width},{height}",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -282,8 +326,12 @@ def requested_urls(driver) -> list[str]:
 def outside(urls: list[str]) -> list[str]:
     """The URLs that would leave this machine: over the network (http, https, ws, wss) to a host that is
     not this one. (data:, blob: and the browser's own chrome:// pages stay inside the browser.)"""
-    return [u for u in urls if urlparse(u).scheme in ("http", "https", "ws", "wss")
-            and urlparse(u).hostname not in ("127.0.0.1", "localhost", "::1")]
+    return [
+        u
+        for u in urls
+        if urlparse(u).scheme in ("http", "https", "ws", "wss")
+        and urlparse(u).hostname not in ("127.0.0.1", "localhost", "::1")
+    ]
 
 
 class Page:
@@ -314,6 +362,7 @@ class Page:
     def settled(self, css: str, message: str = "") -> str:
         """The element's text once it is non-empty and Gradio shows no progress in it (its status line,
         "processing | 0.8s" or "queue: 1/2 | 0.3s", while an event is still running)."""
+
         def done() -> str | None:
             t = self.text(css)
             return t if t and not any(STATUS.match(line) for line in t.splitlines()) else None
@@ -333,20 +382,26 @@ class Page:
 
     def topk(self, file: str | None = None) -> list[tuple[str, str]]:
         """Wait for the top-5 of `file` (by name), then [(label text, probability text)]."""
+
         def ready():
             box = self.find_all("#topk .vl-topk")
             if not box or (file is not None and box[0].get_attribute("data-file") != file):
                 return None
             rows = self.find_all("#topk .vl-row")
             return rows if len(rows) == 5 else None
+
         rows = self.until(ready, f"the top-5 of {file}")
-        return [(r.find_element("css selector", ".vl-label").text, r.find_element("css selector", ".vl-prob").text)
-                for r in rows]
+        return [
+            (r.find_element("css selector", ".vl-label").text, r.find_element("css selector", ".vl-prob").text)
+            for r in rows
+        ]
 
     def error(self, containing: str) -> str:
         """Wait for an error message under the top-5 that contains `containing`; returns it."""
-        return self.until(lambda: containing in (t := self.text("#topk .vl-error")) and t,
-                          f"an error message with {containing!r} under the top-5")
+        return self.until(
+            lambda: containing in (t := self.text("#topk .vl-error")) and t,
+            f"an error message with {containing!r} under the top-5",
+        )
 
     def overlay_src(self, which: str = "cls") -> str | None:
         imgs = self.find_all(f"#overlay-{which} img")
@@ -370,9 +425,12 @@ class Page:
     def choose(self, elem_id: str, option: str) -> None:
         """Pick `option` in the dropdown `elem_id`."""
         self.find(f"#{elem_id} input").click()
-        item = self.until(lambda: next((li for li in self.find_all("li[role=option]")
-                                        if li.get_attribute("aria-label") == option), None),
-                          f"{option!r} in the list {elem_id}")
+        item = self.until(
+            lambda: next(
+                (li for li in self.find_all("li[role=option]") if li.get_attribute("aria-label") == option), None
+            ),
+            f"{option!r} in the list {elem_id}",
+        )
         item.click()
 
     def load_model(self, kind: str, value: str) -> None:
@@ -409,12 +467,32 @@ def digits_runs(folder: str | Path, *, models=("vit_mini",), epochs: int = 2, pe
     torch.set_num_threads(1)  # small models: one thread is fastest on a shared machine
     try:
         if not data.exists():
-            assert vitlab_main(["data", "digits", "--out", str(data), "--size", "32", "--per-class", str(per_class)]) == 0
+            assert (
+                vitlab_main(["data", "digits", "--out", str(data), "--size", "32", "--per-class", str(per_class)]) == 0
+            )
         runs = []
         for model in models:
             run = folder / "runs" / f"digits_{model}"
-            assert vitlab_main(["train", "--data", str(data), "--model", model, "--epochs", str(epochs), "--batch-size",
-                                "32", "--device", "cpu", "--out", str(run)]) == 0
+            assert (
+                vitlab_main(
+                    [
+                        "train",
+                        "--data",
+                        str(data),
+                        "--model",
+                        model,
+                        "--epochs",
+                        str(epochs),
+                        "--batch-size",
+                        "32",
+                        "--device",
+                        "cpu",
+                        "--out",
+                        str(run),
+                    ]
+                )
+                == 0
+            )
             runs.append(run)
     finally:
         torch.set_num_threads(threads)

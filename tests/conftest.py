@@ -13,8 +13,10 @@ import torch
 from vitlab.data import fashion_mnist
 from vitlab.errors import VitlabError
 
-HOW = ("install Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist), or set VITLAB_DATA "
-       "to a folder with its four idx files")
+HOW = (
+    "install Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist), or set VITLAB_DATA "
+    "to a folder with its four idx files"
+)
 
 
 # The real cache root, as it is before any test runs: no test may create it (everything vitlab writes outside

@@ -41,7 +41,9 @@ def controlled(target=(1, 5), *, img=32, patch=4, depth=2, pool="cls", class_tok
     = (row, col): the patch tokens carry only their position embedding, only the target's is nonzero,
     every query is the same vector and only the target's key is nonzero along it."""
     torch.manual_seed(0)
-    m = vitlab.create_model("vit_mini_x", img_size=img, patch_size=patch, depth=depth, pool=pool, class_token=class_token)
+    m = vitlab.create_model(
+        "vit_mini_x", img_size=img, patch_size=patch, depth=depth, pool=pool, class_token=class_token
+    )
     gh, gw = m.cfg.grid_size
     D = m.cfg.dim
     p = m.cfg.num_prefix_tokens
@@ -110,7 +112,9 @@ def test_attention_maps_match_forward_and_leave_the_fast_path(monkeypatch):
     # The default forward still takes the fused path, once per block, and gives the same logits.
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    monkeypatch.setattr(
+        torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k)
+    )
     model.eval()
     torch.testing.assert_close(model(x), logits_before, atol=0, rtol=0)
     assert len(calls) == 2
@@ -121,7 +125,7 @@ def test_plan_keeps_each_pass_under_the_byte_budget():
     per = 12 * 577 * 577 * 4  # one layer, one image: 16 MB
     layers = list(range(12))
     batch, groups = A._plan(model, layers, None, 1 << 30)
-    assert [l for g in groups for l in g] == layers
+    assert [layer for g in groups for layer in g] == layers
     assert batch * max(map(len, groups)) * per <= 1 << 30 and batch >= 5  # 192 MB per image -> 5 per pass
     batch, groups = A._plan(model, layers, None, 3 * per)
     assert batch == 1 and max(map(len, groups)) == 3 and len(groups) == 4
@@ -297,15 +301,20 @@ def test_overlay_lights_the_right_patch_and_figures_have_their_size(tmp_path):
     with Image.open(path) as im:
         assert im.format == "PNG" and im.size == (gw * P, gh * P)
     maps = torch.rand(2, 3, gh, gw)
-    grid = plots.attention_grid(image, maps, tmp_path / "grid.png", row_labels=["l0", "l1"], col_labels=["h0", "h1", "h2"])
+    grid = plots.attention_grid(
+        image, maps, tmp_path / "grid.png", row_labels=["l0", "l1"], col_labels=["h0", "h1", "h2"]
+    )
     with Image.open(grid) as im:
         assert im.size == (4 * 160, 2 * 190)  # (1 + 3) tiles of 1.6 in, 2 rows of 1.6 + 0.3 in, at 100 dpi
     model = tiny(pos_embed="sincos2d", dim=64)
     summary = plots.write_figure7(model, torch.randn(2, 3, 16, 24), tmp_path / "fig7")
     sizes = {p.name: Image.open(p).size for p in summary["files"] if p.suffix == ".png"}
     # (a): 7 in wide; 4 x 7 tiles of 4 px with 1 px gaps -> 19 x 34 px -> 0.96 * 7 * 19/34 + 0.7 in high, to 0.1 in.
-    assert sizes == {"fig7a_patch_embedding_pcs.png": (700, 450), "fig7b_position_embedding_similarity.png": (640, 560),
-                     "fig7c_mean_attention_distance.png": (560, 440)}
+    assert sizes == {
+        "fig7a_patch_embedding_pcs.png": (700, 450),
+        "fig7b_position_embedding_similarity.png": (640, 560),
+        "fig7c_mean_attention_distance.png": (560, 440),
+    }
     assert not list((tmp_path / "fig7").glob(".*"))  # no temporary files left behind
     rows = (tmp_path / "fig7" / "fig7c_mean_attention_distance.csv").read_text().splitlines()
     assert rows[0] == "layer,head,mean_distance_px" and len(rows) == 1 + 2 * 2
@@ -333,8 +342,20 @@ def test_cli_attention_maps_and_rollout_peak_at_the_controlled_patch(checkpoint,
     from vitlab.cli import main
 
     out = tmp_path / "att"
-    code = main(["attention", str(checkpoint / "images"), "--checkpoint", str(checkpoint), "--layer", "all",
-                 "--head", "all", "--out", str(out)])
+    code = main(
+        [
+            "attention",
+            str(checkpoint / "images"),
+            "--checkpoint",
+            str(checkpoint),
+            "--layer",
+            "all",
+            "--head",
+            "all",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     assert "peak at patch (row 2, col 6) of 8x8" in capsys.readouterr().out
     rows = (out / "attention.csv").read_text().splitlines()
@@ -345,17 +366,55 @@ def test_cli_attention_maps_and_rollout_peak_at_the_controlled_patch(checkpoint,
             assert im.format == "PNG"
     with Image.open(out / "a_cls_overlay.png") as im:
         assert im.size == (224, 224)  # the 32 px input shown 7x larger
-    code = main(["attention", str(checkpoint / "images" / "a.png"), "--checkpoint", str(checkpoint),
-                 "--method", "rollout", "--out", str(out)])
+    code = main(
+        [
+            "attention",
+            str(checkpoint / "images" / "a.png"),
+            "--checkpoint",
+            str(checkpoint),
+            "--method",
+            "rollout",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0 and "rollout 0-1" in capsys.readouterr().out
-    assert main(["attention", str(checkpoint / "images"), "--checkpoint", str(checkpoint), "--method", "rollout",
-                 "--head", "0", "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "attention",
+                str(checkpoint / "images"),
+                "--checkpoint",
+                str(checkpoint),
+                "--method",
+                "rollout",
+                "--head",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert "rollout fuses the heads" in capsys.readouterr().err
     assert main(["attention", str(tmp_path / "missing.png"), "--model", "vit_mini_x", "--out", str(out)]) == 2
     assert "missing.png" in capsys.readouterr().err
     both = tmp_path / "both"  # a model name with a checkpoint is checked against it, field by field, not ignored
-    assert main(["attention", str(checkpoint / "images"), "--checkpoint", str(checkpoint), "--model", "vit_base_patch16_224",
-                 "--out", str(both)]) == 2
+    assert (
+        main(
+            [
+                "attention",
+                str(checkpoint / "images"),
+                "--checkpoint",
+                str(checkpoint),
+                "--model",
+                "vit_base_patch16_224",
+                "--out",
+                str(both),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "does not fit model 'vit_base_patch16_224': patch_size: model 16 vs checkpoint 4, dim: model 768" in err
     assert "it looks like vit_mini_x" in err and not both.exists()
@@ -370,9 +429,15 @@ def test_cli_inspect_writes_figure7(checkpoint, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "(c) mean attention distance" in printed and "2 images" in printed
     names = sorted(p.name for p in out.iterdir())  # the figures, and the marker naming the folder's command
-    assert names == sorted([".vitlab"] + [f"fig7{p}.{ext}" for p in ("a_patch_embedding_pcs", "b_position_embedding_similarity",
-                                                                     "c_mean_attention_distance") for ext in ("png", "csv")]
-                           + ["token_norms.csv", "token_norms.png"])  # (d), Darcet et al. 2023
+    assert names == sorted(
+        [".vitlab"]
+        + [
+            f"fig7{p}.{ext}"
+            for p in ("a_patch_embedding_pcs", "b_position_embedding_similarity", "c_mean_attention_distance")
+            for ext in ("png", "csv")
+        ]
+        + ["token_norms.csv", "token_norms.png"]
+    )  # (d), Darcet et al. 2023
     expected = 4 * sum(math.hypot(r - 2, c - 6) for r in range(8) for c in range(8)) / 64
     rows = (out / "fig7c_mean_attention_distance.csv").read_text().splitlines()[1:]
     assert len(rows) == 2 * 4 and all(abs(float(r.split(",")[2]) - expected) < 1e-2 for r in rows)

@@ -17,8 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -37,14 +37,25 @@ TIMINGS = ("train_time_s", "train_cpu_s")  # a run's result, but its clock
 # Options and the missing extra (fast)
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--address", "127.0.0.1:6379"], "error: --address 127.0.0.1:6379: an address is a Ray cluster's; use it with executor ray"),
-    (["--executor", "ray", "--address", "nohost"], "error: --address must be the head node's HOST:PORT"),
-    (["--executor", "ray", "--address", "127.0.0.1:6379", "--workers", "2"],
-     "error: --workers 2: a Ray cluster runs as many runs at once as it has CPUs"),
-    (["--executor", "ray", "--device", "cuda:1"], "error: --device cuda:1: with executor ray a run asks the cluster for "
-     "a CPU or a whole GPU; use auto, cpu or cuda"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["--address", "127.0.0.1:6379"],
+            "error: --address 127.0.0.1:6379: an address is a Ray cluster's; use it with executor ray",
+        ),
+        (["--executor", "ray", "--address", "nohost"], "error: --address must be the head node's HOST:PORT"),
+        (
+            ["--executor", "ray", "--address", "127.0.0.1:6379", "--workers", "2"],
+            "error: --workers 2: a Ray cluster runs as many runs at once as it has CPUs",
+        ),
+        (
+            ["--executor", "ray", "--device", "cuda:1"],
+            "error: --device cuda:1: with executor ray a run asks the cluster for "
+            "a CPU or a whole GPU; use auto, cpu or cuda",
+        ),
+    ],
+)
 def test_cluster_options_are_checked_before_any_work(argv, expected, tmp_path, capsys):
     assert main(["reproduce", "--quick", *argv, "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
@@ -56,8 +67,10 @@ def test_without_ray_the_error_names_the_extra(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails, as where it is not installed
     assert main(["reproduce", "--quick", "--executor", "ray", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
-    assert err == ("error: --executor ray needs Ray, which is not installed: install vitlab's cluster extra, "
-                   "pip install -e '.[cluster]' (or: pip install -c constraints.txt ray)\n")
+    assert err == (
+        "error: --executor ray needs Ray, which is not installed: install vitlab's cluster extra, "
+        "pip install -e '.[cluster]' (or: pip install -c constraints.txt ray)\n"
+    )
     assert not (tmp_path / "r").exists()
 
 
@@ -84,8 +97,14 @@ def _env(**extra: str) -> dict:
     nodes' workers import it), a token of the test's own (Ray writes none to ~/.ray), no usage reports."""
     src = str(Path(vitlab.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
-            "RAY_USAGE_STATS_ENABLED": "0", **extra}
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        **extra,
+    }
 
 
 @contextlib.contextmanager
@@ -132,15 +151,34 @@ class Cluster:
     def start(self, name: str, ip: str, *args: str) -> None:
         log = self.logs.enter_context((self.root / f"{name}.log").open("w"))
         self.nodes[name] = subprocess.Popen(
-            [str(RAY), "start", "--block", *args, "--node-ip-address", ip, "--num-cpus", "1",
-             "--temp-dir", str(self.root / name), "--disable-usage-stats", "--object-store-memory", str(100 << 20),
-             "--dashboard-agent-listen-port", str(_free_port())],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                str(RAY),
+                "start",
+                "--block",
+                *args,
+                "--node-ip-address",
+                ip,
+                "--num-cpus",
+                "1",
+                "--temp-dir",
+                str(self.root / name),
+                "--disable-usage-stats",
+                "--object-store-memory",
+                str(100 << 20),
+                "--dashboard-agent-listen-port",
+                str(_free_port()),
+            ],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def alive(self) -> int:
         """The nodes the head counts as alive (`ray status`)."""
-        out = subprocess.run([str(RAY), "status", "--address", self.address], env=self.env, capture_output=True,
-                             text=True, timeout=120).stdout
+        out = subprocess.run(
+            [str(RAY), "status", "--address", self.address], env=self.env, capture_output=True, text=True, timeout=120
+        ).stdout
         active = out.split("Active:")[1].split("Pending:")[0] if "Active:" in out else ""
         return sum(line.strip().split(" ", 1)[0].isdigit() for line in active.splitlines() if "node_" in line)
 
@@ -178,8 +216,17 @@ def two_nodes(tmp: Path) -> Iterator[Cluster]:
     with _short_link(tmp / "ray") as root:
         cluster = Cluster(root, _env())
         try:
-            cluster.start("head", "127.0.0.2", "--head", "--port", str(cluster.port), "--include-dashboard", "false",
-                          "--ray-client-server-port", str(_free_port()))
+            cluster.start(
+                "head",
+                "127.0.0.2",
+                "--head",
+                "--port",
+                str(cluster.port),
+                "--include-dashboard",
+                "false",
+                "--ray-client-server-port",
+                str(_free_port()),
+            )
             cluster.wait_for(1)
             cluster.start("worker", "127.0.0.3", "--address", cluster.address)
             cluster.wait_for(2)
@@ -190,8 +237,13 @@ def two_nodes(tmp: Path) -> Iterator[Cluster]:
 
 def _reproduce(out: Path, env: dict, *args: str) -> subprocess.Popen:
     """`vitlab reproduce --quick` in a process of its own (a Ray driver)."""
-    return subprocess.Popen([sys.executable, "-m", "vitlab", "reproduce", "--quick", "--no-progress", *args,
-                             "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "vitlab", "reproduce", "--quick", "--no-progress", *args, "--out", str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _runs(out: Path) -> dict[str, tuple[dict, bytes]]:
@@ -199,8 +251,10 @@ def _runs(out: Path) -> dict[str, tuple[dict, bytes]]:
     runs = {}
     for folder in sorted((out / "cache" / "runs").iterdir()):
         result = json.loads((folder / "result.json").read_text())
-        runs[folder.name] = ({k: v for k, v in result.items() if k not in TIMINGS},
-                             (folder / "model.safetensors").read_bytes())
+        runs[folder.name] = (
+            {k: v for k, v in result.items() if k not in TIMINGS},
+            (folder / "model.safetensors").read_bytes(),
+        )
     return runs
 
 
@@ -283,5 +337,3 @@ def test_a_ray_cluster_of_this_machine_alone(tmp_path, pool_runs):
     assert "a Ray cluster of this machine: 1 node(s), 2 CPU(s)" in log and "run(s) on 127.0.0.1" in log
     assert [p.name.startswith("session_") for p in (tmp_path / "cache" / "ray").iterdir() if p.is_dir()] == [True]
     assert not (home / ".ray").exists()  # no ~/.ray/auth_token: the cluster's token lived in its processes
-
-

@@ -94,7 +94,7 @@ def test_demo_prints_progress_table_and_wall_time(demo_run):
     summary = json.loads((out / "summary.json").read_text())
     for pos in ("learned", "none"):
         assert f"[{pos}] epoch   3/3" in text  # a progress line per epoch shown
-    table = text[text.index("vit_mini_x on dataset X "):]
+    table = text[text.index("vit_mini_x on dataset X ") :]
     with_pos, without = table.splitlines()[1:3]
     assert with_pos.startswith("with position embedding")
     assert f"{summary['runs']['learned']['final_val_acc']:.1%}" in with_pos
@@ -137,13 +137,17 @@ def test_cls_attention_map_is_neither_shifted_nor_transposed():
     blk, P, h, d = model.blocks[0], 4, 4, 8
     W = model.patch_embed.proj.weight.reshape(32, -1)  # (D, C*P*P) in (C, P, P) order
     with torch.no_grad():
+
         def qkv(token):  # (D,) -> q, k of every head: (h, d) each
             q, k, _ = blk.attn.qkv(blk.norm1(token)).reshape(3, h, d)
             return q, k
 
         q_cls, k_cls = qkv(model.cls_token[0, 0])
-        keys = {(r, c): qkv(W @ x[0, :, P * r : P * r + P, P * c : P * c + P].reshape(-1) + model.patch_embed.proj.bias)[1]
-                for r in range(8) for c in range(8)}
+        keys = {
+            (r, c): qkv(W @ x[0, :, P * r : P * r + P, P * c : P * c + P].reshape(-1) + model.patch_embed.proj.bias)[1]
+            for r in range(8)
+            for c in range(8)
+        }
         logit = {key: (q_cls * k).sum(-1) / math.sqrt(d) for key, k in keys.items()}  # (h,)
         denom = torch.exp((q_cls * k_cls).sum(-1) / math.sqrt(d)) + sum(torch.exp(v) for v in logit.values())
         for (r, c), v in logit.items():
@@ -172,13 +176,16 @@ def _counted_flops(model, img_size, in_chans=3, device="cpu"):
     return counter.get_total_flops()
 
 
-@pytest.mark.parametrize("name, overrides, meta", [
-    ("vit_base_patch16_224", {}, True),
-    ("vit_base_patch16_224", {"img_size": 384}, True),
-    ("vit_mini_x", {"pos_embed": "relative"}, False),  # real CPU tensors: SDPA with a bias is counted
-    ("vit_mini", {"pool": "mean", "class_token": False}, False),
-    ("vit_tiny_patch16_224", {"stem": "hybrid", "img_size": 64}, True),
-])
+@pytest.mark.parametrize(
+    "name, overrides, meta",
+    [
+        ("vit_base_patch16_224", {}, True),
+        ("vit_base_patch16_224", {"img_size": 384}, True),
+        ("vit_mini_x", {"pos_embed": "relative"}, False),  # real CPU tensors: SDPA with a bias is counted
+        ("vit_mini", {"pool": "mean", "class_token": False}, False),
+        ("vit_tiny_patch16_224", {"stem": "hybrid", "img_size": 64}, True),
+    ],
+)
 def test_analytic_flops_match_flop_counter(name, overrides, meta):
     cfg = vitlab.get_config(name, **overrides)
     model = flops.build_on_meta(cfg) if meta else vitlab.VisionTransformer(cfg)
@@ -238,17 +245,20 @@ def test_unknown_model_lists_the_valid_choices(capsys):
         assert valid in err
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["info", "vit_base_patch16_224", "--img-size", "225"], ["225", "16"]),
-    (["info", "vit_base_patch16_224", "--patch-size", "15"], ["224", "15"]),
-    (["info", "vit_base_patch16_224", "--heads", "7"], ["768", "7"]),
-    (["info", "vit_base_patch16_224", "--batch-size", "0"], ["--batch-size", "0"]),
-    (["info", "vit_base_patch16_224", "--img-size", "-32"], ["--img-size", "-32"]),
-    (["info", "vit_base_patch16_224", "--img-size", "big"], ["--img-size", "big"]),
-    (["demo", "--epochs", "0"], ["--epochs", "0"]),
-    (["demo", "--seed", "-1"], ["--seed", "-1"]),
-    (["demo", "--threads", "-2"], ["--threads", "-2"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["info", "vit_base_patch16_224", "--img-size", "225"], ["225", "16"]),
+        (["info", "vit_base_patch16_224", "--patch-size", "15"], ["224", "15"]),
+        (["info", "vit_base_patch16_224", "--heads", "7"], ["768", "7"]),
+        (["info", "vit_base_patch16_224", "--batch-size", "0"], ["--batch-size", "0"]),
+        (["info", "vit_base_patch16_224", "--img-size", "-32"], ["--img-size", "-32"]),
+        (["info", "vit_base_patch16_224", "--img-size", "big"], ["--img-size", "big"]),
+        (["demo", "--epochs", "0"], ["--epochs", "0"]),
+        (["demo", "--seed", "-1"], ["--seed", "-1"]),
+        (["demo", "--threads", "-2"], ["--threads", "-2"]),
+    ],
+)
 def test_bad_sizes_and_options(capsys, argv, words):
     err = _error(capsys, argv)
     for word in words:

@@ -38,11 +38,26 @@ def test_processes_that_read_other_data_are_refused(tmp_path, monkeypatch, capsy
     the gathered fingerprints would show it) stops the run in one line before anything trains."""
     write_digits_folder(tmp_path / "data", size=16, per_class=4)
     monkeypatch.setattr(distributed, "all_gather_object", lambda obj, info: [obj, obj, "another copy"])
-    args = ["train", "--data", str(tmp_path / "data"), "--model", "vit_mini", "--img-size", "16", "--epochs", "1",
-            "--device", "cpu", "--out", str(tmp_path / "run")]
+    args = [
+        "train",
+        "--data",
+        str(tmp_path / "data"),
+        "--model",
+        "vit_mini",
+        "--img-size",
+        "16",
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: --data {tmp_path / 'data'}: process(es) [2] read other images or classes than rank 0")
+    assert err.startswith(
+        f"error: --data {tmp_path / 'data'}: process(es) [2] read other images or classes than rank 0"
+    )
     assert not (tmp_path / "run" / "last.json").exists()
 
 
@@ -52,12 +67,45 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
     model = create_model("vit_mini", num_classes=4, img_size=16, dim=32, depth=2, heads=2, mlp_dim=64)
     save_checkpoint(tmp_path / "init", "init", model, {"epoch": 0})
     # No random augmentation, dropout or mixing: the two runs then see the same batches and the same arithmetic.
-    args = ["finetune", "--data", str(tmp_path / "data"), "--checkpoint", str(tmp_path / "init"), "--epochs", "2",
-            "--freeze-epochs", "1", "--unfreeze", "all", "--lr", "1e-3", "--no-aug", "--device", "cpu"]
+    args = [
+        "finetune",
+        "--data",
+        str(tmp_path / "data"),
+        "--checkpoint",
+        str(tmp_path / "init"),
+        "--epochs",
+        "2",
+        "--freeze-epochs",
+        "1",
+        "--unfreeze",
+        "all",
+        "--lr",
+        "1e-3",
+        "--no-aug",
+        "--device",
+        "cpu",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ddp = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                            "-m", "vitlab", *args, "--batch-size", "8", "--out", str(tmp_path / "ddp")],
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ddp = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "vitlab",
+            *args,
+            "--batch-size",
+            "8",
+            "--out",
+            str(tmp_path / "ddp"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:  # the single process meanwhile, here
@@ -83,8 +131,20 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
 # Two nodes: two torchrun agents on this machine, a c10d rendezvous on loopback (slow)
 
 EPOCHS = 6
-FINETUNE = ["finetune", "--epochs", str(EPOCHS), "--freeze-epochs", "1", "--unfreeze", "all", "--lr", "1e-3", "--no-aug",
-            "--device", "cpu"]
+FINETUNE = [
+    "finetune",
+    "--epochs",
+    str(EPOCHS),
+    "--freeze-epochs",
+    "1",
+    "--unfreeze",
+    "all",
+    "--lr",
+    "1e-3",
+    "--no-aug",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture(scope="module")
@@ -117,12 +177,42 @@ def _two_nodes(root: Path, outs: tuple[Path, Path], *extra: str) -> list[subproc
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(r),
-                              "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                              "--local-addr", f"127.0.0.{r + 1}", "-m", "vitlab", *FINETUNE, *_data(root),
-                              "--batch-size", "8", "--out", str(outs[r]), *extra],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-            for r in (0, 1)]
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(r),
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--local-addr",
+                f"127.0.0.{r + 1}",
+                "-m",
+                "vitlab",
+                *FINETUNE,
+                *_data(root),
+                "--batch-size",
+                "8",
+                "--out",
+                str(outs[r]),
+                *extra,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for r in (0, 1)
+    ]
 
 
 def _finish(nodes: list[subprocess.Popen]) -> list[str]:
@@ -159,8 +249,7 @@ def test_two_nodes_match_one_with_the_same_global_batch(nodes_setup, two_nodes_r
 def _kill_node(agent: subprocess.Popen) -> None:
     """Node 1 dies at once, as a machine that loses power: its torchrun agent and the worker process the agent
     started (in a session of its own), SIGKILL."""
-    workers = [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat")
-               if _parent(stat) == agent.pid]
+    workers = [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat") if _parent(stat) == agent.pid]
     os.killpg(agent.pid, signal.SIGKILL)
     for pid in workers:
         os.killpg(pid, signal.SIGKILL)

@@ -23,8 +23,21 @@ import vitlab
 from vitlab.cli import COMMANDS, build_parser, command_name, main
 
 ROOT = Path(__file__).resolve().parents[1]
-NEWCOMER_ORDER = ["demo", "data", "train", "predict", "attention", "finetune", "export", "serve", "info", "inspect",
-                  "reproduce", "bench", "tune"]
+NEWCOMER_ORDER = [
+    "demo",
+    "data",
+    "train",
+    "predict",
+    "attention",
+    "finetune",
+    "export",
+    "serve",
+    "info",
+    "inspect",
+    "reproduce",
+    "bench",
+    "tune",
+]
 DATA_COMMANDS = ["digits", "fashion-mnist", "scan"]
 EVERY_COMMAND = [[c] for c in NEWCOMER_ORDER] + [["data", w] for w in DATA_COMMANDS]
 
@@ -77,17 +90,26 @@ def site(tmp_path_factory) -> Path:
             pytest.fail(f"the documentation must build in CI: {why}")
         pytest.skip(why)
     out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "NO_MKDOCS_2_WARNING": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return out
 
 
 def _sections(page: Path) -> dict[str, str]:
     """The text of each h2/h3 section of a built page, by the section's id."""
-    body = page.read_text().split('<article', 1)[1].split("</article>", 1)[0]
+    body = page.read_text().split("<article", 1)[1].split("</article>", 1)[0]
     parts = re.split(r'<h[23] id="([^"]+)"', body)
     text = lambda s: html.unescape(re.sub(r"<[^>]+>", "", s))  # noqa: E731
     return {parts[i]: text(parts[i + 1]) for i in range(1, len(parts) - 1, 2)}

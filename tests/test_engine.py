@@ -40,7 +40,13 @@ def test_param_groups_do_not_decay_norms_biases_tokens_and_positions():
     names = {id(p): n for n, p in model.named_parameters()}
     no_decay_names = {names[id(p)] for p in no_decay["params"]}
     decay_names = {names[id(p)] for p in decay["params"]}
-    assert {"cls_token", "pos_embed", "norm.weight", "blocks.0.attn.qkv.bias", "blocks.1.norm1.weight"} <= no_decay_names
+    assert {
+        "cls_token",
+        "pos_embed",
+        "norm.weight",
+        "blocks.0.attn.qkv.bias",
+        "blocks.1.norm1.weight",
+    } <= no_decay_names
     assert {"blocks.0.attn.qkv.weight", "patch_embed.proj.weight", "head.weight"} <= decay_names
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
 
@@ -131,15 +137,31 @@ def test_resume_refuses_another_recipe_and_an_old_state(tmp_path):
     train, val = _loaders(64, 32)
     fit(create_model("vit_mini_x"), train, val, Recipe(epochs=1), device="cpu", out=tmp_path, identity={"data": "a"})
     with pytest.raises(VitlabError, match=r"other settings \(lr 0.001 -> 0.002; data 'a' -> 'b'\)"):
-        fit(create_model("vit_mini_x"), train, val, Recipe(epochs=1, lr=2e-3), device="cpu", out=tmp_path, resume=True,
-            identity={"data": "b"})
+        fit(
+            create_model("vit_mini_x"),
+            train,
+            val,
+            Recipe(epochs=1, lr=2e-3),
+            device="cpu",
+            out=tmp_path,
+            resume=True,
+            identity={"data": "b"},
+        )
     state_path = next((tmp_path / "checkpoints").glob("epoch_*")) / "state.pt"
     state = torch.load(state_path, weights_only=True)
     del state["version"]  # as vitlab before the one training engine wrote it
     torch.save(state, state_path)
     with pytest.raises(VitlabError, match="written by an earlier vitlab"):
-        fit(create_model("vit_mini_x"), train, val, Recipe(epochs=1), device="cpu", out=tmp_path, resume=True,
-            identity={"data": "a"})
+        fit(
+            create_model("vit_mini_x"),
+            train,
+            val,
+            Recipe(epochs=1),
+            device="cpu",
+            out=tmp_path,
+            resume=True,
+            identity={"data": "a"},
+        )
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -151,8 +173,11 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
         with torch.no_grad():
             model.patch_embed.proj.weight.fill_(float("nan"))
 
-    with pytest.raises(VitlabError, match=r"training stopped: train loss nan in epoch 2; the last good checkpoint is "
-                                          r"kept in .*epoch_0001"):
+    with pytest.raises(
+        VitlabError,
+        match=r"training stopped: train loss nan in epoch 2; the last good checkpoint is "
+        r"kept in .*epoch_0001",
+    ):
         fit(model, train, val, cfg, device="cpu", out=tmp_path, callbacks=[_OnEpoch(poison)])
     assert json.loads((tmp_path / "last.json").read_text())["epoch"] == 1
     assert torch.isfinite(create_model(checkpoint=tmp_path).patch_embed.proj.weight).all()
@@ -164,7 +189,9 @@ def test_bad_recipes_are_named_with_the_valid_range():
     assert e.value.for_cli() == "--batch-size must be an integer >= 1; found 0"  # the CLI speaks of its flag
     with pytest.raises(VitlabError, match=r"^lr must be a number > 0; found -1.0$"):
         Recipe(lr=-1.0)
-    with pytest.raises(VitlabError, match=r"^freeze_epochs must be an integer in \[0, 3\]; found 5 \(at most epochs = 3\)$"):
+    with pytest.raises(
+        VitlabError, match=r"^freeze_epochs must be an integer in \[0, 3\]; found 5 \(at most epochs = 3\)$"
+    ):
         Recipe(epochs=3, freeze_epochs=5)
     with pytest.raises(VitlabError, match=r"unknown Recipe field\(s\) \['learning_rate'\]"):
         RECIPES["scratch"].replace(learning_rate=1.0)
@@ -176,8 +203,19 @@ def test_the_presets_are_the_commands_defaults():
     """`vitlab train` and `vitlab finetune` take their defaults from RECIPES, not from argparse."""
     parser = build_parser()
     for command, preset in (("train", "scratch"), ("finetune", "finetune")):
-        args = parser.parse_args([command, "--dataset" if command == "train" else "--data", "digits" if command == "train" else "d",
-                                  "--model", "vit_mini", "--out", "o"])
+        args = parser.parse_args(
+            [
+                command,
+                "--dataset" if command == "train" else "--data",
+                "digits" if command == "train" else "d",
+                "--model",
+                "vit_mini",
+                "--out",
+                "o",
+            ]
+        )
         assert job_from_args(args).recipe == RECIPES[preset]
-    args = parser.parse_args(["finetune", "--data", "d", "--model", "vit_mini", "--out", "o", "--smoothing", "0.1", "--lr", "3e-4"])
+    args = parser.parse_args(
+        ["finetune", "--data", "d", "--model", "vit_mini", "--out", "o", "--smoothing", "0.1", "--lr", "3e-4"]
+    )
     assert job_from_args(args).recipe == RECIPES["finetune"].replace(label_smoothing=0.1, lr=3e-4)

@@ -80,8 +80,14 @@ def same_top5(indices: list[int], values: list[float], probs: torch.Tensor) -> b
 def timm_transform(preset: str, size: int):
     """timm's own eval transform for one of vitlab's preprocessing presets."""
     p = PREPROCESSING[preset]
-    return create_transform(input_size=(3, size, size), interpolation=p["interpolation"], mean=p["mean"], std=p["std"],
-                            crop_pct=p["crop_pct"], crop_mode=p["crop_mode"])
+    return create_transform(
+        input_size=(3, size, size),
+        interpolation=p["interpolation"],
+        mean=p["mean"],
+        std=p["std"],
+        crop_pct=p["crop_pct"],
+        crop_mode=p["crop_mode"],
+    )
 
 
 def _timm(name, **kw):
@@ -92,24 +98,52 @@ def _timm(name, **kw):
 #      own data config of the model, which the hub layout's config.json carries)
 TIMM_CASES = {
     "gap+fc_norm": (lambda: _timm("vit_tiny_patch16_224", depth=1, img_size=32, global_pool="avg"), "file", "timm"),
-    "no-class-token": (lambda: _timm("vit_tiny_patch16_224", depth=1, img_size=32, class_token=False, global_pool="avg"),
-                       "file", "timm"),
-    "gap-after-norm": (lambda: _timm("vit_tiny_patch16_224", depth=1, img_size=32, global_pool="avg", fc_norm=False),
-                       "hub", "timm-config"),  # a class token and no fc_norm: only the config says GAP
+    "no-class-token": (
+        lambda: _timm("vit_tiny_patch16_224", depth=1, img_size=32, class_token=False, global_pool="avg"),
+        "file",
+        "timm",
+    ),
+    "gap-after-norm": (
+        lambda: _timm("vit_tiny_patch16_224", depth=1, img_size=32, global_pool="avg", fc_norm=False),
+        "hub",
+        "timm-config",
+    ),  # a class token and no fc_norm: only the config says GAP
     "no-qkv-bias": (lambda: _timm("vit_tiny_patch16_224", depth=1, img_size=32, qkv_bias=False), "file", "timm"),
     "deit": (lambda: _timm("deit_tiny_patch16_224", depth=1, img_size=32), "hub", "timm-config"),
     "deit-distilled": (lambda: _timm("deit_tiny_distilled_patch16_224", depth=1, img_size=32), "file", "deit"),
     "deit3": (lambda: _timm("deit3_small_patch16_224", depth=1, img_size=32), "file", "deit"),
     "dinov2": (lambda: _timm("vit_small_patch14_dinov2", depth=1, img_size=28, num_classes=1000), "file", "dinov2"),
-    "dinov2-reg4": (lambda: _timm("vit_small_patch14_reg4_dinov2", depth=1, img_size=28, num_classes=1000), "file",
-                    "dinov2"),
-    "reg4-no-layerscale": (lambda: TimmViT(img_size=32, patch_size=16, embed_dim=192, depth=1, num_heads=3, reg_tokens=4,
-                                           no_embed_class=True), "file", "timm"),
+    "dinov2-reg4": (
+        lambda: _timm("vit_small_patch14_reg4_dinov2", depth=1, img_size=28, num_classes=1000),
+        "file",
+        "dinov2",
+    ),
+    "reg4-no-layerscale": (
+        lambda: TimmViT(
+            img_size=32, patch_size=16, embed_dim=192, depth=1, num_heads=3, reg_tokens=4, no_embed_class=True
+        ),
+        "file",
+        "timm",
+    ),
     "reg4-gap": (lambda: _timm("vit_medium_patch16_reg4_gap_256", depth=1, img_size=32), "hub", "timm-config"),
-    "clip-prenorm": (lambda: TimmViT(img_size=32, patch_size=16, embed_dim=192, depth=1, num_heads=3, pre_norm=True,
-                                     norm_layer=partial(LayerNorm, eps=1e-5)), "file", "clip"),
-    "clip-quickgelu": (lambda: _timm("vit_base_patch32_clip_quickgelu_224", depth=1, img_size=64, num_classes=1000),
-                       "hub", "timm-config"),
+    "clip-prenorm": (
+        lambda: TimmViT(
+            img_size=32,
+            patch_size=16,
+            embed_dim=192,
+            depth=1,
+            num_heads=3,
+            pre_norm=True,
+            norm_layer=partial(LayerNorm, eps=1e-5),
+        ),
+        "file",
+        "clip",
+    ),
+    "clip-quickgelu": (
+        lambda: _timm("vit_base_patch32_clip_quickgelu_224", depth=1, img_size=64, num_classes=1000),
+        "hub",
+        "timm-config",
+    ),
 }
 
 
@@ -266,18 +300,31 @@ def hf_cases():
     common = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_labels=1000)
     imagenet = dict(image_mean=PREPROCESSING["deit"]["mean"], image_std=PREPROCESSING["deit"]["std"])
     # facebook/deit-* configure ImageNet statistics (the processor class's own default is 0.5)
-    deit_proc = tr.DeiTImageProcessor(size={"height": 36, "width": 36}, crop_size={"height": 32, "width": 32}, **imagenet)
-    dinov2_proc = tr.BitImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 28, "width": 28}, resample=3,
-                                       **imagenet)
+    deit_proc = tr.DeiTImageProcessor(
+        size={"height": 36, "width": 36}, crop_size={"height": 32, "width": 32}, **imagenet
+    )
+    dinov2_proc = tr.BitImageProcessor(
+        size={"shortest_edge": 32}, crop_size={"height": 28, "width": 28}, resample=3, **imagenet
+    )
     return {
-        "vit": (tr.ViTForImageClassification(tr.ViTConfig(intermediate_size=128, image_size=32, patch_size=16, **common)),
-                tr.ViTImageProcessor(size={"height": 32, "width": 32})),
-        "deit-teacher": (tr.DeiTForImageClassificationWithTeacher(tr.DeiTConfig(intermediate_size=128, image_size=32,
-                                                                                patch_size=16, **common)), deit_proc),
-        "deit-cls-only": (tr.DeiTForImageClassification(tr.DeiTConfig(intermediate_size=128, image_size=32, patch_size=16,
-                                                                       **common)), deit_proc),
-        "dinov2-linear": (tr.Dinov2ForImageClassification(tr.Dinov2Config(image_size=28, patch_size=14, **common)),
-                          dinov2_proc),
+        "vit": (
+            tr.ViTForImageClassification(tr.ViTConfig(intermediate_size=128, image_size=32, patch_size=16, **common)),
+            tr.ViTImageProcessor(size={"height": 32, "width": 32}),
+        ),
+        "deit-teacher": (
+            tr.DeiTForImageClassificationWithTeacher(
+                tr.DeiTConfig(intermediate_size=128, image_size=32, patch_size=16, **common)
+            ),
+            deit_proc,
+        ),
+        "deit-cls-only": (
+            tr.DeiTForImageClassification(tr.DeiTConfig(intermediate_size=128, image_size=32, patch_size=16, **common)),
+            deit_proc,
+        ),
+        "dinov2-linear": (
+            tr.Dinov2ForImageClassification(tr.Dinov2Config(image_size=28, patch_size=14, **common)),
+            dinov2_proc,
+        ),
     }
 
 
@@ -300,15 +347,20 @@ def test_hugging_face_backbones_give_the_same_features(tmp_path):
     cases = {
         "deit": (tr.DeiTModel(tr.DeiTConfig(intermediate_size=128, **common)), dict(dist_token=True, heads=4)),
         "dinov2": (tr.Dinov2Model(tr.Dinov2Config(**common)), dict(layer_scale=1e-5, reg_tokens=0)),
-        "dinov2-reg": (tr.Dinov2WithRegistersModel(tr.Dinov2WithRegistersConfig(num_register_tokens=4, **common)),
-                       dict(reg_tokens=4, no_embed_class=True, num_prefix_tokens=5)),
+        "dinov2-reg": (
+            tr.Dinov2WithRegistersModel(tr.Dinov2WithRegistersConfig(num_register_tokens=4, **common)),
+            dict(reg_tokens=4, no_embed_class=True, num_prefix_tokens=5),
+        ),
     }
     x = torch.randn(2, 3, 28, 28)
     for case, (ref, fields) in cases.items():
         torch.manual_seed(0)
         perturb(ref).save_pretrained(tmp_path / case)
         model = create_model(pretrained=str(tmp_path / case))
-        assert {k: getattr(model.cfg, k) for k in fields} == {**fields, **({"layer_scale": 1e-5} if "layer_scale" in fields else {})}
+        assert {k: getattr(model.cfg, k) for k in fields} == {
+            **fields,
+            **({"layer_scale": 1e-5} if "layer_scale" in fields else {}),
+        }
         assert model.cfg.num_classes == 0 and model.pretrained_cfg.format == "hf"
         with torch.no_grad():
             diff = (model.forward_features(x) - ref(pixel_values=x).last_hidden_state).abs().max()
@@ -321,16 +373,26 @@ def test_hugging_face_backbones_give_the_same_features(tmp_path):
 
 OUT_OF_SCOPE = {
     # id: (reference, words the one error line must contain)
-    "attention-pool": (lambda: _timm("vit_base_patch16_siglip_224", depth=1, embed_dim=64, num_heads=1, img_size=32),
-                       ["attention-pooling head", "attn_pool.latent"]),
-    "rotary": (lambda: _timm("vit_base_patch16_rope_224", depth=1, embed_dim=64, num_heads=1, img_size=32),
-               ["rotary position embeddings", "blocks.0.gamma_1"]),
-    "relative": (lambda: _timm("beit_base_patch16_224", depth=1, embed_dim=64, num_heads=1, img_size=32),
-                 ["relative position biases", "relative_position_bias_table"]),
-    "windowed": (lambda: _timm("samvit_base_patch16", depth=1, embed_dim=64, num_heads=1, img_size=64),
-                 ["windowed attention", "blocks.0.attn.rel_pos_h"]),
-    "swiglu": (lambda: _timm("vit_giant_patch14_dinov2", depth=1, embed_dim=96, num_heads=1, img_size=28),
-               ["gated MLP (SwiGLU", "blocks.0.mlp.fc1.weight"]),
+    "attention-pool": (
+        lambda: _timm("vit_base_patch16_siglip_224", depth=1, embed_dim=64, num_heads=1, img_size=32),
+        ["attention-pooling head", "attn_pool.latent"],
+    ),
+    "rotary": (
+        lambda: _timm("vit_base_patch16_rope_224", depth=1, embed_dim=64, num_heads=1, img_size=32),
+        ["rotary position embeddings", "blocks.0.gamma_1"],
+    ),
+    "relative": (
+        lambda: _timm("beit_base_patch16_224", depth=1, embed_dim=64, num_heads=1, img_size=32),
+        ["relative position biases", "relative_position_bias_table"],
+    ),
+    "windowed": (
+        lambda: _timm("samvit_base_patch16", depth=1, embed_dim=64, num_heads=1, img_size=64),
+        ["windowed attention", "blocks.0.attn.rel_pos_h"],
+    ),
+    "swiglu": (
+        lambda: _timm("vit_giant_patch14_dinov2", depth=1, embed_dim=96, num_heads=1, img_size=28),
+        ["gated MLP (SwiGLU", "blocks.0.mlp.fc1.weight"],
+    ),
 }
 
 
@@ -347,10 +409,23 @@ def test_out_of_scope_relatives_are_refused_naming_the_feature(case, tmp_path, p
 
 def test_hugging_face_swiglu_dinov2_is_refused(tmp_path, photo, capsys):
     tr = pytest.importorskip("transformers")
-    tr.Dinov2Model(tr.Dinov2Config(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=28, patch_size=14,
-                                   use_swiglu_ffn=True)).save_pretrained(tmp_path / "g")
+    tr.Dinov2Model(
+        tr.Dinov2Config(
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            image_size=28,
+            patch_size=14,
+            use_swiglu_ffn=True,
+        )
+    ).save_pretrained(tmp_path / "g")
     rc, _, err = predict_json(capsys, photo, tmp_path / "g")
-    assert rc == 2 and "a SwiGLU MLP" in err and "encoder.layer.0.mlp.weights_in" in err and len(err.strip().splitlines()) == 1
+    assert (
+        rc == 2
+        and "a SwiGLU MLP" in err
+        and "encoder.layer.0.mlp.weights_in" in err
+        and len(err.strip().splitlines()) == 1
+    )
 
 
 def test_a_named_model_that_differs_lists_every_field_in_one_line(tmp_path, photo, capsys):
@@ -367,12 +442,19 @@ def test_a_named_model_that_differs_lists_every_field_in_one_line(tmp_path, phot
     rc, _, err = predict_json(capsys, photo, tmp_path / "reg.safetensors", "--model", "vit_small_patch16_224")
     line = err.strip()
     assert rc == 2 and len(line.splitlines()) == 1 and "square" not in line
-    for field in ("patch_size: model 16 vs checkpoint 14", "reg_tokens: model 0 vs checkpoint 4",
-                  "layer_scale: model None vs checkpoint 1e-05", "no_embed_class: model False vs checkpoint True",
-                  "depth: model 12 vs checkpoint 1", "Leave the model name out"):
+    for field in (
+        "patch_size: model 16 vs checkpoint 14",
+        "reg_tokens: model 0 vs checkpoint 4",
+        "layer_scale: model None vs checkpoint 1e-05",
+        "no_embed_class: model False vs checkpoint True",
+        "depth: model 12 vs checkpoint 1",
+        "Leave the model name out",
+    ):
         assert field in line, field
     # and the same file named rightly loads, with the registered model's preprocessing
-    model = create_model("vit_small_patch14_reg4_dinov2", pretrained=str(tmp_path / "reg.safetensors"), depth=1, img_size=28)
+    model = create_model(
+        "vit_small_patch14_reg4_dinov2", pretrained=str(tmp_path / "reg.safetensors"), depth=1, img_size=28
+    )
     assert model.cfg.reg_tokens == 4 and model.pretrained_cfg.crop_pct == 1.0 and model.pretrained_cfg.std[0] == 0.229
 
 
@@ -389,12 +471,27 @@ def test_attention_and_inspect_run_on_the_family(case, timm_files, tmp_path, cap
     for i, im in enumerate((skimage_data.astronaut(), skimage_data.coffee())):
         Image.fromarray(im).save(images / f"{i}.png")
     out = tmp_path / "out"
-    assert main(["attention", str(images), "--pretrained", str(source), "--layer", "all", "--out", str(out / "att")]) == 0
+    assert (
+        main(["attention", str(images), "--pretrained", str(source), "--layer", "all", "--out", str(out / "att")]) == 0
+    )
     rows = [r.split(",") for r in (out / "att" / "attention.csv").read_text().splitlines()[1:]]
     assert len(rows) == 2  # two images x one layer, the patches' grid only (2x2)
     assert all(0 < float(r[7]) < 1 for r in rows)  # the class token's row also goes to the other prefix tokens
-    assert main(["attention", str(images / "0.png"), "--pretrained", str(source), "--method", "rollout",
-                 "--out", str(out / "roll")]) == 0
+    assert (
+        main(
+            [
+                "attention",
+                str(images / "0.png"),
+                "--pretrained",
+                str(source),
+                "--method",
+                "rollout",
+                "--out",
+                str(out / "roll"),
+            ]
+        )
+        == 0
+    )
     assert main(["inspect", "--pretrained", str(source), "--images", str(images), "--out", str(out / "inspect")]) == 0
     printed = capsys.readouterr().out
     model = create_model(pretrained=str(source))
@@ -404,8 +501,9 @@ def test_attention_and_inspect_run_on_the_family(case, timm_files, tmp_path, cap
     # the token norms are timm's own intermediate tokens' norms, prefix tokens apart
     x = images_tensor(sorted(images.iterdir()), model.pretrained_cfg)
     with torch.no_grad():
-        tokens = ref.forward_intermediates(x, indices=1, norm=False, return_prefix_tokens=True, output_fmt="NLC",
-                                           intermediates_only=True)[0]
+        tokens = ref.forward_intermediates(
+            x, indices=1, norm=False, return_prefix_tokens=True, output_fmt="NLC", intermediates_only=True
+        )[0]
     patch_ref, prefix_ref = tokens[0].norm(dim=-1), tokens[1].norm(dim=-1)  # (B, N), (B, p)
     table = (out / "inspect" / "token_norms.csv").read_text().splitlines()
     header, values = table[0].split(","), [float(v) for v in table[1].split(",")]
@@ -423,12 +521,15 @@ def test_attention_and_inspect_run_on_the_family(case, timm_files, tmp_path, cap
 def test_high_norm_patches_are_marked_and_prefix_tokens_kept_apart():
     patches = torch.ones(2, 1, 3, 4)  # (layers, images, gh, gw)
     patches[1, 0, 2, 1] = 10.0  # one artefact patch in the second layer
-    norms = A.TokenNorms(layers=(0, 1), patches=patches, prefix=torch.tensor([[[1.0, 2.0]], [[1.0, 30.0]]]),
-                         prefix_names=("cls", "reg0"))
+    norms = A.TokenNorms(
+        layers=(0, 1), patches=patches, prefix=torch.tensor([[[1.0, 2.0]], [[1.0, 30.0]]]), prefix_names=("cls", "reg0")
+    )
     high = norms.high_norm(4.0)
     assert high.sum() == 1 and bool(high[1, 0, 2, 1])
     rows = norms.summary(4.0)
-    assert rows[1]["patch_max"] == 10.0 and rows[1]["reg0"] == 30.0 and rows[1]["high_norm_share"] == pytest.approx(1 / 12)
+    assert (
+        rows[1]["patch_max"] == 10.0 and rows[1]["reg0"] == 30.0 and rows[1]["high_norm_share"] == pytest.approx(1 / 12)
+    )
     assert rows[0]["high_norm_share"] == 0.0
 
 
@@ -440,9 +541,30 @@ def test_finetune_a_dinov2_backbone(timm_files, tmp_path):
     save_file(ref.state_dict(), tmp_path / "dinov2.safetensors")
     write_digits_folder(tmp_path / "digits", size=16, per_class=8)
     run = tmp_path / "run"
-    assert main(["finetune", "--data", str(tmp_path / "digits"), "--pretrained", str(tmp_path / "dinov2.safetensors"),
-                 "--epochs", "2", "--freeze-epochs", "1", "--batch-size", "16", "--device", "cpu", "--out", str(run),
-                 "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--data",
+                str(tmp_path / "digits"),
+                "--pretrained",
+                str(tmp_path / "dinov2.safetensors"),
+                "--epochs",
+                "2",
+                "--freeze-epochs",
+                "1",
+                "--batch-size",
+                "16",
+                "--device",
+                "cpu",
+                "--out",
+                str(run),
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     tuned = create_model(checkpoint=str(run))
     assert tuned.cfg.reg_tokens == 4 and tuned.cfg.num_classes == 10 and tuned.pretrained_cfg.head == "loaded"
     assert not torch.equal(tuned.reg_token, ref.reg_token)  # unfrozen in stage 2, so trained
@@ -457,18 +579,29 @@ def test_dinov2_release_deit3_and_mae_layouts_load_like_timm(timm_files, tmp_pat
     sd = {k: v.clone() for k, v in ref.state_dict().items()}
     cls_row = torch.randn(1, 1, sd["pos_embed"].shape[-1])  # the release adds this row to the class token
     release = {k: v for k, v in sd.items() if k not in ("reg_token", "cls_token", "pos_embed")}
-    release.update(register_tokens=sd["reg_token"], cls_token=sd["cls_token"] - cls_row,
-                   pos_embed=torch.cat([cls_row, sd["pos_embed"]], dim=1), mask_token=torch.zeros(1, sd["cls_token"].shape[-1]))
+    release.update(
+        register_tokens=sd["reg_token"],
+        cls_token=sd["cls_token"] - cls_row,
+        pos_embed=torch.cat([cls_row, sd["pos_embed"]], dim=1),
+        mask_token=torch.zeros(1, sd["cls_token"].shape[-1]),
+    )
     torch.save(release, tmp_path / "dinov2_vits14_reg4_pretrain.pth")
     deit3, _ = timm_files("deit3")
     original = {re.sub(r"\.ls([12])\.gamma$", r".gamma_\1", k): v for k, v in deit3.state_dict().items()}
     torch.save({"model": original}, tmp_path / "deit_3_small_224_1k.pth")  # DeiT's checkpoints nest the weights
     mae_ref, _ = timm_files("no-qkv-bias")
-    mae = {**mae_ref.state_dict(), "mask_token": torch.zeros(1, 1, 192), "decoder_embed.weight": torch.zeros(128, 192),
-           "decoder_pred.weight": torch.zeros(768, 128)}
+    mae = {
+        **mae_ref.state_dict(),
+        "mask_token": torch.zeros(1, 1, 192),
+        "decoder_embed.weight": torch.zeros(128, 192),
+        "decoder_pred.weight": torch.zeros(768, 128),
+    }
     save_file(mae, tmp_path / "mae.safetensors")
-    for name, reference, fmt in (("dinov2_vits14_reg4_pretrain.pth", ref, "dinov2"), ("deit_3_small_224_1k.pth", deit3, "timm"),
-                                 ("mae.safetensors", mae_ref, "timm")):
+    for name, reference, fmt in (
+        ("dinov2_vits14_reg4_pretrain.pth", ref, "dinov2"),
+        ("deit_3_small_224_1k.pth", deit3, "timm"),
+        ("mae.safetensors", mae_ref, "timm"),
+    ):
         model = create_model(pretrained=str(tmp_path / name))
         size = reference.patch_embed.img_size
         x = torch.randn(2, 3, *size)

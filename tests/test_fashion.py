@@ -17,14 +17,7 @@ from PIL import Image
 
 from vitlab.cli import main
 from vitlab.data import fashion_mnist
-from vitlab.data.fashion_mnist import (
-    CLASS_NAMES,
-    FOLDER_NAMES,
-    IDX_FILES,
-    load_fashion_mnist,
-    locate,
-    nested_subset,
-)
+from vitlab.data.fashion_mnist import CLASS_NAMES, FOLDER_NAMES, IDX_FILES, load_fashion_mnist, locate, nested_subset
 from vitlab.errors import VitlabError
 
 
@@ -110,10 +103,14 @@ def test_a_one_off_root_of_other_files_never_stands_in_for_fashion_mnist(fashion
 
     black = root("black", **{"train-images-idx3-ubyte": np.zeros((60_000, 28, 28), np.uint8)})
     labels = root("labels", **{"t10k-labels-idx1-ubyte": np.where(yt.numpy() == 9, 12, yt.numpy())})
-    for folder, expected in ((black, f"{black}/train-images-idx3-ubyte.gz: every pixel of every image is 0, so these "
-                                     "are not photos"),
-                             (labels, f"{labels}/t10k-labels-idx1-ubyte.gz: label 12 at item 0 (1,000 labels outside 0..9)")):
-        assert main(["data", "fashion-mnist", "--root", str(folder), "--train-size", "20", "--out", str(tmp_path / "no")]) == 2
+    for folder, expected in (
+        (black, f"{black}/train-images-idx3-ubyte.gz: every pixel of every image is 0, so these are not photos"),
+        (labels, f"{labels}/t10k-labels-idx1-ubyte.gz: label 12 at item 0 (1,000 labels outside 0..9)"),
+    ):
+        assert (
+            main(["data", "fashion-mnist", "--root", str(folder), "--train-size", "20", "--out", str(tmp_path / "no")])
+            == 2
+        )
         err = capsys.readouterr().err
         assert err.startswith(f"error: {expected}") and err.count("\n") == 1, err
         assert not (tmp_path / "no").exists()
@@ -124,7 +121,9 @@ def test_a_one_off_root_of_other_files_never_stands_in_for_fashion_mnist(fashion
     assert main(["data", "fashion-mnist", "--out", str(out), "--train-size", "30", "--seed", "1"]) == 0
     assert "wrote 30 train and 10,000 val images" in capsys.readouterr().out
     assert sorted(p.name for p in (out / "train").iterdir()) == list(FOLDER_NAMES)
-    assert sum(1 for _ in (out / "train").rglob("*.png")) == 30 and sum(1 for _ in (out / "val").rglob("*.png")) == 10_000
+    assert (
+        sum(1 for _ in (out / "train").rglob("*.png")) == 30 and sum(1 for _ in (out / "val").rglob("*.png")) == 10_000
+    )
     i = nested_subset(60_000, 30, seed=1)[0].item()
     assert np.array_equal(_png(out / "train" / FOLDER_NAMES[int(y[i])] / f"{i:05d}.png"), x[i, 0].numpy())  # lossless
     for j in (0, 9_999):  # the real test images, not the inverted ones of the run before
@@ -141,11 +140,18 @@ def _broken_root(tmp_path: Path, fashion: Path, name: str, data: bytes, gz: bool
     return root
 
 
-@pytest.mark.parametrize("name,kind,expected", [
-    ("t10k-labels-idx1-ubyte", "truncated gz", "corrupt or truncated gzip file"),
-    ("t10k-images-idx3-ubyte", "truncated", "truncated idx file (7,000,000 bytes of data, expected 7,840,016)"),
-    ("train-labels-idx1-ubyte", "wrong magic", "not a Fashion-MNIST train-labels-idx1-ubyte idx file (magic number 0x0803"),
-])
+@pytest.mark.parametrize(
+    "name,kind,expected",
+    [
+        ("t10k-labels-idx1-ubyte", "truncated gz", "corrupt or truncated gzip file"),
+        ("t10k-images-idx3-ubyte", "truncated", "truncated idx file (7,000,000 bytes of data, expected 7,840,016)"),
+        (
+            "train-labels-idx1-ubyte",
+            "wrong magic",
+            "not a Fashion-MNIST train-labels-idx1-ubyte idx file (magic number 0x0803",
+        ),
+    ],
+)
 def test_corrupt_or_truncated_files_are_one_line_and_exit_2(fashion, tmp_path, capsys, name, kind, expected):
     if kind == "truncated gz":
         data = (fashion / name).read_bytes()
@@ -156,8 +162,22 @@ def test_corrupt_or_truncated_files_are_one_line_and_exit_2(fashion, tmp_path, c
     root = _broken_root(tmp_path, fashion, name, data, gz=kind.endswith("gz"))
     cache = fashion_mnist.cache_dir() / "fashion-mnist"
     before = sorted(cache.rglob("*")) if cache.exists() else []
-    assert main(["train", "--dataset", "fashion-mnist", "--root", str(root), "--model", "resnet_mini",
-                 "--out", str(tmp_path / "run")]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--dataset",
+                "fashion-mnist",
+                "--root",
+                str(root),
+                "--model",
+                "resnet_mini",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith(f"error: {root / name}") and expected in err and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists()  # nothing half-written
@@ -169,18 +189,44 @@ def test_no_files_and_no_network_names_both_ways_to_get_them(nowhere, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the download failed (" in err and "name resolution" in err, err
     assert "apt-get install dataset-fashion-mnist" in err and "run once with network access" in err
-    assert main(["train", "--dataset", "fashion-mnist", "--root", str(nowhere), "--model", "vit_mini",
-                 "--out", str(nowhere / "run")]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--dataset",
+                "fashion-mnist",
+                "--root",
+                str(nowhere),
+                "--model",
+                "vit_mini",
+                "--out",
+                str(nowhere / "run"),
+            ]
+        )
+        == 2
+    )
     assert capsys.readouterr().err.startswith(f"error: --root {nowhere}: no Fashion-MNIST files there")
 
 
-@pytest.mark.parametrize("argv,expected", [
-    (["--dataset", "fashion"], "argument --dataset: invalid choice: 'fashion'"),
-    (["--dataset", "fashion-mnist", "--train-size", "0"], "--train-size must be an integer in [1, 60000]; found 0"),
-    (["--dataset", "fashion-mnist", "--train-size", "60001"], "--train-size must be an integer in [1, 60000]; found 60001"),
-    (["--dataset", "digits", "--root", "somewhere"], "--root somewhere: only the fashion-mnist dataset is read from files"),
-    (["--dataset", "fashion-mnist", "--val-split", "0.1"], "the fashion-mnist dataset has its own validation split"),
-])
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["--dataset", "fashion"], "argument --dataset: invalid choice: 'fashion'"),
+        (["--dataset", "fashion-mnist", "--train-size", "0"], "--train-size must be an integer in [1, 60000]; found 0"),
+        (
+            ["--dataset", "fashion-mnist", "--train-size", "60001"],
+            "--train-size must be an integer in [1, 60000]; found 60001",
+        ),
+        (
+            ["--dataset", "digits", "--root", "somewhere"],
+            "--root somewhere: only the fashion-mnist dataset is read from files",
+        ),
+        (
+            ["--dataset", "fashion-mnist", "--val-split", "0.1"],
+            "the fashion-mnist dataset has its own validation split",
+        ),
+    ],
+)
 def test_bad_options_are_one_line_and_exit_2(tmp_path, capsys, argv, expected):
     assert main(["train", *argv, "--model", "vit_mini", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
@@ -201,10 +247,34 @@ def test_train_on_fashion_mnist_reaches_an_accuracy(fashion, tmp_path, capsys):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert main(["train", "--dataset", "fashion-mnist", "--model", "resnet_mini", "--train-size", "2000",
-                     "--epochs", "2", "--batch-size", "32", "--lr", "3e-3", "--warmup-epochs", "0.2", "--crop-scale", "1",
-                     "--device", "cpu",
-                     "--out", str(tmp_path / "run")]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "--dataset",
+                    "fashion-mnist",
+                    "--model",
+                    "resnet_mini",
+                    "--train-size",
+                    "2000",
+                    "--epochs",
+                    "2",
+                    "--batch-size",
+                    "32",
+                    "--lr",
+                    "3e-3",
+                    "--warmup-epochs",
+                    "0.2",
+                    "--crop-scale",
+                    "1",
+                    "--device",
+                    "cpu",
+                    "--out",
+                    str(tmp_path / "run"),
+                ]
+            )
+            == 0
+        )
     finally:
         torch.set_num_threads(n)
     out = capsys.readouterr().out

@@ -19,12 +19,11 @@ from safetensors.torch import load_file, save_file
 
 from vitlab import create_model
 from vitlab.cli import main
-from vitlab.data.digits import load_digits, write_digits_folder
-from vitlab.data.split import stratified_split
-
 from vitlab.data.datasets import RunData, make_loaders
+from vitlab.data.digits import load_digits, write_digits_folder
 from vitlab.data.folder import FolderScan
 from vitlab.data.memory import ImageTensors
+from vitlab.data.split import stratified_split
 from vitlab.train import RECIPES, diagnostics
 from vitlab.train.distributed import DistInfo
 from vitlab.train.engine import TensorLoader, fit
@@ -75,15 +74,48 @@ def test_layer_ids_drive_freezing_and_layer_decay():
         no_decay = all(p.ndim <= 1 or n in model.no_weight_decay() for p, n in zip(g["params"], g["param_names"]))
         assert g["weight_decay"] == (0.0 if no_decay else 0.05)
     cnn_ids, cnn_L = layer_ids(create_model("resnet_mini", num_classes=3))
-    assert cnn_L == 3 and cnn_ids["stem.0.weight"] == 0 and cnn_ids["layer3.0.conv1.weight"] == 3 and cnn_ids["head.weight"] == 5
+    assert (
+        cnn_L == 3
+        and cnn_ids["stem.0.weight"] == 0
+        and cnn_ids["layer3.0.conv1.weight"] == 3
+        and cnn_ids["head.weight"] == 5
+    )
 
 
 def test_stage_one_freezes_everything_but_the_head(data, tmp_path):
     run = tmp_path / "run"
-    assert main(["finetune", "--data", str(data / "small"), "--checkpoint", str(data / "init"), "--epochs", "2",
-                 "--freeze-epochs", "1", "--unfreeze", "last:1", "--lr", "1e-3", "--batch-size", "16",
-                 "--no-hflip", "--device", "cpu", "--out", str(run)]) == 0
-    init, e1, e2 = load_file(data / "init" / "checkpoints" / "init" / "model.safetensors"), _weights(run, 1), _weights(run, 2)
+    assert (
+        main(
+            [
+                "finetune",
+                "--data",
+                str(data / "small"),
+                "--checkpoint",
+                str(data / "init"),
+                "--epochs",
+                "2",
+                "--freeze-epochs",
+                "1",
+                "--unfreeze",
+                "last:1",
+                "--lr",
+                "1e-3",
+                "--batch-size",
+                "16",
+                "--no-hflip",
+                "--device",
+                "cpu",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
+    init, e1, e2 = (
+        load_file(data / "init" / "checkpoints" / "init" / "model.safetensors"),
+        _weights(run, 1),
+        _weights(run, 2),
+    )
     for name, w in init.items():
         if name.startswith("head."):
             assert w.shape != e1[name].shape or not torch.equal(w, e1[name])  # a new head, and it trained
@@ -104,17 +136,47 @@ def digits_pretrained(tmp_path_factory):
     tr, va = stratified_split(y, 0.2)
     torch.manual_seed(0)
     model = create_model("vit_mini", num_classes=10, img_size=16, dim=64, depth=2, heads=4, mlp_dim=128)
-    fit(model, TensorLoader(x[tr], y[tr], batch_size=32, shuffle=True), TensorLoader(x[va], y[va], batch_size=256),
-        RECIPES["mini"].replace(epochs=6, warmup_epochs=1), device="cpu", out=root / "run")
+    fit(
+        model,
+        TensorLoader(x[tr], y[tr], batch_size=32, shuffle=True),
+        TensorLoader(x[va], y[va], batch_size=256),
+        RECIPES["mini"].replace(epochs=6, warmup_epochs=1),
+        device="cpu",
+        out=root / "run",
+    )
     write_digits_folder(root / "digits", size=16)
     return root
 
 
 def test_finetune_from_checkpoint_beats_chance_and_writes_the_report(digits_pretrained, tmp_path):
     run = tmp_path / "ft"
-    assert main(["finetune", "--data", str(digits_pretrained / "digits"), "--checkpoint", str(digits_pretrained / "run"),
-                 "--epochs", "3", "--freeze-epochs", "1", "--unfreeze", "last:1", "--lr", "1e-3", "--no-hflip",
-                 "--crop-scale", "0.7", "--device", "cpu", "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--data",
+                str(digits_pretrained / "digits"),
+                "--checkpoint",
+                str(digits_pretrained / "run"),
+                "--epochs",
+                "3",
+                "--freeze-epochs",
+                "1",
+                "--unfreeze",
+                "last:1",
+                "--lr",
+                "1e-3",
+                "--no-hflip",
+                "--crop-scale",
+                "0.7",
+                "--device",
+                "cpu",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     summary = json.loads((run / "summary.json").read_text())
     print("fine-tuned val acc", summary["best"]["val_acc"])
     assert summary["best"]["val_acc"] > 0.6, summary["best"]  # chance is 0.1
@@ -131,13 +193,47 @@ def test_kill_and_resume_is_bitwise_identical(data, tmp_path):
 
     The killed run is a real `python -m vitlab finetune` process; the uninterrupted reference runs
     in this process meanwhile (one intra-op thread in both, so the arithmetic is the same)."""
-    args = ["finetune", "--data", str(data / "small"), "--checkpoint", str(data / "init"),
-            "--epochs", "4", "--freeze-epochs", "1", "--unfreeze", "last:1", "--lr", "1e-3", "--batch-size", "8",
-            "--mixup", "0.8", "--cutmix", "1.0", "--smoothing", "0.1", "--ema", "0.99", "--drop-path", "0.1",
-            "--auto-augment", "rand", "--reprob", "0.25", "--no-hflip", "--device", "cpu"]
+    args = [
+        "finetune",
+        "--data",
+        str(data / "small"),
+        "--checkpoint",
+        str(data / "init"),
+        "--epochs",
+        "4",
+        "--freeze-epochs",
+        "1",
+        "--unfreeze",
+        "last:1",
+        "--lr",
+        "1e-3",
+        "--batch-size",
+        "8",
+        "--mixup",
+        "0.8",
+        "--cutmix",
+        "1.0",
+        "--smoothing",
+        "0.1",
+        "--ema",
+        "0.99",
+        "--drop-path",
+        "0.1",
+        "--auto-augment",
+        "rand",
+        "--reprob",
+        "0.25",
+        "--no-hflip",
+        "--device",
+        "cpu",
+    ]
     full, killed = tmp_path / "full", tmp_path / "killed"
-    victim = subprocess.Popen([sys.executable, "-m", "vitlab", *args, "--out", str(killed)], env=_env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    victim = subprocess.Popen(
+        [sys.executable, "-m", "vitlab", *args, "--out", str(killed)],
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
     def kill_after_epoch_2():
         deadline = time.time() + 180
@@ -175,8 +271,24 @@ def test_kill_and_resume_is_bitwise_identical(data, tmp_path):
 def test_resume_refuses_changed_options_or_data(data, tmp_path, capsys):
     write_digits_folder(tmp_path / "d", size=16, per_class=6)
     run = tmp_path / "run"
-    base = ["finetune", "--data", str(tmp_path / "d"), "--checkpoint", str(data / "init"), "--epochs", "2",
-            "--freeze-epochs", "0", "--batch-size", "32", "--no-aug", "--device", "cpu", "--out", str(run)]
+    base = [
+        "finetune",
+        "--data",
+        str(tmp_path / "d"),
+        "--checkpoint",
+        str(data / "init"),
+        "--epochs",
+        "2",
+        "--freeze-epochs",
+        "0",
+        "--batch-size",
+        "32",
+        "--no-aug",
+        "--device",
+        "cpu",
+        "--out",
+        str(run),
+    ]
     assert main(base) == 0
     assert main(base) == 2 and "already holds a run (last.json); resume it" in capsys.readouterr().err
     assert main(base + ["--resume", "--lr", "3e-4"]) == 2
@@ -195,8 +307,23 @@ def test_nan_loss_stops_with_a_diagnosis(data, tmp_path, capsys):
         model.pos_embed[..., ::2] = -3e38
     save_checkpoint(tmp_path / "bad", "bad", model, {"epoch": 0})
     run = tmp_path / "run"
-    code = main(["finetune", "--data", str(data / "small"), "--checkpoint", str(tmp_path / "bad"), "--epochs", "2",
-                 "--batch-size", "32", "--device", "cpu", "--out", str(run)])
+    code = main(
+        [
+            "finetune",
+            "--data",
+            str(data / "small"),
+            "--checkpoint",
+            str(tmp_path / "bad"),
+            "--epochs",
+            "2",
+            "--batch-size",
+            "32",
+            "--device",
+            "cpu",
+            "--out",
+            str(run),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 2
     assert "diagnosis: loss became non-finite" in out and "no checkpoint was written yet" in out
@@ -207,32 +334,64 @@ def test_nan_loss_stops_with_a_diagnosis(data, tmp_path, capsys):
 
 def _rows(train_loss, val_acc, train_acc=None):
     train_acc = train_acc or [0.5] * len(train_loss)
-    return [{"train_loss": a, "val_acc": b, "train_acc": c, "val_loss": 1.0}
-            for a, b, c in zip(train_loss, val_acc, train_acc)]
+    return [
+        {"train_loss": a, "val_acc": b, "train_acc": c, "val_loss": 1.0}
+        for a, b, c in zip(train_loss, val_acc, train_acc)
+    ]
 
 
 def test_diagnostics_fire_only_when_they_apply():
     good = _rows([2.0, 1.5, 1.0, 0.7, 0.5, 0.4], [0.3, 0.5, 0.6, 0.7, 0.75, 0.78], [0.3, 0.5, 0.6, 0.7, 0.8, 0.82])
     assert diagnostics.diagnose(good, warmup_epochs=1, num_classes=10) == []
     flat = _rows([2.30, 2.30, 2.29, 2.30, 2.30, 2.29], [0.1] * 6, [0.1] * 6)
-    assert [f.symptom for f in diagnostics.diagnose(flat, warmup_epochs=1, num_classes=10)] == \
-        ["training loss is not falling after warmup"]
+    assert [f.symptom for f in diagnostics.diagnose(flat, warmup_epochs=1, num_classes=10)] == [
+        "training loss is not falling after warmup"
+    ]
     wobble = _rows([2.0, 1.5, 1.0, 0.8, 0.7, 0.6, 0.5], [0.3, 0.6, 0.4, 0.7, 0.45, 0.7, 0.5], [0.5] * 7)
-    assert "validation accuracy oscillates" in [f.symptom for f in diagnostics.diagnose(wobble, warmup_epochs=1, num_classes=10)]
+    assert "validation accuracy oscillates" in [
+        f.symptom for f in diagnostics.diagnose(wobble, warmup_epochs=1, num_classes=10)
+    ]
     overfit = _rows([2.0, 1.0, 0.5, 0.2, 0.1], [0.4, 0.5, 0.55, 0.55, 0.55], [0.5, 0.7, 0.9, 0.97, 0.99])
-    assert [f.symptom for f in diagnostics.diagnose(overfit, warmup_epochs=1, num_classes=10)] == \
-        ["training accuracy is far above validation accuracy (overfitting)"]
+    assert [f.symptom for f in diagnostics.diagnose(overfit, warmup_epochs=1, num_classes=10)] == [
+        "training accuracy is far above validation accuracy (overfitting)"
+    ]
     assert diagnostics.tiny_from_scratch(1_000, "vit_mini") is not None
     assert diagnostics.tiny_from_scratch(1_000, "resnet_mini") is None
     assert diagnostics.tiny_from_scratch(50_000, "vit_mini") is None
-    assert "kept in runs/x/checkpoints/epoch_0003" in str(diagnostics.nan_loss(4, float("nan"), "runs/x/checkpoints/epoch_0003"))
+    assert "kept in runs/x/checkpoints/epoch_0003" in str(
+        diagnostics.nan_loss(4, float("nan"), "runs/x/checkpoints/epoch_0003")
+    )
 
 
 def test_train_command_trains_the_cnn_baseline_on_bundled_digits(tmp_path, capsys):
     run = tmp_path / "cnn"
-    assert main(["train", "--dataset", "digits", "--model", "resnet_mini", "--img-size", "16", "--epochs", "2",
-                 "--warmup-epochs", "0.5", "--lr", "3e-3", "--batch-size", "64", "--no-hflip", "--device", "cpu",
-                 "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--dataset",
+                "digits",
+                "--model",
+                "resnet_mini",
+                "--img-size",
+                "16",
+                "--epochs",
+                "2",
+                "--warmup-epochs",
+                "0.5",
+                "--lr",
+                "3e-3",
+                "--batch-size",
+                "64",
+                "--no-hflip",
+                "--device",
+                "cpu",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["model"] == "resnet_mini" and summary["images"] == {"train": 1438, "val": 359, "skipped": 0}
     # the recipe's init (jax, a small random head) is a ViT's: the CNN keeps its own, and says so
@@ -244,13 +403,20 @@ def test_train_command_trains_the_cnn_baseline_on_bundled_digits(tmp_path, capsy
 def test_flips_default_on_for_folders_and_fashion_and_off_for_digits_and_x():
     y = torch.tensor([0, 1, 0, 1])
     images = ImageTensors.from_float(torch.rand(4, 3, 16, 16), y)
-    scan = FolderScan(Path("t"), "in-memory", ["a", "b"], [(f"t:{i}", int(c)) for i, c in enumerate(y)],
-                      [(f"v:{i}", int(c)) for i, c in enumerate(y)])
+    scan = FolderScan(
+        Path("t"),
+        "in-memory",
+        ["a", "b"],
+        [(f"t:{i}", int(c)) for i, c in enumerate(y)],
+        [(f"v:{i}", int(c)) for i, c in enumerate(y)],
+    )
     model = create_model("vit_mini", num_classes=2, **TINY)
 
     def flips(dataset: str | None, **kw) -> bool:  # in a run that augments (a short one does not: docs/recipe.md)
         data = RunData(scan, images, images, dataset)
-        return make_loaders(data, model, RECIPES["finetune"].replace(augment=True, **kw), dist=DistInfo())[0].transform.hflip
+        return make_loaders(data, model, RECIPES["finetune"].replace(augment=True, **kw), dist=DistInfo())[
+            0
+        ].transform.hflip
 
     assert flips(None) and not flips(None, hflip=False)
     assert flips("fashion-mnist")
@@ -264,8 +430,19 @@ def _old_checkpoint(run: Path, model, kind: str, config: dict, pretrained_cfg: d
     folder.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps({"kind": kind, "config": config, "pretrained_cfg": pretrained_cfg}))
-    torch.save({"data_fingerprint": "0" * 16, "epoch": 1, "optimizer": {}, "scheduler": {}, "rng_cpu": [torch.get_rng_state()],
-                "history": [{"epoch": 1, "val_acc": 0.5}], "run_config": {"lr": 1e-3}, "world_size": 1}, folder / "state.pt")
+    torch.save(
+        {
+            "data_fingerprint": "0" * 16,
+            "epoch": 1,
+            "optimizer": {},
+            "scheduler": {},
+            "rng_cpu": [torch.get_rng_state()],
+            "history": [{"epoch": 1, "val_acc": 0.5}],
+            "run_config": {"lr": 1e-3},
+            "world_size": 1,
+        },
+        folder / "state.pt",
+    )
     (run / "last.json").write_text(json.dumps({"checkpoint": "checkpoints/epoch_0001", "epoch": 1}))
     (run / "best.json").write_text(json.dumps({"checkpoint": "checkpoints/epoch_0001", "epoch": 1, "val_acc": 0.5}))
     return run
@@ -276,13 +453,31 @@ def test_checkpoints_of_earlier_versions_predict_and_fine_tune_but_do_not_resume
     vit = create_model("vit_mini", num_classes=10, **TINY)
     torch.nn.init.normal_(vit.head.weight, std=0.5)
     labels = [str(i) for i in range(10)]
-    old_vit = _old_checkpoint(tmp_path / "old_vit", vit, "vit", vit.cfg.to_dict(), {
-        "input_size": [3, 16, 16], "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "crop_pct": 0.9,
-        "interpolation": "bicubic", "num_classes": 10, "label_names": labels, "source": "random init",
-        "architecture": "vit_mini"})
+    old_vit = _old_checkpoint(
+        tmp_path / "old_vit",
+        vit,
+        "vit",
+        vit.cfg.to_dict(),
+        {
+            "input_size": [3, 16, 16],
+            "mean": [0.5, 0.5, 0.5],
+            "std": [0.5, 0.5, 0.5],
+            "crop_pct": 0.9,
+            "interpolation": "bicubic",
+            "num_classes": 10,
+            "label_names": labels,
+            "source": "random init",
+            "architecture": "vit_mini",
+        },
+    )
     cnn = create_model("resnet_mini", num_classes=10)
-    old_cnn = _old_checkpoint(tmp_path / "old_cnn", cnn, "resnet_mini", {"num_classes": 10, "width": 16, "blocks": 1,
-                              "in_chans": 3}, {"input_size": [3, 32, 32], "num_classes": 10, "label_names": labels})
+    old_cnn = _old_checkpoint(
+        tmp_path / "old_cnn",
+        cnn,
+        "resnet_mini",
+        {"num_classes": 10, "width": 16, "blocks": 1, "in_chans": 3},
+        {"input_size": [3, 32, 32], "num_classes": 10, "label_names": labels},
+    )
     image = str(next((data / "small" / "val" / "3").iterdir()))
     for run in (old_vit, old_cnn):
         model = create_model(checkpoint=run)
@@ -293,10 +488,50 @@ def test_checkpoints_of_earlier_versions_predict_and_fine_tune_but_do_not_resume
             assert torch.equal(model(x), ref.eval()(x))
         assert main(["predict", image, "--checkpoint", str(run / "best.json"), "--topk", "2"]) == 0
         assert f"with weights {run / 'checkpoints' / 'epoch_0001'} (vitlab layout)" in capsys.readouterr().out
-        assert main(["finetune", "--data", str(data / "small"), "--checkpoint", str(run), "--epochs", "1", "--freeze-epochs",
-                     "0", "--batch-size", "32", "--no-aug", "--device", "cpu", "--out", str(tmp_path / f"ft_{run.name}")]) == 0
-        assert main(["finetune", "--data", str(data / "small"), "--checkpoint", str(run), "--epochs", "1", "--resume", "--freeze-epochs", "0",
-                     "--device", "cpu", "--out", str(run)]) == 2
+        assert (
+            main(
+                [
+                    "finetune",
+                    "--data",
+                    str(data / "small"),
+                    "--checkpoint",
+                    str(run),
+                    "--epochs",
+                    "1",
+                    "--freeze-epochs",
+                    "0",
+                    "--batch-size",
+                    "32",
+                    "--no-aug",
+                    "--device",
+                    "cpu",
+                    "--out",
+                    str(tmp_path / f"ft_{run.name}"),
+                ]
+            )
+            == 0
+        )
+        assert (
+            main(
+                [
+                    "finetune",
+                    "--data",
+                    str(data / "small"),
+                    "--checkpoint",
+                    str(run),
+                    "--epochs",
+                    "1",
+                    "--resume",
+                    "--freeze-epochs",
+                    "0",
+                    "--device",
+                    "cpu",
+                    "--out",
+                    str(run),
+                ]
+            )
+            == 2
+        )
         err = capsys.readouterr().err
         assert "was written by an earlier vitlab (state version 1" in err and "cannot be resumed" in err, err
     assert main(["attention", image, "--checkpoint", str(old_vit), "--out", str(tmp_path / "attn")]) == 0

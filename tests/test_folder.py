@@ -89,14 +89,17 @@ def _error_line(capsys, argv) -> str:
     return err[-1]
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("empty", "the folder is empty"),
-    ("one_class", "at least 2 class sub-folders; found only 'cats'"),
-    ("class_all_corrupt", "no readable image"),
-    ("loose_images", "image file(s) directly in the folder but no class sub-folders"),
-    ("train_without_val", "but no"),
-    ("missing", "no such folder"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("empty", "the folder is empty"),
+        ("one_class", "at least 2 class sub-folders; found only 'cats'"),
+        ("class_all_corrupt", "no readable image"),
+        ("loose_images", "image file(s) directly in the folder but no class sub-folders"),
+        ("train_without_val", "but no"),
+        ("missing", "no such folder"),
+    ],
+)
 def test_bad_folders_give_one_clear_line_and_exit_2(tmp_path, capsys, case, expected):
     root = tmp_path / "data"
     root.mkdir()
@@ -147,7 +150,9 @@ def test_mixup_cutmix_targets_are_distributions():
             torch.testing.assert_close(t.sum(1), torch.ones(16))
             assert (t >= 0).all()
             partner = y.roll(1)  # v2.MixUp/CutMix pair each image with the previous one in the batch
-            support = (t > 0) & ~torch.nn.functional.one_hot(y, 5).bool() & ~torch.nn.functional.one_hot(partner, 5).bool()
+            support = (
+                (t > 0) & ~torch.nn.functional.one_hot(y, 5).bool() & ~torch.nn.functional.one_hot(partner, 5).bool()
+            )
             assert not support.any()
     mixed = mix_transform(num_classes=5, mixup=0.8)(x, y)[1]
     assert (mixed.max(1).values < 1).any()  # really mixed, not one-hot
@@ -159,8 +164,10 @@ def test_horizontal_flip_can_be_switched_off():
     arr[:, :2] = 255  # bright left edge: a flip moves it right
     im = Image.fromarray(arr)
     torch.manual_seed(0)
+
     def left_bright(tf):
         return [bool(out[:, :, 0].mean() > out[:, :, -1].mean()) for out in (tf(im) for _ in range(20))]
+
     full = dict(size=8, scale=(1.0, 1.0), ratio=(1.0, 1.0))  # the crop keeps the whole image
     assert all(left_bright(train_transform(hflip=False, **full)))
     assert not all(left_bright(train_transform(hflip=True, **full)))
@@ -177,8 +184,26 @@ def test_a_class_missing_from_val_is_reported_as_no_accuracy(tmp_path):
     for c in ("a", "b"):
         _png(tmp_path / "data" / "val" / c / "0.png")
     run = tmp_path / "run"
-    assert main(["train", "--data", str(tmp_path / "data"), "--model", "vit_mini", "--img-size", "16", "--epochs", "1",
-                 "--device", "cpu", "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(tmp_path / "data"),
+                "--model",
+                "vit_mini",
+                "--img-size",
+                "16",
+                "--epochs",
+                "1",
+                "--device",
+                "cpu",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["per_class_accuracy"]["c"] is None and summary["per_class_accuracy"]["a"] is not None
     assert (run / "per_class_accuracy.csv").read_text().splitlines()[3] == "c,,0"

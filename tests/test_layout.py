@@ -33,7 +33,12 @@ def _imports(tree: ast.AST) -> list[tuple[str, bool]]:
         nonlocal found
         for child in ast.iter_child_nodes(node):
             inner = nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            if isinstance(child, ast.ImportFrom) and child.module and not child.level and child.module.startswith("vitlab"):
+            if (
+                isinstance(child, ast.ImportFrom)
+                and child.module
+                and not child.level
+                and child.module.startswith("vitlab")
+            ):
                 found += [(f"{child.module}.{a.name}", inner) for a in child.names] + [(child.module, inner)]
             elif isinstance(child, ast.Import):
                 found += [(a.name, inner) for a in child.names if a.name.startswith("vitlab")]
@@ -63,7 +68,7 @@ def test_no_import_cycle_and_no_function_local_import_of_a_vitlab_module():
     def walk(node, path, done):
         for nxt in edges[node]:
             if nxt in path:
-                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+                cycles.append(" -> ".join(path[path.index(nxt) :] + [nxt]))
             elif nxt not in done:
                 done.add(nxt)
                 walk(nxt, path + [nxt], done)
@@ -77,8 +82,13 @@ def test_no_import_cycle_and_no_function_local_import_of_a_vitlab_module():
 # The layers of docs/architecture.md, bottom first: a module may import its own layer and the layers below.
 LAYERS = [
     ("vitlab.errors", "vitlab.fileio", "vitlab.runtime"),
-    ("vitlab.models.vit", "vitlab.models.cnn", "vitlab.models.registry", "vitlab.models.pretrained_cfg",
-     "vitlab.models.size"),
+    (
+        "vitlab.models.vit",
+        "vitlab.models.cnn",
+        "vitlab.models.registry",
+        "vitlab.models.pretrained_cfg",
+        "vitlab.models.size",
+    ),
     ("vitlab.weights",),
     ("vitlab.models.factory", "vitlab.models"),
     ("vitlab.data",),
@@ -94,8 +104,15 @@ LAYERS = [
 
 def _layer(module: str) -> int:
     """The layer of `module`: that of the longest prefix named in LAYERS."""
-    best = max(((len(prefix), i) for i, layer in enumerate(LAYERS) for prefix in layer
-                if module == prefix or module.startswith(prefix + ".")), default=None)
+    best = max(
+        (
+            (len(prefix), i)
+            for i, layer in enumerate(LAYERS)
+            for prefix in layer
+            if module == prefix or module.startswith(prefix + ".")
+        ),
+        default=None,
+    )
     assert best is not None, f"{module} is in no layer of LAYERS: add it where docs/architecture.md puts it"
     return best[1]
 
@@ -149,7 +166,7 @@ def test_the_same_source_mistakes_get_the_same_messages(command, capsys, tmp_pat
     code = main([command, *args])  # no model at all
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
-    assert (("give the weights with --pretrained" if rule == "required" else NO_MODEL) in err), err
+    assert ("give the weights with --pretrained" if rule == "required" else NO_MODEL) in err, err
     missing = tmp_path / "no_run"
     assert main([command, *args, "--model", "vit_mini", "--checkpoint", str(missing)]) == 2
     assert capsys.readouterr().err.startswith(f"error: --checkpoint {missing} does not exist")
@@ -166,17 +183,48 @@ def test_commands_work_with_relative_paths_home_and_a_symlinked_folder(tmp_path,
     Path("link").symlink_to("digits", target_is_directory=True)
     small = ["--img-size", "16", "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--no-hflip"]
     assert main(["train", "--data", "link", "--model", "vit_mini", *small, "--out", "runs/scratch"]) == 0
-    assert main(["finetune", "--data", "digits", "--checkpoint", "runs/scratch", "--freeze-epochs", "0", *small,
-                 "--out", "~/runs/ft"]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--data",
+                "digits",
+                "--checkpoint",
+                "runs/scratch",
+                "--freeze-epochs",
+                "0",
+                *small,
+                "--out",
+                "~/runs/ft",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "home" / "runs" / "ft" / "best.json").is_file()
-    assert main(["train", "--data", "link", "--out", "runs/x"]) == 2 and NO_MODEL in capsys.readouterr().err  # `~` is the user's home, not a folder named ~
+    assert (
+        main(["train", "--data", "link", "--out", "runs/x"]) == 2 and NO_MODEL in capsys.readouterr().err
+    )  # `~` is the user's home, not a folder named ~
     summary = json.loads((tmp_path / "home/runs/ft/summary.json").read_text())
     assert summary["images"]["train"] == 80 and summary["data"] == str(tmp_path / "digits")
     image = next(Path("link/val/3").iterdir())
     assert main(["predict", str(image), "--checkpoint", "~/runs/ft/best.json", "--topk", "2"]) == 0
     assert main(["attention", str(image), "--checkpoint", "~/runs/ft", "--out", "out/attn"]) == 0
-    assert main(["inspect", "--checkpoint", "runs/scratch/last.json", "--images", "link/val/3", "--max-images", "2",
-                 "--out", "out/inspect"]) == 0
+    assert (
+        main(
+            [
+                "inspect",
+                "--checkpoint",
+                "runs/scratch/last.json",
+                "--images",
+                "link/val/3",
+                "--max-images",
+                "2",
+                "--out",
+                "out/inspect",
+            ]
+        )
+        == 0
+    )
     assert main(["export", "--checkpoint", "runs/scratch", "--out", "out/model.safetensors"]) == 0
     assert main(["data", "scan", "link"]) == 0
     out = capsys.readouterr().out

@@ -16,7 +16,14 @@ from vitlab import create_model
 from vitlab.data.datasets import RunData, load_data, make_loaders
 from vitlab.data.digits import write_digits_folder
 from vitlab.data.folder import FolderScan
-from vitlab.data.memory import BatchTransform, ImageTensors, MemoryLoader, _apply_auto_augment, _draw_auto_augment, random_boxes
+from vitlab.data.memory import (
+    BatchTransform,
+    ImageTensors,
+    MemoryLoader,
+    _apply_auto_augment,
+    _draw_auto_augment,
+    random_boxes,
+)
 from vitlab.data.preprocess import eval_transform
 from vitlab.train.distributed import DistInfo
 from vitlab.train.recipe import Recipe
@@ -49,8 +56,19 @@ def _augmented(loader: MemoryLoader, epoch: int) -> dict[int, torch.Tensor]:
 def test_an_images_augmentation_depends_on_the_seed_epoch_and_image_alone():
     g = torch.Generator().manual_seed(1)
     data = ImageTensors(torch.randint(0, 256, (24, 1, 20, 20), dtype=torch.uint8, generator=g), torch.arange(24))
-    tf = BatchTransform(size=(16, 16), mean=[0.5], std=[0.5], channels=3, augment=True, source_size=(20, 20),
-                        crop_scale=0.35, hflip=True, color_jitter=0.3, auto_augment="rand", re_prob=0.5)
+    tf = BatchTransform(
+        size=(16, 16),
+        mean=[0.5],
+        std=[0.5],
+        channels=3,
+        augment=True,
+        source_size=(20, 20),
+        crop_scale=0.35,
+        hflip=True,
+        color_jitter=0.3,
+        auto_augment="rand",
+        re_prob=0.5,
+    )
 
     def loader(batch_size, replicas=1, rank=0):
         return MemoryLoader(data, tf, batch_size=batch_size, shuffle=True, seed=7, num_replicas=replicas, rank=rank)
@@ -73,12 +91,20 @@ def test_an_images_augmentation_depends_on_the_seed_epoch_and_image_alone():
 def test_grouped_randaugment_equals_one_image_at_a_time():
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8, generator=g)
-    for aug in (v2.RandAugment(num_ops=2, magnitude=9, interpolation=v2.InterpolationMode.BILINEAR),
-                v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BILINEAR)):
+    for aug in (
+        v2.RandAugment(num_ops=2, magnitude=9, interpolation=v2.InterpolationMode.BILINEAR),
+        v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BILINEAR),
+    ):
         p = _draw_auto_augment(aug, len(x), g)
         batched = _apply_auto_augment(aug, x, p["auto_op"], p["auto_bin"], p["auto_neg"])
-        single = torch.cat([_apply_auto_augment(aug, x[i : i + 1], p["auto_op"][i : i + 1], p["auto_bin"][i : i + 1],
-                                                p["auto_neg"][i : i + 1]) for i in range(len(x))])
+        single = torch.cat(
+            [
+                _apply_auto_augment(
+                    aug, x[i : i + 1], p["auto_op"][i : i + 1], p["auto_bin"][i : i + 1], p["auto_neg"][i : i + 1]
+                )
+                for i in range(len(x))
+            ]
+        )
         assert torch.equal(batched, single) and not torch.equal(batched, x)
         assert len(set(p["auto_op"].flatten().tolist())) == len(aug._AUGMENTATION_SPACE)  # every op drawn
 
@@ -114,7 +140,9 @@ def test_in_memory_data_feeds_a_grey_model_and_an_rgb_model():
     scan_rows = [(f"t:{i}", int(c)) for i, c in enumerate(grey.labels)]
     data = RunData(FolderScan(Path("t"), "in-memory", ["a", "b"], scan_rows, scan_rows), grey, grey, "x")
     for chans in (1, 3):
-        model = create_model("vit_mini", num_classes=2, img_size=28, in_chans=chans, dim=32, depth=1, heads=2, mlp_dim=32)
+        model = create_model(
+            "vit_mini", num_classes=2, img_size=28, in_chans=chans, dim=32, depth=1, heads=2, mlp_dim=32
+        )
         model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=1.0)
         _, val = make_loaders(data, model, Recipe(batch_size=4, augment=False), dist=DistInfo())
         x = torch.cat([b for b, _ in val])

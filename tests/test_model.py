@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from vitlab import VitlabError, ViTConfig, VisionTransformer, count_parameters, create_model, model_names
+from vitlab import VisionTransformer, ViTConfig, VitlabError, count_parameters, create_model, model_names
 from vitlab.models.registry import VARIANTS
 
 timm = pytest.importorskip("timm")
@@ -65,12 +65,26 @@ def test_zero_initialised_head():
 
 
 def test_model_names_cover_the_issue():
-    for name in ["vit_tiny_patch16_224", "vit_small_patch32_224", "vit_base_patch16_384", "vit_huge_patch14_224",
-                 "vit_large_patch32_224", "vit_mini_x", "resnet_mini"]:
+    for name in [
+        "vit_tiny_patch16_224",
+        "vit_small_patch32_224",
+        "vit_base_patch16_384",
+        "vit_huge_patch14_224",
+        "vit_large_patch32_224",
+        "vit_mini_x",
+        "resnet_mini",
+    ]:
         assert name in model_names()
     mini = VARIANTS["vit_mini_x"].config  # the mini experiment (vitlab demo)
     assert (mini.img_size, mini.patch_size, mini.dim, mini.heads, mini.depth, mini.hidden_dim, mini.num_classes) == (
-        (32, 32), 4, 32, 4, 2, 64, 2)
+        (32, 32),
+        4,
+        32,
+        4,
+        2,
+        64,
+        2,
+    )
 
 
 # --- the two attention paths ---------------------------------------------------------------------------

@@ -18,10 +18,10 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from vitlab.cli import main
-from vitlab.errors import VitlabError
-from vitlab.data.preprocess import eval_transform, open_image
 from vitlab import PretrainedCfg, create_model
+from vitlab.cli import main
+from vitlab.data.preprocess import eval_transform, open_image
+from vitlab.errors import VitlabError
 from vitlab.weights import PREPROCESSING
 
 timm = pytest.importorskip("timm")
@@ -109,7 +109,7 @@ def test_modes_are_converted_to_rgb_by_meaning(tmp_path):
     assert out.shape == (32, 48, 3) and (out == np.asarray(gray)[..., None]).all()
 
     # 16-bit grayscale: values are scaled (x / 257), not clipped at 255
-    deep = (np.asarray(gray).astype(np.uint16) * 257)
+    deep = np.asarray(gray).astype(np.uint16) * 257
     Image.fromarray(deep).save(tmp_path / "deep.png")
     assert Image.open(tmp_path / "deep.png").mode.startswith("I")
     out = np.asarray(open_image(tmp_path / "deep.png"))[..., 0].astype(int)
@@ -182,8 +182,13 @@ def bad_files(tmp_path) -> dict[str, Path]:
 
 
 def test_bad_files_raise_errors_naming_the_file(bad_files):
-    expected = {"empty": "empty", "text": "not an image", "truncated": "truncated", "corrupt": "corrupt",
-                "bomb": "decompression bomb"}
+    expected = {
+        "empty": "empty",
+        "text": "not an image",
+        "truncated": "truncated",
+        "corrupt": "corrupt",
+        "bomb": "decompression bomb",
+    }
     for kind, path in bad_files.items():
         with pytest.raises(VitlabError) as err:
             open_image(path)
@@ -202,8 +207,21 @@ def test_predict_matches_timm_end_to_end_and_reports_bad_files(timm_dir, bad_fil
     Image.fromarray(skimage_data.camera()).save(tmp_path / "camera.png")  # grayscale
     good = [tmp_path / "cat.jpg", tmp_path / "camera.png"]
     args = [str(p) for p in good] + [str(p) for p in bad_files.values()]
-    rc = main(["predict", *args, "--model", "vit_tiny_patch16_224", "--pretrained", str(folder), "--json", "--topk", "3",
-               "--device", "cpu"])
+    rc = main(
+        [
+            "predict",
+            *args,
+            "--model",
+            "vit_tiny_patch16_224",
+            "--pretrained",
+            str(folder),
+            "--json",
+            "--topk",
+            "3",
+            "--device",
+            "cpu",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 2  # some files failed
     doc = json.loads(out)
@@ -212,7 +230,9 @@ def test_predict_matches_timm_end_to_end_and_reports_bad_files(timm_dir, bad_fil
     for path in bad_files.values():
         assert "error" in results[path.name]
     error_lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(error_lines) == len(bad_files) and all(any(str(p) in line for line in error_lines) for p in bad_files.values())
+    assert len(error_lines) == len(bad_files) and all(
+        any(str(p) in line for line in error_lines) for p in bad_files.values()
+    )
     # the good images: the same top-3 as timm with timm's own preprocessing
     transform = create_transform(**resolve_data_config(model=ref))
     for path in good:
@@ -230,8 +250,20 @@ def test_predict_matches_timm_end_to_end_and_reports_bad_files(timm_dir, bad_fil
 def test_predict_text_output_bf16_and_img_size(timm_dir, tmp_path, capsys, chelsea):
     folder, _ = timm_dir
     chelsea.save(tmp_path / "cat.png")
-    rc = main(["predict", str(tmp_path / "cat.png"), "--pretrained", str(folder), "--precision", "bf16",
-               "--img-size", "384", "--device", "cpu"])  # --model taken from config.json's architecture
+    rc = main(
+        [
+            "predict",
+            str(tmp_path / "cat.png"),
+            "--pretrained",
+            str(folder),
+            "--precision",
+            "bf16",
+            "--img-size",
+            "384",
+            "--device",
+            "cpu",
+        ]
+    )  # --model taken from config.json's architecture
     out, err = capsys.readouterr()
     assert rc == 0
     header, *lines = out.strip().splitlines()

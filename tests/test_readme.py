@@ -42,10 +42,21 @@ def blocks() -> list[dict]:
         while j < len(lines) and not lines[j].startswith("```"):
             j += 1
         marker = MARKER.search(lines[i - 1]) if i > 0 else None
-        attrs = dict((k, v1 or v2) for k, v1, v2 in re.findall(r'(\w+)=(?:"([^"]*)"|(\S+))', marker.group(2))) if marker else {}
-        out.append({"lang": fence.group(1), "body": lines[i + 1 : j], "line": i + 1,
-                    "mode": marker.group(1) if marker else None, "attrs": attrs,
-                    "reason": marker.group(2).strip() if marker else ""})
+        attrs = (
+            dict((k, v1 or v2) for k, v1, v2 in re.findall(r'(\w+)=(?:"([^"]*)"|(\S+))', marker.group(2)))
+            if marker
+            else {}
+        )
+        out.append(
+            {
+                "lang": fence.group(1),
+                "body": lines[i + 1 : j],
+                "line": i + 1,
+                "mode": marker.group(1) if marker else None,
+                "attrs": attrs,
+                "reason": marker.group(2).strip() if marker else "",
+            }
+        )
         i = j + 1
     return out
 
@@ -109,16 +120,23 @@ def test_readme_block_runs(block, folders, tmp_path):
     cwd = folders[after] if after else tmp_path
     if "id" in block["attrs"]:
         folders[block["attrs"]["id"]] = cwd
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "HF_HUB_OFFLINE": "1",
+    }
     if block["lang"] == "python":
         script = cwd / "readme_snippet.py"
         script.write_text("\n".join(block["body"]) + "\n")
-        done = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=TIME_LIMIT)
+        done = subprocess.run(
+            [sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIME_LIMIT
+        )
         assert done.returncode == 0, f"README line {block['line']}: {done.stderr[-2000:]}"
         return
     cmds = commands(block)
     assert cmds, f"README line {block['line']}: a runnable block without commands"
     for cmd in cmds:
         done = subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIME_LIMIT)
-        assert done.returncode == 0, f"README line {block['line']}: `{cmd}` failed ({done.returncode}):\n{done.stderr[-2000:]}"
+        assert done.returncode == 0, (
+            f"README line {block['line']}: `{cmd}` failed ({done.returncode}):\n{done.stderr[-2000:]}"
+        )

@@ -13,9 +13,10 @@ from PIL import Image
 
 from vitlab import create_model
 from vitlab.cli import main
-from vitlab.experiments.reproduce.runs import recipe as reproduce_recipe, run_spec
+from vitlab.experiments.reproduce.runs import recipe as reproduce_recipe
+from vitlab.experiments.reproduce.runs import run_spec
 from vitlab.models.vit import VisionTransformer
-from vitlab.train import RECIPES, Recipe, TensorLoader, fit
+from vitlab.train import RECIPES, TensorLoader, fit
 from vitlab.train.recipe import AUG_MIN_EPOCHS, auto_crop_scale, in_force, schedule
 
 STEPS_PER_EPOCH = (1, 2, 7, 8, 63, 1875)
@@ -52,15 +53,16 @@ def test_the_optimiser_warms_up_for_the_steps_the_schedule_says(one_thread):
     y = torch.arange(40) % 2
     train = TensorLoader(x, y, batch_size=4, shuffle=True)  # 10 steps per epoch
     recipe = RECIPES["scratch"].replace(epochs=3)
-    history = fit(create_model("vit_mini_x"), train, TensorLoader(x, y, batch_size=40), recipe, device="cpu",
-                  fast_path="off")
+    history = fit(
+        create_model("vit_mini_x"), train, TensorLoader(x, y, batch_size=40), recipe, device="cpu", fast_path="off"
+    )
     lrs = history.lr_steps[1]
     (stage,) = schedule(recipe, 10)
     assert len(lrs) == stage.steps == 30 and stage.warmup_steps == 3
     peak = max(range(len(lrs)), key=lrs.__getitem__)
     assert peak == stage.warmup_steps - 1 and lrs[peak] == pytest.approx(recipe.lr)
-    assert all(a < b for a, b in zip(lrs[:peak], lrs[1:peak + 1]))
-    assert all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1:])) and lrs[-1] < 0.01 * recipe.lr
+    assert all(a < b for a, b in zip(lrs[:peak], lrs[1 : peak + 1]))
+    assert all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1 :])) and lrs[-1] < 0.01 * recipe.lr
 
 
 def test_augmentation_is_off_in_short_runs_unless_asked_and_crops_are_milder_for_small_images():
@@ -68,7 +70,13 @@ def test_augmentation_is_off_in_short_runs_unless_asked_and_crops_are_milder_for
     assert scratch.augment is None and scratch.crop_scale is None
     assert not scratch.replace(epochs=AUG_MIN_EPOCHS - 1).resolve(img_size=32).augment
     assert scratch.replace(epochs=AUG_MIN_EPOCHS).resolve(img_size=32).augment
-    for asked in (dict(crop_scale=0.5), dict(hflip=True), dict(auto_augment="rand"), dict(reprob=0.25), dict(augment=True)):
+    for asked in (
+        dict(crop_scale=0.5),
+        dict(hflip=True),
+        dict(auto_augment="rand"),
+        dict(reprob=0.25),
+        dict(augment=True),
+    ):
         assert scratch.replace(epochs=2, **asked).resolve(img_size=32).augment, asked  # an asked option wins
     assert not scratch.replace(epochs=50, augment=False).resolve(img_size=32).augment
     sides = [8, 28, 32, 48, 64, 96, 128, 224, 384]
@@ -103,31 +111,78 @@ def test_the_jax_initialisation_has_the_release_scales_and_the_default_is_unchan
 
 def _printed(out: str) -> dict:
     """The numbers of the recipe block a run prints."""
-    recipe = re.search(r"^recipe: AdamW lr ([\d.e-]+), weight decay ([\d.e-]+), batch (\d+), gradient clipping ([\d.]+)",
-                       out, re.M)
+    recipe = re.search(
+        r"^recipe: AdamW lr ([\d.e-]+), weight decay ([\d.e-]+), batch (\d+), gradient clipping ([\d.]+)", out, re.M
+    )
     sched = re.search(r"^  schedule: (\d+) steps \((\d+) epochs x (\d+)\): (.*)$", out, re.M)
-    stages = [(int(w), int(d)) for w, d in re.findall(r"(\d+) warmup steps, then cosine to 0 over (\d+)", sched.group(4))]
-    return {"lr": float(recipe.group(1)), "weight_decay": float(recipe.group(2)), "batch": int(recipe.group(3)),
-            "clip_grad": float(recipe.group(4)), "steps": int(sched.group(1)), "epochs": int(sched.group(2)),
-            "steps_per_epoch": int(sched.group(3)), "stages": stages,
-            "init": re.search(r"^  init: (.*)$", out, re.M).group(1),
-            "augmentation": re.search(r"^  augmentation: (.*)$", out, re.M).group(1),
-            "regularisation": re.search(r"^  regularisation: (.*)$", out, re.M).group(1)}
+    stages = [
+        (int(w), int(d)) for w, d in re.findall(r"(\d+) warmup steps, then cosine to 0 over (\d+)", sched.group(4))
+    ]
+    return {
+        "lr": float(recipe.group(1)),
+        "weight_decay": float(recipe.group(2)),
+        "batch": int(recipe.group(3)),
+        "clip_grad": float(recipe.group(4)),
+        "steps": int(sched.group(1)),
+        "epochs": int(sched.group(2)),
+        "steps_per_epoch": int(sched.group(3)),
+        "stages": stages,
+        "init": re.search(r"^  init: (.*)$", out, re.M).group(1),
+        "augmentation": re.search(r"^  augmentation: (.*)$", out, re.M).group(1),
+        "regularisation": re.search(r"^  regularisation: (.*)$", out, re.M).group(1),
+    }
 
 
-@pytest.mark.parametrize("command, extra", [
-    ("train", []),
-    ("finetune", ["--freeze-epochs", "1", "--lr", "1e-3"]),  # two stages, each with its own warmup
-])
-def test_the_printed_recipe_is_what_summary_json_records_and_what_the_optimiser_did(one_thread, tmp_path, capsys,
-                                                                                   command, extra):
+@pytest.mark.parametrize(
+    "command, extra",
+    [
+        ("train", []),
+        ("finetune", ["--freeze-epochs", "1", "--lr", "1e-3"]),  # two stages, each with its own warmup
+    ],
+)
+def test_the_printed_recipe_is_what_summary_json_records_and_what_the_optimiser_did(
+    one_thread, tmp_path, capsys, command, extra
+):
     out = tmp_path / "run"
-    assert main([command, "--dataset", "x", "--model", "vit_mini_x", "--train-size", "320", "--epochs", "3",
-                 "--batch-size", "16", "--device", "cpu", "--fast-path", "off", "--out", str(out), *extra]) == 0
+    assert (
+        main(
+            [
+                command,
+                "--dataset",
+                "x",
+                "--model",
+                "vit_mini_x",
+                "--train-size",
+                "320",
+                "--epochs",
+                "3",
+                "--batch-size",
+                "16",
+                "--device",
+                "cpu",
+                "--fast-path",
+                "off",
+                "--out",
+                str(out),
+                *extra,
+            ]
+        )
+        == 0
+    )
     printed = _printed(capsys.readouterr().out)
     recorded = json.loads((out / "summary.json").read_text())["recipe"]
-    for key in ("lr", "weight_decay", "batch", "clip_grad", "steps", "epochs", "steps_per_epoch", "init", "augmentation",
-                "regularisation"):
+    for key in (
+        "lr",
+        "weight_decay",
+        "batch",
+        "clip_grad",
+        "steps",
+        "epochs",
+        "steps_per_epoch",
+        "init",
+        "augmentation",
+        "regularisation",
+    ):
         assert printed[key] == recorded[key], key
     assert printed["stages"] == [(s["warmup_steps"], s["decay_steps"]) for s in recorded["stages"]]
     assert printed["steps_per_epoch"] == 20 and printed["augmentation"] == "none"  # 3 epochs: too short to augment
@@ -144,15 +199,45 @@ def test_the_printed_recipe_is_what_summary_json_records_and_what_the_optimiser_
         i = next((j for j in range(len(printed["stages"])) if k < bounds[j + 1]), len(printed["stages"]) - 1)
         warm, decay = printed["stages"][i]
         local = k - bounds[i]
-        f = (local + 1) / warm if local < warm else 0.5 * (1 + math.cos(math.pi * min(1.0, (local - warm) / max(1, decay))))
+        f = (
+            (local + 1) / warm
+            if local < warm
+            else 0.5 * (1 + math.cos(math.pi * min(1.0, (local - warm) / max(1, decay))))
+        )
         expected.append(printed["lr"] * f)
     assert lrs == pytest.approx(expected, abs=1e-12)
 
 
 def test_a_flag_that_contradicts_the_run_length_gets_a_one_line_note(one_thread, tmp_path, capsys):
-    assert main(["train", "--dataset", "x", "--model", "vit_mini_x", "--train-size", "64", "--epochs", "1",
-                 "--batch-size", "32", "--warmup-epochs", "5", "--crop-scale", "0.5", "--no-aug", "--device", "cpu",
-                 "--fast-path", "off", "--out", str(tmp_path / "run")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--dataset",
+                "x",
+                "--model",
+                "vit_mini_x",
+                "--train-size",
+                "64",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "32",
+                "--warmup-epochs",
+                "5",
+                "--crop-scale",
+                "0.5",
+                "--no-aug",
+                "--device",
+                "cpu",
+                "--fast-path",
+                "off",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert notes == [
         "note: --warmup-epochs 5 covers the 1-epoch run (10 warmup steps of 2): the learning rate rises to the end "
@@ -160,8 +245,10 @@ def test_a_flag_that_contradicts_the_run_length_gets_a_one_line_note(one_thread,
         "note: --crop-scale has no effect: augmentation is off (--no-aug)",
     ]
     record = in_force(RECIPES["scratch"].replace(epochs=3, ema=0.999), img_size=32, flips=True, steps_per_epoch=63)
-    assert record["notes"] == ["--ema 0.999 averages over about 1,000 steps, more than the run's 189: the averaged "
-                               "weights stay close to the initial ones"]
+    assert record["notes"] == [
+        "--ema 0.999 averages over about 1,000 steps, more than the run's 189: the averaged "
+        "weights stay close to the initial ones"
+    ]
     assert in_force(RECIPES["scratch"], img_size=32, flips=True, steps_per_epoch=63)["notes"] == []
 
 
@@ -175,8 +262,28 @@ def test_a_model_from_random_weights_is_evaluated_on_the_whole_image(one_thread,
             for i in range(n):
                 Image.new("L", (28, 28), 60 if c == "a" else 200).save(root / part / c / f"{i}.png")
     out = tmp_path / "run"
-    assert main(["train", "--data", str(root), "--model", "vit_mini", "--epochs", "1", "--batch-size", "4",
-                 "--device", "cpu", "--fast-path", "off", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(root),
+                "--model",
+                "vit_mini",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "4",
+                "--device",
+                "cpu",
+                "--fast-path",
+                "off",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     model = create_model(checkpoint=str(out))
     assert isinstance(model, VisionTransformer) and model.pretrained_cfg.crop_pct == 1.0
 
@@ -191,12 +298,25 @@ def test_the_demo_and_reproduce_train_the_model_as_built_with_their_own_schedule
     x, y = torch.randn(16, 3, 32, 32), torch.arange(16) % 2
     recipe = RECIPES["scratch"].replace(epochs=1, lr=1e-9)  # init "jax", head_init 0.02: not fit's to apply
     assert (recipe.init, recipe.head_init) == ("jax", 0.02)
-    fit(model, TensorLoader(x, y, batch_size=8), TensorLoader(x, y, batch_size=16), recipe, device="cpu", fast_path="off")
+    fit(
+        model,
+        TensorLoader(x, y, batch_size=8),
+        TensorLoader(x, y, batch_size=16),
+        recipe,
+        device="cpu",
+        fast_path="off",
+    )
     after = model.state_dict()
     assert torch.count_nonzero(before["head.weight"]) == 0 and after["head.weight"].abs().max() < 1e-6  # still ~zero
     assert max((after[k] - before[k]).abs().max().item() for k in before) < 1e-6  # two steps of lr 1e-9, no re-init
-    spec = run_spec({"name": "fashion-mnist", "n_train": 1000}, "vit_mini", epochs=7, lr=1e-3, warmup_epochs=1.5,
-                    aug={"crop_scale": 0.8, "hflip": True})
+    spec = run_spec(
+        {"name": "fashion-mnist", "n_train": 1000},
+        "vit_mini",
+        epochs=7,
+        lr=1e-3,
+        warmup_epochs=1.5,
+        aug={"crop_scale": 0.8, "hflip": True},
+    )
     rec = reproduce_recipe(spec)
     assert rec.warmup_epochs == 1.5 and rec.augment is True
     assert [(s.steps, s.warmup_steps) for s in schedule(rec, 16)] == [(112, 24)]  # round(1.5 x 16), as before

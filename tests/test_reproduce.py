@@ -12,13 +12,12 @@ import pytest
 import torch
 
 from vitlab.cli import main
-from vitlab.experiments.reproduce.claims.shared import FASHION_VIT
 from vitlab.experiments.reproduce import (
     EXPERIMENTS,
     INCONCLUSIVE,
-    Scale,
     NOT_REPRODUCED,
     REPRODUCED,
+    Scale,
     at_least,
     close,
     combine,
@@ -26,6 +25,7 @@ from vitlab.experiments.reproduce import (
     near,
     pe_structure,
 )
+from vitlab.experiments.reproduce.claims.shared import FASHION_VIT
 
 # ----------------------------------------------------------------------------------------------------
 # Verdict rules on hand-made numbers
@@ -67,8 +67,12 @@ def test_pe_structure_separates_2d_from_1d_embeddings():
     vertical, far = pe_structure(pe @ pe.T, g)
     assert vertical - far > 0.1  # a 2-D embedding: vertical neighbours alike, far positions not
     idx = torch.arange(64.0)[:, None]  # a 1-D embedding of the raster index: vertical neighbours are 8 apart
-    pe1 = torch.nn.functional.normalize(torch.cat([torch.sin(idx / 4 ** (k / 8)) for k in range(8)] +
-                                                  [torch.cos(idx / 4 ** (k / 8)) for k in range(8)], dim=1), dim=-1)
+    pe1 = torch.nn.functional.normalize(
+        torch.cat(
+            [torch.sin(idx / 4 ** (k / 8)) for k in range(8)] + [torch.cos(idx / 4 ** (k / 8)) for k in range(8)], dim=1
+        ),
+        dim=-1,
+    )
     v1, f1 = pe_structure(pe1 @ pe1.T, g)
     assert (vertical - far) > (v1 - f1)
 
@@ -89,9 +93,13 @@ def test_claims_reuse_the_data_scale_runs_and_each_comparison_has_one_budget():
     assert {s.seed for s in plans["data_scale"]} == {0, 1, 2}
     # the hybrid's conv stem downsamples by powers of 2: its ViT arm is the shared ViT only at such a patch size
     P = FASHION_VIT["patch_size"]
-    for name in ("pos_embed", "cls_vs_gap", "patch_size", "attention", "recipe") + (("hybrid",) if P & (P - 1) == 0 else ()):
+    for name in ("pos_embed", "cls_vs_gap", "patch_size", "attention", "recipe") + (
+        ("hybrid",) if P & (P - 1) == 0 else ()
+    ):
         e = next(e for e in EXPERIMENTS if e.name == name)  # claim 3's: in the sweep the search chooses its lrs from
-        assert grid & {s.key for s in (e.search_plan or e.plan)(scale)}, f"{name}'s baseline arm is not a data-scale run"
+        assert grid & {s.key for s in (e.search_plan or e.plan)(scale)}, (
+            f"{name}'s baseline arm is not a data-scale run"
+        )
         budgets = {}
         for s in _fashion_runs(plans[name]):
             budgets.setdefault((s.n_train, s.model), set()).add((s.batch_size, s.weight_decay))
@@ -140,7 +148,9 @@ def test_quick_report_has_every_claim_with_a_verdict(quick_report):
     assert set(verdicts) == {e.name for e in EXPERIMENTS}
     assert verdicts["x_pos_embed"] == REPRODUCED  # dataset X >= 95%, and chance without position embedding
     claim1 = md.split("## 1. ")[1].split("\n## ")[0]  # its budget against twice it, per arm
-    assert "**Budget.**" in claim1 and re.search(r"\| position embedding learned \| 2,000 \| \d+ \| 100\.00 \| 100\.00 \| \+0\.00 \| yes \|", claim1)
+    assert "**Budget.**" in claim1 and re.search(
+        r"\| position embedding learned \| 2,000 \| \d+ \| 100\.00 \| 100\.00 \| \+0\.00 \| yes \|", claim1
+    )
     for e in EXPERIMENTS:  # an inconclusive verdict says why
         section = md.split(f"## {e.number}. {e.title}")[1].split("\n## ")[0]
         if f"**Verdict: {INCONCLUSIVE}.**" in section:
@@ -186,6 +196,7 @@ def test_the_command_line_scale_is_default_unless_asked(monkeypatch, tmp_path):
 
 def test_the_estimate_by_claim_counts_each_run_once_in_the_first_claim_that_plans_it():
     from vitlab.experiments.reproduce.runner import _all_runs, claim_costs
+
     scale = Scale("default", (0, 1, 2))
     runs = _all_runs([s for e in EXPERIMENTS for s in e.plan(scale)])
     costs = {s.key: float(s.steps * s.batch_size) for s in runs}  # any price per run
@@ -200,6 +211,7 @@ def test_the_estimate_by_claim_counts_each_run_once_in_the_first_claim_that_plan
 def test_claim6_chooses_each_arms_lr_on_held_out_digits_never_on_the_verdicts(tmp_path):
     from vitlab.experiments.reproduce.claims import claim6_pretrain as claim6
     from vitlab.experiments.reproduce.runs import DIGITS_HELD_OUT, dataset
+
     scale = Scale("default", (0, 1, 2))
     train, verdict, _ = dataset(tuple(sorted(claim6._digits_data(scale).items())), 1)
     train2, held, _ = dataset(tuple(sorted(claim6._digits_data(scale, held_out=True).items())), 1)
@@ -215,6 +227,7 @@ def test_claim6_chooses_each_arms_lr_on_held_out_digits_never_on_the_verdicts(tm
 
         def acc(self, specs):
             return [self[s]["val_acc"] for s in specs]
+
     o = claim6.EXPERIMENT.analyze(scale, Fake(), tmp_path)
     chosen = [r[:2] for r in o.rows if r[-1] == "chosen (held out)"]
     assert chosen == [["fine-tuned", "0.0003"], ["from scratch", "0.0003"]]

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from vitlab.cli import main
-from vitlab.experiments.reproduce import EXPERIMENTS, Outcome, Scale
+from vitlab.data.fashion_mnist import load_fashion_mnist
+from vitlab.experiments.reproduce import EXPERIMENTS, Outcome, Scale, runner
 from vitlab.experiments.reproduce.claims import shared
 from vitlab.experiments.reproduce.claims.base import convergence_row
-from vitlab.experiments.reproduce import runner
 from vitlab.experiments.reproduce.runner import _budget_evidence, budget_rows
 from vitlab.experiments.reproduce.runs import HELD_OUT, build_model, dataset, search_split
 from vitlab.experiments.reproduce.search import (
@@ -36,7 +36,6 @@ from vitlab.experiments.reproduce.search import (
     search_data,
 )
 from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, REPRODUCED, Verdict
-from vitlab.data.fashion_mnist import load_fashion_mnist
 
 VIT, CNN = shared.VIT, shared.CNN
 
@@ -72,7 +71,9 @@ def test_the_search_split_holds_out_training_images_and_never_a_test_image(fashi
     x_train, y_train = load_fashion_mnist(train=True)
     x_test, _ = load_fashion_mnist(train=False)
     assert k == 10 and len(train) == 300 and len(val) == 200
-    assert torch.equal(val.images.reshape(200, -1), x_train[held[:200]].reshape(200, -1))  # the held-out training images
+    assert torch.equal(
+        val.images.reshape(200, -1), x_train[held[:200]].reshape(200, -1)
+    )  # the held-out training images
     test_rows = {bytes(x.reshape(-1).numpy()) for x in x_test}
     assert not any(bytes(x.reshape(-1).numpy()) in test_rows for x in val.images)  # no test image validates the search
     held_rows = {bytes(x.reshape(-1).numpy()) for x in x_train[held]}
@@ -80,14 +81,19 @@ def test_the_search_split_holds_out_training_images_and_never_a_test_image(fashi
 
 
 def test_recipe_stage_keeps_the_best_held_out_accuracy_and_the_current_value_on_a_tie():
-    plan = SearchPlan(100, 2, (("lr", (1e-3, 2e-3, 4e-3), (VIT, CNN)), ("weight_decay", (0.05, 0.15), (VIT,))), (100,), 2, 8, 50)
+    plan = SearchPlan(
+        100, 2, (("lr", (1e-3, 2e-3, 4e-3), (VIT, CNN)), ("weight_decay", (0.05, 0.15), (VIT,))), (100,), 2, 8, 50
+    )
     # the ViT peaks at lr 4e-3, the CNN at 1e-3; weight decay changes nothing (a tie: the current value stays)
     search, cache = _search(lambda s: 0.8 - abs(math.log2(s.lr / (4e-3 if s.model == VIT else 1e-3))) / 100, plan)
     recipe, stages = search.recipe()
     assert recipe[VIT]["lr"] == 4e-3 and recipe[CNN]["lr"] == 1e-3
     assert recipe[VIT]["weight_decay"] == START[VIT]["weight_decay"] == 0.05
-    assert [(s["knob"], s["model"], s["chosen"]) for s in stages] == [("lr", VIT, 4e-3), ("lr", CNN, 1e-3),
-                                                                       ("weight_decay", VIT, 0.05)]
+    assert [(s["knob"], s["model"], s["chosen"]) for s in stages] == [
+        ("lr", VIT, 4e-3),
+        ("lr", CNN, 1e-3),
+        ("weight_decay", VIT, 0.05),
+    ]
     assert all(dict(s.data)["split"] == "search" and s.n_train == 100 and s.epochs == 2 for s in cache.trained)
     assert len(cache.trained) == 3 + 3 + 1  # the weight decay stage's current value is the lr stage's run: cached
 
@@ -100,8 +106,18 @@ def test_the_cnn_takes_the_vits_batch_size_and_its_own_accuracies_are_still_show
     assert recipe[VIT]["batch_size"] == recipe[CNN]["batch_size"] == 64
     assert stages[0]["chosen"] == 64 and "rule" not in stages[0]
     assert stages[1]["chosen"] == 64 and stages[1]["rule"] == "the ViT's" and stages[1]["acc"] == [0.8, 0.81]
-    record = {"held_out": 50, "search_n": 100, "recipe_epochs": 2, "tolerance": 0.01, "stages": stages,
-              "recipe": recipe, "budgets": {}, "made_by": "t", "runs": 4, "train_cpu_s": 1.0}
+    record = {
+        "held_out": 50,
+        "search_n": 100,
+        "recipe_epochs": 2,
+        "tolerance": 0.01,
+        "stages": stages,
+        "recipe": recipe,
+        "budgets": {},
+        "made_by": "t",
+        "runs": 4,
+        "train_cpu_s": 1.0,
+    }
     assert "| batch_size | CNN | 128 | 64: 80.00, 128: 81.00 | **64** (the ViT's) |" in render(record)
 
 
@@ -116,8 +132,18 @@ def test_budget_stage_doubles_until_doubling_moves_no_model_by_a_point():
     search, _ = _search(lambda s: 0.9 - 500 / s.steps, SearchPlan(100, 2, (), (1000,), 100, 800, 50))
     b = search.budgets(code_recipe())[1000]
     assert b["steps"] == 400 and not b["converged"]  # stopped at the plan's most, and says so
-    record = {"held_out": 50, "search_n": 100, "recipe_epochs": 2, "tolerance": 0.01, "stages": [], "recipe": {},
-              "budgets": {"1000": b}, "made_by": "t", "runs": 3, "train_cpu_s": 1.0}
+    record = {
+        "held_out": 50,
+        "search_n": 100,
+        "recipe_epochs": 2,
+        "tolerance": 0.01,
+        "stages": [],
+        "recipe": {},
+        "budgets": {"1000": b},
+        "made_by": "t",
+        "runs": 3,
+        "train_cpu_s": 1.0,
+    }
     assert "| 1,000 | 400 | 800 |" in render(record) and "**not converged** (the search stopped here)" in render(record)
 
 
@@ -126,21 +152,34 @@ def test_convergence_rows_and_the_reason_an_inconclusive_verdict_gives():
     assert not convergence_row("ViT", 1000, 800, [0.80, 0.82], [0.83, 0.82])["converged"]  # +1.5 points
     e = EXPERIMENTS[1]
     scale = Scale("default", (0, 1, 2))
-    for rows, reason in (([convergence_row("a", 1000, 8, [0.8], [0.805])], "smaller than the spread between seeds"),
-                         ([convergence_row("a", 1000, 8, [0.8], [0.9])], "not every arm's budget has converged (a)"),
-                         ([], "no convergence table")):
+    for rows, reason in (
+        ([convergence_row("a", 1000, 8, [0.8], [0.805])], "smaller than the spread between seeds"),
+        ([convergence_row("a", 1000, 8, [0.8], [0.9])], "not every arm's budget has converged (a)"),
+        ([], "no convergence table"),
+    ):
         o = Outcome(setup="", header=[], rows=[], verdict=Verdict(INCONCLUSIVE, "d = 1.0 +- 2.0"), convergence=rows)
         _budget_evidence(e, o, scale, None)
         assert o.verdict.detail.startswith("d = 1.0 +- 2.0. Inconclusive because") and reason in o.verdict.detail
-    o = Outcome(setup="", header=[], rows=[], verdict=Verdict(REPRODUCED, "d = 5"),
-                convergence=[convergence_row("a", 1000, 8, [0.8], [0.805])])
+    o = Outcome(
+        setup="",
+        header=[],
+        rows=[],
+        verdict=Verdict(REPRODUCED, "d = 5"),
+        convergence=[convergence_row("a", 1000, 8, [0.8], [0.805])],
+    )
     _budget_evidence(e, o, scale, None)
     assert o.verdict == Verdict(REPRODUCED, "d = 5")  # a decided verdict on converged budgets needs no reason
-    o = Outcome(setup="", header=[], rows=[], verdict=Verdict(REPRODUCED, "d = 5"),
-                convergence=[convergence_row("a", 1000, 8, [0.8], [0.9])])
+    o = Outcome(
+        setup="",
+        header=[],
+        rows=[],
+        verdict=Verdict(REPRODUCED, "d = 5"),
+        convergence=[convergence_row("a", 1000, 8, [0.8], [0.9])],
+    )
     _budget_evidence(e, o, scale, None)
     assert o.verdict.status == REPRODUCED and o.verdict.detail == (
-        "d = 5. Not every arm's budget has converged (a: Budget table): a longer budget may change this verdict")
+        "d = 5. Not every arm's budget has converged (a: Budget table): a longer budget may change this verdict"
+    )
 
 
 def test_each_comparison_has_one_step_budget_and_the_budgets_are_the_codes():
@@ -167,14 +206,18 @@ def test_the_code_holds_the_committed_searchs_choice():
     # the recipe, claim 9's regularisation, the budgets and claim 3's learning rates in code are the search's
     assert code_holds(record) == []
     # the stage doubled every budget an arm still moved at, up to its most steps, and says where it stopped
-    assert record["convergence"] and all((r["outcome"] == "budget") == (not r["late"]) for r in record["convergence_rounds"])
+    assert record["convergence"] and all(
+        (r["outcome"] == "budget") == (not r["late"]) for r in record["convergence_rounds"]
+    )
     last = {(r["n_train"], r["model"]): r for r in record["convergence_rounds"]}  # each budget's last round
     late = {a for r in last.values() for a in r["late"]}
     assert all(r["converged"] or r["arm"] in late for rs in record["convergence"].values() for r in rs)
     assert code_holds({**record, "pooling": {**record["pooling"], "chosen": {"cls": 0.5, "mean": 0.5}}}) == [
-        "claim 3's learning rates (POOL_LR)"]
+        "claim 3's learning rates (POOL_LR)"
+    ]
     assert code_holds({**record, "convergence_budgets": {**record["convergence_budgets"], "1000": 1}}) == [
-        "the budgets (STEPS)"]
+        "the budgets (STEPS)"
+    ]
     md = render(record)
     assert "held out" in md and "| knob | model |" in md and f"{record['runs']} runs" in md
     page = Path(__file__).parents[1] / "docs" / "reproduce" / "search.md"
@@ -221,15 +264,34 @@ def test_tune_quick_end_to_end(tmp_path, fashion, one_thread, capsys):
 
 
 def test_claim5_takes_the_budget_stages_rows_where_the_code_holds_its_budget():
-    record = {"tolerance": 0.01, "budgets": {
-        "1000": {"steps": 625, "converged": True, "rows": [{"steps": 625, "acc": {"ViT": [0.70, 0.705], "CNN": [0.80, 0.80]}}]},
-        "4000": {"steps": 1250, "converged": True, "rows": [{"steps": 1250, "acc": {"ViT": [0.8, 0.8], "CNN": [0.8, 0.8]}}]}}}
+    record = {
+        "tolerance": 0.01,
+        "budgets": {
+            "1000": {
+                "steps": 625,
+                "converged": True,
+                "rows": [{"steps": 625, "acc": {"ViT": [0.70, 0.705], "CNN": [0.80, 0.80]}}],
+            },
+            "4000": {
+                "steps": 1250,
+                "converged": True,
+                "rows": [{"steps": 1250, "acc": {"ViT": [0.8, 0.8], "CNN": [0.8, 0.8]}}],
+            },
+        },
+    }
     rows = budget_rows(record, {1000: 625, 4000: 2500, 60_000: 5000})  # 4,000's budget in code is not the search's
-    assert [(r["arm"], r["n_train"], r["steps"], r["converged"]) for r in rows] == [("ViT", 1000, 625, True),
-                                                                                     ("CNN", 1000, 625, True)]
+    assert [(r["arm"], r["n_train"], r["steps"], r["converged"]) for r in rows] == [
+        ("ViT", 1000, 625, True),
+        ("CNN", 1000, 625, True),
+    ]
     # the search's 50,000 training images are the code's 60,000; a budget that did not converge says so
-    full = {"50000": {"steps": 5000, "converged": False, "rows": [{"steps": 5000, "acc": {"ViT": [0.85, 0.87],
-                                                                                           "CNN": [0.91, 0.912]}}]}}
+    full = {
+        "50000": {
+            "steps": 5000,
+            "converged": False,
+            "rows": [{"steps": 5000, "acc": {"ViT": [0.85, 0.87], "CNN": [0.91, 0.912]}}],
+        }
+    }
     rows = budget_rows({**record, "budgets": full}, {1000: 625, 4000: 2500, 60_000: 5000})
     assert [(r["arm"], r["n_train"], r["converged"]) for r in rows] == [("ViT", 60_000, False), ("CNN", 60_000, True)]
     data_scale = next(e for e in EXPERIMENTS if e.name == "data_scale")
@@ -254,6 +316,7 @@ def test_claim9s_regularisation_is_chosen_on_the_vit_held_out_and_each_models_bu
         # with a regulariser the ViT gains 1 point per 10 steps up to 80 steps (20 -> 40 and 40 -> 80 move it 2 and 4
         # points), the CNN 0.1 point per 10 steps (converged from the first doubling)
         return 0.7 + (strength[name] + min(s.steps, 80) / (1e3 if s.model == VIT else 1e4) if name else 0.0)
+
     search, cache = _search(acc, plan)
     reg = search.regularisation(code_recipe())
     assert reg["chosen"] == "mixing only" and reg["n"] == 640 and reg["steps"] == 20
@@ -270,8 +333,19 @@ def test_claim9s_regularisation_is_chosen_on_the_vit_held_out_and_each_models_bu
     search, _ = _search(acc, dataclasses.replace(plan, max_steps=80))
     reg = search.regularisation(code_recipe())
     assert reg["budget"] == {"ViT": 40, "CNN": 20} and reg["converged"] == {"ViT": False, "CNN": True}
-    record = {"held_out": 50, "search_n": 100, "recipe_epochs": 2, "tolerance": 0.01, "stages": [], "recipe": {},
-              "budgets": {}, "made_by": "t", "runs": 3, "train_cpu_s": 1.0, "regularisation": reg}
+    record = {
+        "held_out": 50,
+        "search_n": 100,
+        "recipe_epochs": 2,
+        "tolerance": 0.01,
+        "stages": [],
+        "recipe": {},
+        "budgets": {},
+        "made_by": "t",
+        "runs": 3,
+        "train_cpu_s": 1.0,
+        "regularisation": reg,
+    }
     md = render(record)
     assert "| ViT | 40 | 80 | 77.00 -> 81.00 (+4.00) | **not converged** (the search stopped here) |" in md
     assert "| CNN | 20 | 40 | 73.20 -> 73.40 (+0.20) | **budget** |" in md
@@ -284,15 +358,31 @@ def test_claim9_takes_the_regularisation_stages_rows_where_the_code_holds_its_ch
     recipe_claim = next(e for e in EXPERIMENTS if e.name == "recipe")
     n = 4000
     budget = code_regularised_budgets()[n]  # {"ViT": steps, "CNN": steps}
-    rows = {m: [{"steps": b // 2, "acc": [0.79, 0.81]}, {"steps": b, "acc": [0.81, 0.815] if m == "ViT" else [0.853, 0.864]}]
-            for m, b in budget.items()}
-    reg = {"n": n, "steps": 2500, "plain": 0.8, "values": list(shared.REGULARISATIONS), "acc": [0.79, 0.8, 0.81],
-           "chosen": shared.REGULARISATION, "budget": budget, "converged": {"ViT": True, "CNN": False}, "rows": rows}
+    rows = {
+        m: [
+            {"steps": b // 2, "acc": [0.79, 0.81]},
+            {"steps": b, "acc": [0.81, 0.815] if m == "ViT" else [0.853, 0.864]},
+        ]
+        for m, b in budget.items()
+    }
+    reg = {
+        "n": n,
+        "steps": 2500,
+        "plain": 0.8,
+        "values": list(shared.REGULARISATIONS),
+        "acc": [0.79, 0.8, 0.81],
+        "chosen": shared.REGULARISATION,
+        "budget": budget,
+        "converged": {"ViT": True, "CNN": False},
+        "rows": rows,
+    }
     record = {"tolerance": 0.01, "regularisation": reg, "budgets": {}}
     o = Outcome(setup="", header=[], rows=[], verdict=Verdict(INCONCLUSIVE, "d"))
     _budget_evidence(recipe_claim, o, Scale("default", (0, 1, 2)), record)
     assert [(r["arm"], r["n_train"], r["steps"], r["converged"]) for r in o.convergence] == [
-        ("ViT + recipe", n, budget["ViT"], True), ("CNN + recipe", n, budget["CNN"], False)]
+        ("ViT + recipe", n, budget["ViT"], True),
+        ("CNN + recipe", n, budget["CNN"], False),
+    ]
     assert not o.convergence_complete and "not every arm's budget has converged (CNN + recipe)" in o.verdict.detail
     for other in ({**reg, "chosen": "something else"}, {**reg, "budget": {m: b // 2 for m, b in budget.items()}}):
         o = Outcome(setup="", header=[], rows=[], verdict=Verdict(REPRODUCED, "d"))
@@ -322,6 +412,7 @@ def test_the_convergence_stage_doubles_a_sizes_budget_until_no_arm_moves_and_cho
     5,000 steps and nothing after; claim 9's ViT with the recipe at 60,000 gains up to 20,000 steps; GAP is best at the
     largest learning rate and the class token at the smallest: the stage doubles the 1,000-image budget once, claim
     9's ViT at 60,000 once, and chooses the learning rates at the budgets found."""
+
     def acc(s):
         ov, a = dict(s.overrides), 0.8
         if ov.get("pos_embed") == "none":
@@ -333,6 +424,7 @@ def test_the_convergence_stage_doubles_a_sizes_budget_until_no_arm_moves_and_cho
         elif s.model == VIT and s.n_train == 1000 and set(ov) <= {"patch_size", "depth"}:  # the class token
             a -= 0.001 * s.lr / 1e-3
         return a
+
     search, cache = _search(acc, dataclasses.replace(PLANS["default"], raise_to=20_000))
     budgets = {1000: {"steps": 2500}, 4000: {"steps": 2500}, 50_000: {"steps": 10_000}}
     reg = {"n": 4000, "budget": {"ViT": 10_000, "CNN": 2500}}
@@ -340,17 +432,32 @@ def test_the_convergence_stage_doubles_a_sizes_budget_until_no_arm_moves_and_cho
     assert conv["budgets"] == {1000: 5000, 4000: 2500, 60_000: 10_000}
     assert conv["own_budgets"] == {4000: {"ViT": 10_000, "CNN": 2500}, 60_000: {"ViT": 20_000, "CNN": 10_000}}
     moved = [(r["n_train"], r["model"], r["budget"], r["late"]) for r in conv["rounds"] if r["late"]]
-    assert moved == [(1000, None, 2500, ["ViT, pos_embed none"]), (60_000, "ViT", 10_000, ["ViT, + regularisation recipe"])]
+    assert moved == [
+        (1000, None, 2500, ["ViT, pos_embed none"]),
+        (60_000, "ViT", 10_000, ["ViT, + regularisation recipe"]),
+    ]
     assert all(r["converged"] for rs in conv["claims"].values() for r in rs)  # every row at its size's budget found
     assert {r["budget"] for r in conv["claims"]["pos_embed"]} == {5000}
     assert len(conv["claims"]["cls_vs_gap"]) == 6  # claim 3's whole sweep, not only its plan's two arms
     assert conv["pooling"]["chosen"] == {"cls": 1e-3, "mean": 4e-3} and conv["pooling"]["budget"] == 5000
     assert all(dict(s.data)["split"] == "search" and s.seed == 0 for s in cache.trained)
-    record = {"held_out": 50, "search_n": 100, "recipe_epochs": 2, "tolerance": 0.01, "stages": [], "recipe": {},
-              "budgets": {}, "made_by": "t", "runs": 3, "train_cpu_s": 1.0, "convergence": conv["claims"],
-              "convergence_budgets": {str(n): b for n, b in conv["budgets"].items()},
-              "convergence_own_budgets": {str(n): b for n, b in conv["own_budgets"].items()},
-              "convergence_rounds": conv["rounds"], "pooling": conv["pooling"]}
+    record = {
+        "held_out": 50,
+        "search_n": 100,
+        "recipe_epochs": 2,
+        "tolerance": 0.01,
+        "stages": [],
+        "recipe": {},
+        "budgets": {},
+        "made_by": "t",
+        "runs": 3,
+        "train_cpu_s": 1.0,
+        "convergence": conv["claims"],
+        "convergence_budgets": {str(n): b for n, b in conv["budgets"].items()},
+        "convergence_own_budgets": {str(n): b for n, b in conv["own_budgets"].items()},
+        "convergence_rounds": conv["rounds"],
+        "pooling": conv["pooling"],
+    }
     md = render(record)
     assert "| 1,000 | the shared budget's 14 | 2,500 | 5,000 | 2.50 | ViT, pos_embed none | doubled |" in md
     assert "| 1,000 | the shared budget's 14 | 5,000 | 10,000 | 0.00 | none | **budget** |" in md
@@ -365,6 +472,7 @@ def test_the_convergence_stage_doubles_a_sizes_budget_until_no_arm_moves_and_cho
 
 def test_claim3_trains_each_pooling_at_the_searchs_learning_rate_and_the_search_the_whole_sweep():
     from vitlab.experiments.reproduce.claims.claim3_cls_vs_gap import POOL_LR, sweep
+
     claim3 = next(e for e in EXPERIMENTS if e.name == "cls_vs_gap")
     scale = Scale("default", (0, 1, 2))
     plan = claim3.plan(scale)

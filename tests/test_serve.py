@@ -74,10 +74,12 @@ def test_the_top5_has_the_numbers_of_vitlab_predict(store, mini, images, capsys)
         assert page["file"] == Path(ref["file"]).name
         assert [p["label"] for p in page["predictions"]] == [p["label"] for p in ref["predictions"]]
         # The command packs the Linear weights for oneDNN (~1e-6); what the page shows is identical.
-        np.testing.assert_allclose([p["prob"] for p in page["predictions"]], [p["prob"] for p in ref["predictions"]],
-                                   atol=1e-5)
-        assert [look.format_prob(p["prob"]) for p in page["predictions"]] == \
-               [f"{p['prob']:.2%}" for p in ref["predictions"]]
+        np.testing.assert_allclose(
+            [p["prob"] for p in page["predictions"]], [p["prob"] for p in ref["predictions"]], atol=1e-5
+        )
+        assert [look.format_prob(p["prob"]) for p in page["predictions"]] == [
+            f"{p['prob']:.2%}" for p in ref["predictions"]
+        ]
     html = look.topk_html(ours[0])
     assert html.count('class="vl-row"') == 5 and look.format_prob(ours[0]["predictions"][0]["prob"]) in html
 
@@ -99,15 +101,19 @@ def test_the_top5_moves_to_a_readied_copy_after_warm_up_and_the_attention_keeps_
     assert off.path == Plan(source="--fast-path off").describe()
     for a, b in zip(look.predict(fast, images), look.predict(off, images)):
         assert [p["index"] for p in a["predictions"]] == [p["index"] for p in b["predictions"]]
-        np.testing.assert_allclose([p["prob"] for p in a["predictions"]], [p["prob"] for p in b["predictions"]],
-                                   atol=1e-5)
+        np.testing.assert_allclose(
+            [p["prob"] for p in a["predictions"]], [p["prob"] for p in b["predictions"]], atol=1e-5
+        )
 
 
-@pytest.mark.parametrize("flags", [
-    dict(method="cls", layer=1, head="2", alpha=0.3, upsample="nearest"),
-    dict(method="cls", layer="last", head="max", alpha=0.6, upsample="bilinear"),
-    dict(method="rollout", layer=2, head="min", start_layer=1, discard_ratio=0.2, alpha=0.5, upsample="bilinear"),
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(method="cls", layer=1, head="2", alpha=0.3, upsample="nearest"),
+        dict(method="cls", layer="last", head="max", alpha=0.6, upsample="bilinear"),
+        dict(method="rollout", layer=2, head="min", start_layer=1, discard_ratio=0.2, alpha=0.5, upsample="bilinear"),
+    ],
+)
 def test_the_overlay_is_the_picture_vitlab_attention_writes(store, mini, images, tmp_path, flags):
     loaded = store.load(ModelSource(checkpoint=str(mini)))
     ours = look.attention_overlay(loaded, images[1], **flags)
@@ -132,8 +138,22 @@ def test_figure7_is_the_one_vitlab_inspect_draws(store, mini, images, tmp_path, 
     loaded = store.load(ModelSource(checkpoint=str(mini)))
     summary = look.figure7(loaded, sorted(images), tmp_path / "page")
     folder = images[0].parent
-    assert main(["inspect", "--checkpoint", str(mini), "--images", str(folder), "--out", str(tmp_path / "cli"),
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "inspect",
+                "--checkpoint",
+                str(mini),
+                "--images",
+                str(folder),
+                "--out",
+                str(tmp_path / "cli"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     for name in ("fig7a_patch_embedding_pcs.csv", "fig7c_mean_attention_distance.csv"):
         assert (tmp_path / "page" / name).read_text() == (tmp_path / "cli" / name).read_text()
@@ -144,8 +164,22 @@ def test_the_token_norm_map_is_the_one_vitlab_inspect_draws(store, mini, images,
     loaded = store.load(ModelSource(checkpoint=str(mini)))
     norms = look.token_norms(loaded, sorted(images), tmp_path / "page")  # the Inside tab's call, as for Figure 7
     folder = images[0].parent
-    assert main(["inspect", "--checkpoint", str(mini), "--images", str(folder), "--out", str(tmp_path / "cli"),
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "inspect",
+                "--checkpoint",
+                str(mini),
+                "--images",
+                str(folder),
+                "--out",
+                str(tmp_path / "cli"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     page, cli = (np.asarray(Image.open(tmp_path / side / "token_norms.png")) for side in ("page", "cli"))
     assert page.shape == cli.shape and np.array_equal(page, cli)
@@ -215,8 +249,12 @@ def test_bad_uploads_get_the_command_lines_words_naming_the_file(store, mini, im
     _bomb_png(upload / "bomb.png")
     names = ["notes.png", "cut.jpg", "empty.jpg", "bomb.png"]
     results = look.predict(store.load(ModelSource(checkpoint=str(mini))), [upload / n for n in names] + [images[0]])
-    words = ["notes.png: not an image file PIL can read", "cut.jpg: corrupt or truncated image",
-             "empty.jpg: the file is empty", "bomb.png: refused as a possible decompression bomb"]
+    words = [
+        "notes.png: not an image file PIL can read",
+        "cut.jpg: corrupt or truncated image",
+        "empty.jpg: the file is empty",
+        "bomb.png: refused as a possible decompression bomb",
+    ]
     for r, expected in zip(results, words):
         assert r["error"].startswith(expected) and str(upload) not in r["error"], r
     assert "predictions" in results[-1]  # the good image after them is still predicted
@@ -232,8 +270,17 @@ def _fake_run(folder: Path, model, *, summary: bool) -> Path:
     header = "epoch,stage,lr,train_loss,train_acc,val_loss,val_acc,time_s\n"
     (folder / "metrics.csv").write_text(header + "1,1,0.001,2.3,0.1,2.2,0.2,0.5\n2,1,0.0005,2.0,0.3,1.9,0.5,0.5\n")
     if summary:
-        (folder / "summary.json").write_text(json.dumps({"model": "vit_mini", "data": "digits", "images": {
-            "train": 80, "val": 20}, "best": {"epoch": 2, "val_acc": 0.5, "val_loss": 1.9}, "time_s": 3.0}))
+        (folder / "summary.json").write_text(
+            json.dumps(
+                {
+                    "model": "vit_mini",
+                    "data": "digits",
+                    "images": {"train": 80, "val": 20},
+                    "best": {"epoch": 2, "val_acc": 0.5, "val_loss": 1.9},
+                    "time_s": 3.0,
+                }
+            )
+        )
         (folder / "per_class_accuracy.csv").write_text("class,accuracy,val_images\n0,0.500000,2\n1,,0\n")
     return folder
 
@@ -250,8 +297,10 @@ def test_runs_and_reports_found_under_a_folder(tmp_path):
     found = find_runs(root)
     assert found == [root / "demo" / "pos_learned", root / "digits"]
     assert find_runs(tmp_path / "nothing_here") == []
-    assert [s.label for s in run_sources(found, cwd=tmp_path)] == ["--checkpoint runs/demo/pos_learned",
-                                                                  "--checkpoint runs/digits"]
+    assert [s.label for s in run_sources(found, cwd=tmp_path)] == [
+        "--checkpoint runs/demo/pos_learned",
+        "--checkpoint runs/digits",
+    ]
     demo, digits = runs.list_runs(root)
     assert (demo.name, digits.name) == ("demo/pos_learned", "digits")
     text = runs.run_markdown(digits)

@@ -42,14 +42,17 @@ def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     mini = serve_page.random_vit(tmp / "mini", "vit_mini")
     # The server starts (seconds: Gradio's import) while a run is trained here; the Runs tab finds it.
-    server = serve_page.Server(["--checkpoint", str(mini), "--runs", str(tmp / "runs"), "--max-upload-mb", "1"], cwd=tmp)
+    server = serve_page.Server(
+        ["--checkpoint", str(mini), "--runs", str(tmp / "runs"), "--max-upload-mb", "1"], cwd=tmp
+    )
     driver = None
     try:
         (run,) = serve_page.digits_runs(tmp, epochs=1, per_class=8)
         shutil.copytree(ROOT / "docs" / "reproduce", tmp / "runs" / "reproduce")
         driver = serve_page.chromium(tmp / "profile")
-        yield SimpleNamespace(server=server, driver=driver, mini=mini, run=run, tmp=tmp,
-                              page=serve_page.Page(driver, server.url))
+        yield SimpleNamespace(
+            server=server, driver=driver, mini=mini, run=run, tmp=tmp, page=serve_page.Page(driver, server.url)
+        )
     finally:
         if driver is not None:
             driver.quit()
@@ -69,7 +72,9 @@ def test_upload_shows_the_top5_of_vitlab_predict(served, capsys):
     shown = page.topk(image.name)
     assert main(["predict", str(image), "--checkpoint", str(served.mini), "--json", "--device", "cpu"]) == 0
     (cli,) = json.loads(capsys.readouterr().out)["results"]
-    assert shown == [(f"{p['rank']}. {p['label']} (class {p['index']})", f"{p['prob']:.2%}") for p in cli["predictions"]]
+    assert shown == [
+        (f"{p['rank']}. {p['label']} (class {p['index']})", f"{p['prob']:.2%}") for p in cli["predictions"]
+    ]
 
 
 def test_the_layer_slider_redraws_the_overlay_as_vitlab_attention_does(served, tmp_path):
@@ -84,8 +89,23 @@ def test_the_layer_slider_redraws_the_overlay_as_vitlab_attention_does(served, t
     assert "layer 0" in page.settled("#caption-cls")
     for layer, src in (("last", last), ("0", first)):
         out = tmp_path / layer
-        assert main(["attention", str(image), "--checkpoint", str(served.mini), "--layer", layer, "--out", str(out),
-                     "--device", "cpu"]) == 0
+        assert (
+            main(
+                [
+                    "attention",
+                    str(image),
+                    "--checkpoint",
+                    str(served.mini),
+                    "--layer",
+                    layer,
+                    "--out",
+                    str(out),
+                    "--device",
+                    "cpu",
+                ]
+            )
+            == 0
+        )
         cli = np.asarray(Image.open(out / f"{image.stem}_cls_overlay.png").convert("RGB"))
         assert np.array_equal(_pixels(src), cli), f"layer {layer}: the page's overlay is not vitlab attention's"
     assert not np.array_equal(_pixels(last), _pixels(first))
@@ -97,8 +117,10 @@ def test_broken_files_get_a_message_and_the_server_goes_on(served, tmp_path):
     (tmp_path / "cut.png").write_bytes(good.read_bytes()[:100])
     (tmp_path / "huge.png").write_bytes(os.urandom(1_300_000))  # over --max-upload-mb 1
     page = served.page
-    for name, words in (("cut.png", "cut.png: corrupt or truncated image"),
-                        ("notes.png", "notes.png: not an image file PIL can read")):
+    for name, words in (
+        ("cut.png", "cut.png: corrupt or truncated image"),
+        ("notes.png", "notes.png: not an image file PIL can read"),
+    ):
         page.upload(tmp_path / name)
         assert page.error(words).startswith(f"error: {words}")
     page.upload(tmp_path / "huge.png")
@@ -128,8 +150,10 @@ def test_the_runs_tab_shows_the_run_made_here(served):
     page.until(lambda: "digits_vit_mini" in page.text("#run-a-summary"), "the run's summary")
     summary = page.text("#run-a-summary")
     assert "model vit_mini" in summary and "best epoch 1: val acc" in summary
-    page.until(lambda: page.find_all("#run-a-curves img") and page.find_all("#run-a-confusion img"),
-               "the run's curves and confusion matrix")
+    page.until(
+        lambda: page.find_all("#run-a-curves img") and page.find_all("#run-a-confusion img"),
+        "the run's curves and confusion matrix",
+    )
     grid = page.until(lambda: page.find_all("#run-a-per-class [role=grid]"), "the per-class accuracy")[0]
     assert grid.get_attribute("aria-rowcount") == "11"  # a header and ten classes
     assert "%" in page.text("#run-a-per-class")
@@ -149,8 +173,9 @@ def test_every_tab_draws_and_nothing_is_fetched_from_elsewhere(served, tmp_path)
 def test_eight_simultaneous_predictions_on_vit_s16_are_all_answered(served):
     weights = serve_page.random_vit(served.tmp / "vit_s")
     image = serve_page.sample_image(served.tmp, "chelsea")
-    result = serve_page.load_test(served.server.url, image, model=("checkpoint", str(weights)), clients=8, rounds=2,
-                                  server=served.server)
+    result = serve_page.load_test(
+        served.server.url, image, model=("checkpoint", str(weights)), clients=8, rounds=2, server=served.server
+    )
     assert result["errors"] == [] and result["answered"] == result["requests"] == 16
     first, second = result["rss_mb"]
     assert second < first + 64, f"the server grew from {first:.0f} to {second:.0f} MiB in a round of the same requests"

@@ -35,7 +35,7 @@ from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.runtime import num_threads
 from vitlab.speed import compiled, fastpath, onednn, rules, tune
 from vitlab.speed.machine import Machine, kind_of, this_machine
-from vitlab.speed.paths import inference_fn, training
+from vitlab.speed.paths import inference_fn
 from vitlab.speed.rules import Plan
 from vitlab.train.engine import TensorLoader, fit
 from vitlab.train.recipe import Recipe
@@ -97,9 +97,17 @@ def test_the_rules_send_each_cpu_kind_where_its_measurements_say():
     long run, in fp32 from batch 2 and only on the kind measured: AVX-512 with bf16), and trains fp32 as built;
     an Intel Xeon with AMX compiles a long inference run, a few images at a time, and trains bf16 on the
     explicit attention products; a small model, a short run or a GPU runs as built."""
+
     def plan(machine, mode="inference", precision="fp32", batch=32, flops=VIT_S, items=10**6, device="cpu"):
-        return rules.plan_by_rules(machine, mode=mode, precision=precision, batch_size=batch, flops_per_item=flops,
-                                   items=items, device_type=device)
+        return rules.plan_by_rules(
+            machine,
+            mode=mode,
+            precision=precision,
+            batch_size=batch,
+            flops_per_item=flops,
+            items=items,
+            device_type=device,
+        )
 
     for amd in (AMD_ZEN5, AMD_EPYC_AVX2):
         p = plan(amd, batch=1)
@@ -119,8 +127,11 @@ def test_the_rules_send_each_cpu_kind_where_its_measurements_say():
     assert plan(XEON_AMX, "inference", "bf16").pieces == 16 and plan(XEON_AMX, "train", "bf16").attention == "explicit"
     assert not plan(XEON_AMX, "train").compile  # training never compiles by the rules
     for machine in (AMD_ZEN5, XEON_AMX, _machine("other", "neon")):
-        assert plan(machine, flops=rules.SMALL_FLOPS / 2).describe().startswith(
-            "fused attention, torch's products, not compiled [rules")
+        assert (
+            plan(machine, flops=rules.SMALL_FLOPS / 2)
+            .describe()
+            .startswith("fused attention, torch's products, not compiled [rules")
+        )
         assert plan(machine, device="cuda") == Plan(source="rules (cuda)")
     assert rules.RULES[-1] == rules.Rule("*", "*", "*", "*")  # every machine, mode and precision has a row
 
@@ -161,7 +172,9 @@ def test_onednn_packed_products_are_torchs_to_float_rounding():
             torch.testing.assert_close(packed(x), model(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("plan", [Plan("explicit", "aten"), Plan("fused", "onednn"), Plan("explicit", "onednn", pieces=3)])
+@pytest.mark.parametrize(
+    "plan", [Plan("explicit", "aten"), Plan("fused", "onednn"), Plan("explicit", "onednn", pieces=3)]
+)
 def test_an_inference_plan_gives_the_models_logits_and_leaves_the_model_as_it_was(plan):
     if plan.products == "onednn" and not onednn.available("fp32"):
         pytest.skip("this torch build has no oneDNN")
@@ -173,7 +186,8 @@ def test_an_inference_plan_gives_the_models_logits_and_leaves_the_model_as_it_wa
     with torch.inference_mode():
         torch.testing.assert_close(fn(x), model(x), rtol=1e-5, atol=1e-5)
         feats, attns = inference_fn(model, plan, precision="fp32", batch_size=7, method="forward_features")(
-            x, return_attention=[0, 1])
+            x, return_attention=[0, 1]
+        )
         ref_feats, ref_attns = model.forward_features(x, return_attention=[0, 1])
     torch.testing.assert_close(feats, ref_feats, rtol=1e-5, atol=1e-5)
     for a, b in zip(attns, ref_attns):
@@ -199,8 +213,16 @@ def test_fit_trains_on_a_plan_and_gives_the_model_back_as_it_came(tmp_path):
         params = [id(p) for p in model.parameters()]
         modules = [type(m) for m in model.modules()]
         lines = []
-        histories[fast] = fit(model, TensorLoader(x, y, batch_size=8, shuffle=True), TensorLoader(x, y, batch_size=8),
-                              recipe, device="cpu", log=lines.append, fast_path=fast, out=tmp_path / fast)
+        histories[fast] = fit(
+            model,
+            TensorLoader(x, y, batch_size=8, shuffle=True),
+            TensorLoader(x, y, batch_size=8),
+            recipe,
+            device="cpu",
+            log=lines.append,
+            fast_path=fast,
+            out=tmp_path / fast,
+        )
         assert [id(p) for p in model.parameters()] == params and [type(m) for m in model.modules()] == modules
         assert all(b.attn.fused for b in model.blocks)
         plan = tuned if fast == "tuned" else Plan(source="--fast-path off")
@@ -211,8 +233,17 @@ def test_fit_trains_on_a_plan_and_gives_the_model_back_as_it_came(tmp_path):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
     lines = []
     model = _small_model()
-    fit(model, TensorLoader(x, y, batch_size=8, shuffle=True), TensorLoader(x, y, batch_size=8), recipe,
-        device="cpu", log=lines.append, fast_path="off", out=tmp_path / "tuned", resume=True)
+    fit(
+        model,
+        TensorLoader(x, y, batch_size=8, shuffle=True),
+        TensorLoader(x, y, batch_size=8),
+        recipe,
+        device="cpu",
+        log=lines.append,
+        fast_path="off",
+        out=tmp_path / "tuned",
+        resume=True,
+    )
     assert f"fast path: the run's own, as it was started ({tuned.describe()})" in lines
 
 
@@ -221,8 +252,21 @@ def test_fit_trains_on_a_plan_and_gives_the_model_back_as_it_came(tmp_path):
 
 
 def _train_argv(data: Path, out: Path) -> list[str]:
-    return ["train", "--data", str(data), "--model", "vit_mini", "--epochs", "1", "--batch-size", "64",
-            "--threads", "1", "--out", str(out)]
+    return [
+        "train",
+        "--data",
+        str(data),
+        "--model",
+        "vit_mini",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "64",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
 
 
 def _weights(run: Path) -> dict:
@@ -236,8 +280,16 @@ def test_the_same_training_is_bitwise_the_same_with_an_empty_cache_an_opposite_o
     data = tmp_path / "digits"
     assert main(["data", "digits", "--out", str(data), "--per-class", "20", "--size", "16"]) == 0
     env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "fresh")}
-    side = [subprocess.Popen([sys.executable, "-m", "vitlab", *_train_argv(data, tmp_path / f"side{i}")], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    side = [
+        subprocess.Popen(
+            [sys.executable, "-m", "vitlab", *_train_argv(data, tmp_path / f"side{i}")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     model = create_model("vit_mini", num_classes=10, img_size=16)
     opposite = Plan("explicit", compile=True, source="tuned")
     with num_threads(1):
@@ -281,14 +333,17 @@ def test_tuning_measures_the_candidates_keeps_the_fastest_and_is_read_back(monke
     assert tune.tuning_file().is_relative_to(cache_root()) and tune.tuning_file().parent.name == "tuning"
     assert tune.known(model, mode="train", precision="fp32", batch_size=4) == plan
     assert tune.known(model, mode="train", precision="fp32", batch_size=8) is None  # another batch: not tuned
-    assert fastpath.choose_plan(model, fast="tuned", mode="train", precision="fp32", batch_size=4, items=1,
-                                device=CPU) == plan
+    assert (
+        fastpath.choose_plan(model, fast="tuned", mode="train", precision="fp32", batch_size=4, items=1, device=CPU)
+        == plan
+    )
     speeds[winner.describe()] = 0.98  # within the margin: the rules' plan stays
     assert tune.tune(model, mode="train", precision="fp32", batch_size=2, default=default) == Plan(source="tuned")
     entry = tune.read_entries()[tune.key(model, mode="train", precision="fp32", batch_size=2)]
     assert entry["rules"] == default.to_dict() and len(entry["seconds_per_image"]) == 3  # 2 eager, 1 compiled
-    assert fastpath.choose_plan(model, fast="tuned", mode="inference", precision="fp32", batch_size=8, items=1,
-                                device=CPU).products in ("aten", "onednn")  # tuned now: inference has 4 candidates
+    assert fastpath.choose_plan(
+        model, fast="tuned", mode="inference", precision="fp32", batch_size=8, items=1, device=CPU
+    ).products in ("aten", "onednn")  # tuned now: inference has 4 candidates
     entry = tune.read_entries()[tune.key(model, mode="inference", precision="fp32", batch_size=8)]
     assert len(entry["seconds_per_image"]) == 2 * (1 + onednn.available("fp32")) + 1 + 1  # eager, compiled, pieces 4
 
@@ -352,9 +407,16 @@ def test_predict_says_its_plan_and_each_path_gives_the_same_predictions(tmp_path
         out, err = capsys.readouterr()
         outputs[fast] = json.loads(out)["results"]
         (line,) = [line for line in err.splitlines() if line.startswith("fast path:")]
-        assert line == "fast path: " + {"off": Plan(source="--fast-path off").describe(), "tuned": tuned.describe(),
-                                        "auto": f"fused attention, torch's products, not compiled [rules ("
-                                                f"{this_machine().kind}, {this_machine().vendor}): a small model]"}[fast]
+        assert (
+            line
+            == "fast path: "
+            + {
+                "off": Plan(source="--fast-path off").describe(),
+                "tuned": tuned.describe(),
+                "auto": f"fused attention, torch's products, not compiled [rules ("
+                f"{this_machine().kind}, {this_machine().vendor}): a small model]",
+            }[fast]
+        )
     for fast in ("auto", "tuned"):
         for a, b in zip(outputs["off"], outputs[fast]):
             assert [p["index"] for p in a["predictions"]] == [p["index"] for p in b["predictions"]]
@@ -453,8 +515,9 @@ def test_bf16_logits_close_to_fp32_and_same_top1():
     assert torch.equal(low.argmax(1)[clear], ref.argmax(1)[clear])
 
 
-@pytest.mark.parametrize("overrides", [{}, {"pos_embed": "relative"}, {"pos_embed": "learned2d"},
-                                       {"pool": "mean", "class_token": False}])
+@pytest.mark.parametrize(
+    "overrides", [{}, {"pos_embed": "relative"}, {"pos_embed": "learned2d"}, {"pool": "mean", "class_token": False}]
+)
 def test_the_last_block_computes_the_class_token_alone_and_changes_no_logit(overrides):
     """`forward` runs the last block for the class token only (Eq. 4 reads nothing else): the logits and
     every gradient equal those of the full forward_features (fp32, 1e-5), checkpointed or not; a model
@@ -578,14 +641,41 @@ def test_bench_cli_quick_json(capsys):
     with num_threads(1):
         for mode, precision in itertools.product(("inference", "train"), ("fp32", "bf16")):
             tune.remember(model, mode=mode, precision=precision, batch_size=2, plan=tuned)
-    code = main(["bench", "--quick", "--json", "--train", "--against", "timm,onnxruntime", "--repeats", "3",
-                 "--warmup", "0", "--matmul-size", "64", "--batch-size", "2", "--threads", "1",
-                 "--precision", "fp32", "bf16", "--fast-path", "auto", "tuned"])
+    code = main(
+        [
+            "bench",
+            "--quick",
+            "--json",
+            "--train",
+            "--against",
+            "timm,onnxruntime",
+            "--repeats",
+            "3",
+            "--warmup",
+            "0",
+            "--matmul-size",
+            "64",
+            "--batch-size",
+            "2",
+            "--threads",
+            "1",
+            "--precision",
+            "fp32",
+            "bf16",
+            "--fast-path",
+            "auto",
+            "tuned",
+        ]
+    )
     assert code == 0
     rows = json.loads(capsys.readouterr().out)
     by = {(r["mode"], r["precision"], r["path"]): r for r in rows}
-    expected = {(m, p, path) for m in ("inference", "train") for p in ("fp32", "bf16")
-                for path in ("vitlab", "vitlab-tuned", "timm")} | {("inference", "fp32", "onnxruntime")}
+    expected = {
+        (m, p, path)
+        for m in ("inference", "train")
+        for p in ("fp32", "bf16")
+        for path in ("vitlab", "vitlab-tuned", "timm")
+    } | {("inference", "fp32", "onnxruntime")}
     assert set(by) == expected
     for r in rows:
         assert r["model"] == "vit_mini_x" and r["batch"] == 2 and r["threads"] == 1
@@ -595,8 +685,9 @@ def test_bench_cli_quick_json(capsys):
         assert r["flops_per_s"] == pytest.approx(flops / r["seconds"])
         if r["path"].startswith("vitlab"):
             peers = [p for (m, pr, p) in by if (m, pr) == (r["mode"], r["precision"]) and not p.startswith("vitlab")]
-            assert r["vs_best_peer"] == pytest.approx(min(bench.paired_ratio(
-                r["repeats"], by[(r["mode"], r["precision"], p)]["repeats"]) for p in peers))
+            assert r["vs_best_peer"] == pytest.approx(
+                min(bench.paired_ratio(r["repeats"], by[(r["mode"], r["precision"], p)]["repeats"]) for p in peers)
+            )
         else:
             assert r["vs_best_peer"] is None
     assert by[("inference", "fp32", "vitlab")]["how"].endswith("a small model]")  # vit_mini_x: as built
@@ -607,12 +698,17 @@ def test_bench_cli_quick_json(capsys):
 def test_bench_cli_errors_are_one_line(capsys):
     assert main(["bench", "--model", "resnet_mini", "--quick", "--repeats", "1", "--matmul-size", "32"]) == 2
     assert "CNN baseline" in capsys.readouterr().err
-    assert main(["bench", "--model", "vit_mini_x", "--against", "timm", "--quick", "--matmul-size", "32",
-                 "--repeats", "0"]) == 2
+    assert (
+        main(
+            ["bench", "--model", "vit_mini_x", "--against", "timm", "--quick", "--matmul-size", "32", "--repeats", "0"]
+        )
+        == 2
+    )
     assert "--repeats must be an integer >= 1; found 0" in capsys.readouterr().err
     assert main(["bench", "--quick", "--against", "timm,tensorrt", "--matmul-size", "32"]) == 2
-    assert capsys.readouterr().err.strip() == ("error: --against: unknown peer(s) tensorrt; expected a comma list of "
-                                               "timm, compile, onnxruntime")
+    assert capsys.readouterr().err.strip() == (
+        "error: --against: unknown peer(s) tensorrt; expected a comma list of timm, compile, onnxruntime"
+    )
     assert main(["tune", "--model", "resnet_mini"]) == 2
     assert "CNN baseline" in capsys.readouterr().err
 

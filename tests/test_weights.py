@@ -102,8 +102,16 @@ def test_timm_checkpoints_match_timm_logits(case, tmp_path):
 def hf_config(**kw):
     from transformers import ViTConfig
 
-    base = dict(hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=768, image_size=224,
-                patch_size=16, num_labels=5, id2label={i: f"kind_{i}" for i in range(5)})
+    base = dict(
+        hidden_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=768,
+        image_size=224,
+        patch_size=16,
+        num_labels=5,
+        id2label={i: f"kind_{i}" for i in range(5)},
+    )
     return ViTConfig(**{**base, **kw})
 
 
@@ -246,11 +254,23 @@ def test_jax_npz_matches_and_timm_agrees_on_the_file(tmp_path):
 def test_jax_gap_checkpoint_without_class_token(tmp_path):
     """classifier='gap' (no class token; the encoder's LayerNorm, then the mean over patches): timm's
     *_gap_* models. The named model refuses it with the overrides to pass; with them it loads."""
-    from timm.models.vision_transformer import VisionTransformer as TimmViT, _load_weights
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+    from timm.models.vision_transformer import _load_weights
 
     torch.manual_seed(0)
-    ref = perturb(TimmViT(img_size=224, patch_size=16, embed_dim=192, depth=2, num_heads=3, num_classes=5,
-                          class_token=False, global_pool="avg", fc_norm=False)).eval()
+    ref = perturb(
+        TimmViT(
+            img_size=224,
+            patch_size=16,
+            embed_dim=192,
+            depth=2,
+            num_heads=3,
+            num_classes=5,
+            class_token=False,
+            global_pool="avg",
+            fc_norm=False,
+        )
+    ).eval()
     path = tmp_path / "gap.npz"
     write_jax_npz(ref, path)
     assert "cls" not in np.load(path).files
@@ -259,12 +279,28 @@ def test_jax_gap_checkpoint_without_class_token(tmp_path):
         create_model("vit_tiny_patch16_224", pretrained=str(path), depth=2, num_classes=5)
     with torch.no_grad():
         expected = ref(x)
-        other = TimmViT(img_size=224, patch_size=16, embed_dim=192, depth=2, num_heads=3, num_classes=5,
-                        class_token=False, global_pool="avg", fc_norm=False).eval()
+        other = TimmViT(
+            img_size=224,
+            patch_size=16,
+            embed_dim=192,
+            depth=2,
+            num_heads=3,
+            num_classes=5,
+            class_token=False,
+            global_pool="avg",
+            fc_norm=False,
+        ).eval()
         _load_weights(other, str(path))
         assert max_diff(other(x), expected) <= TOL  # the file is what timm's loader reads
-        model = create_model("vit_tiny_patch16_224", pretrained=str(path), depth=2, num_classes=5, class_token=False,
-                                pool="mean", fc_norm=False)
+        model = create_model(
+            "vit_tiny_patch16_224",
+            pretrained=str(path),
+            depth=2,
+            num_classes=5,
+            class_token=False,
+            pool="mean",
+            fc_norm=False,
+        )
         assert max_diff(model(x), expected) <= TOL
     assert model.cls_token is None and isinstance(model.fc_norm, torch.nn.Identity)
 
@@ -287,12 +323,20 @@ def test_new_num_classes_gives_zero_head_and_warning(tmp_path):
     ref = perturb(timm.create_model("vit_tiny_patch16_224", depth=1))
     save_file(ref.state_dict(), tmp_path / "w.safetensors")
     with pytest.warns(PretrainedWarning, match="1000 classes; made a new zero-initialised head for 10"):
-        model = create_model("vit_tiny_patch16_224", pretrained=str(tmp_path / "w.safetensors"), num_classes=10, depth=1)
+        model = create_model(
+            "vit_tiny_patch16_224", pretrained=str(tmp_path / "w.safetensors"), num_classes=10, depth=1
+        )
     assert model.head.weight.shape == (10, 192) and not model.head.weight.any() and not model.head.bias.any()
     assert model.pretrained_cfg.head == "new" and model.pretrained_cfg.label_names is None
     x = images(1, 224)
     with torch.no_grad():  # the backbone still matches
-        assert max_diff(model.forward_head(model.forward_features(x), pre_logits=True), ref.forward_head(ref.forward_features(x), pre_logits=True)) <= TOL
+        assert (
+            max_diff(
+                model.forward_head(model.forward_features(x), pre_logits=True),
+                ref.forward_head(ref.forward_features(x), pre_logits=True),
+            )
+            <= TOL
+        )
 
 
 def test_zeroed_in21k_head_is_reported(tmp_path):
@@ -323,11 +367,10 @@ def test_learned2d_and_relative_tables_follow_a_new_img_size(tmp_path):
     """A vitlab checkpoint with 2-D position tables loads at another (non-square) size: learned2d's row
     and column tables are each resampled along their own axis; each relative table, an image of the
     (2gh-1) x (2gw-1) offsets, bicubic. Tables that are linear in the offset stay (nearly) linear inside."""
-    import torch.nn.functional as F
     import vitlab
     from vitlab.weights.checkpoint import save_checkpoint
 
-    old, new = (8, 12), (12, 8)  # grid rows x cols: 32x48 px -> 48x32 px at patch 4
+    # grid rows x cols: 32x48 px -> 48x32 px at patch 4 (8 x 12 -> 12 x 8)
     for kind in ("learned2d", "relative"):
         model = vitlab.create_model("vit_mini", pos_embed=kind, img_size=(32, 48), num_classes=3)
         with torch.no_grad():
@@ -374,7 +417,10 @@ def test_224_checkpoint_at_img_size_384_matches_timm_resampling(tmp_path):
     assert any("resampled" in n for n in model.pretrained_cfg.notes)
     # timm resamples the same file the same way (bicubic, class token kept) when it builds a 384 model.
     timm384 = timm.create_model(
-        "vit_tiny_patch16_224", img_size=384, depth=2, pretrained=True,
+        "vit_tiny_patch16_224",
+        img_size=384,
+        depth=2,
+        pretrained=True,
         pretrained_cfg_overlay=dict(file=str(tmp_path / "w.safetensors")),
     ).eval()
     x = images(1, 384)
@@ -450,10 +496,14 @@ def test_hub_id_from_offline_cache(tmp_path, monkeypatch):
     ref = perturb(timm.create_model("vit_tiny_patch16_224", depth=2))
     save_for_hf(ref, tmp_path / "export", safe_serialization=True)
     cache = tmp_path / "hub"
-    _fill_hub_cache(cache, "timm/vit_tiny_patch16_224.test", {
-        "config.json": tmp_path / "export" / "config.json",
-        "model.safetensors": tmp_path / "export" / "model.safetensors",
-    })
+    _fill_hub_cache(
+        cache,
+        "timm/vit_tiny_patch16_224.test",
+        {
+            "config.json": tmp_path / "export" / "config.json",
+            "model.safetensors": tmp_path / "export" / "model.safetensors",
+        },
+    )
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     model = create_model("vit_tiny_patch16_224", pretrained="hf-hub:timm/vit_tiny_patch16_224.test", depth=2)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # for readers and tools (type checkers, the API docs); at run
     from vitlab.models.factory import create_model
     from vitlab.models.pretrained_cfg import PretrainedCfg
     from vitlab.models.registry import VARIANTS, get_config, model_names
-    from vitlab.models.vit import ViTConfig, VisionTransformer, count_parameters
+    from vitlab.models.vit import VisionTransformer, ViTConfig, count_parameters
     from vitlab.train.engine import fit
     from vitlab.train.recipe import RECIPES, Recipe
 

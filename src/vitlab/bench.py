@@ -39,10 +39,10 @@ import resource
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from functools import partial
-from typing import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +53,7 @@ from vitlab.errors import VitlabError, check_range
 from vitlab.inference.export import export_onnx
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config, get_variant
-from vitlab.models.vit import ViTConfig, VisionTransformer
+from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.runtime import autocast, check_precision, process_pool, resolve_device
 from vitlab.speed import onednn
 from vitlab.speed.compiled import compile_model
@@ -78,8 +78,9 @@ def parse_against(text: str | None) -> list[str]:
     words = [w.strip() for w in (text or "").split(",") if w.strip()]
     bad = [w for w in words if w not in PEERS]
     if bad:
-        raise VitlabError(f"against: unknown peer(s) {', '.join(bad)}; expected a comma list of "
-                          f"{', '.join(PEERS)}", arg="against")
+        raise VitlabError(
+            f"against: unknown peer(s) {', '.join(bad)}; expected a comma list of {', '.join(PEERS)}", arg="against"
+        )
     return list(dict.fromkeys(PEERS[w] for w in words))
 
 
@@ -95,17 +96,28 @@ def _sync(device: torch.device) -> None:
 CLOCKS = ("wall", "cpu")
 
 
-def race(fns: dict[str, Callable[[], None]], *, warmup: int = 1, repeats: int = 5,
-         device: torch.device = torch.device("cpu"), clock: str = "wall",
-         min_repeat_s: float = 0.0) -> dict[str, list[float]]:
+def race(
+    fns: dict[str, Callable[[], None]],
+    *,
+    warmup: int = 1,
+    repeats: int = 5,
+    device: torch.device = torch.device("cpu"),
+    clock: str = "wall",
+    min_repeat_s: float = 0.0,
+) -> dict[str, list[float]]:
     """Seconds per call of each function, interleaved (`vitlab.speed.tune.race`). `clock="wall"` times elapsed
     seconds; `clock="cpu"` the process's CPU seconds, which on a shared machine leave out the time spent
     waiting for a core (meaningful at one thread). Returns {name: [seconds per call, one per repeat]}."""
     if clock not in CLOCKS:
         raise VitlabError(f"clock must be one of {', '.join(CLOCKS)}; found {clock!r}", arg="clock")
     synced = {name: (lambda fn=fn: (fn(), _sync(device))) for name, fn in fns.items()}
-    return _race(synced, warmup=warmup, repeats=repeats, min_repeat_s=min_repeat_s,
-                 clock=time.perf_counter if clock == "wall" else time.process_time)
+    return _race(
+        synced,
+        warmup=warmup,
+        repeats=repeats,
+        min_repeat_s=min_repeat_s,
+        clock=time.perf_counter if clock == "wall" else time.process_time,
+    )
 
 
 def paired_ratio(ours: list[float], theirs: list[float]) -> float:
@@ -114,8 +126,15 @@ def paired_ratio(ours: list[float], theirs: list[float]) -> float:
     return statistics.median(t / o for o, t in zip(ours, theirs))
 
 
-def matmul_rate(precision: str = "fp32", *, n: int = 2048, warmup: int = 2, repeats: int = 5,
-                device: torch.device | str = "cpu", clock: str = "wall") -> float:
+def matmul_rate(
+    precision: str = "fp32",
+    *,
+    n: int = 2048,
+    warmup: int = 2,
+    repeats: int = 5,
+    device: torch.device | str = "cpu",
+    clock: str = "wall",
+) -> float:
     """FLOP/s of an n x n x n matrix product (2 n^3 FLOPs) in `precision`: the best of `repeats`
     (the ceiling is what the machine can do; a slow repeat measures the neighbours, not the machine).
     On a CPU with oneDNN, the faster of torch.mm and oneDNN's product with a pre-packed operand (what vitlab's
@@ -149,12 +168,22 @@ def timm_twin(model: VisionTransformer) -> nn.Module:
         raise VitlabError(
             f"against timm: timm's VisionTransformer has no equivalent of stem={c.stem!r}, "
             f"patch_embed={c.patch_embed!r}, pos_embed={c.pos_embed!r}; benchmark a standard variant "
-            "(learned 1-D position embedding, conv patch embedding), or compare without timm", arg="against"
+            "(learned 1-D position embedding, conv patch embedding), or compare without timm",
+            arg="against",
         )
     twin = TimmViT(
-        img_size=c.img_size, patch_size=c.patch_size, in_chans=c.in_chans, num_classes=c.num_classes,
-        embed_dim=c.dim, depth=c.depth, num_heads=c.heads, mlp_ratio=c.hidden_dim / c.dim, qkv_bias=c.qkv_bias,
-        class_token=c.class_token, global_pool="token" if c.pool == "cls" else "avg", fc_norm=c.use_fc_norm,
+        img_size=c.img_size,
+        patch_size=c.patch_size,
+        in_chans=c.in_chans,
+        num_classes=c.num_classes,
+        embed_dim=c.dim,
+        depth=c.depth,
+        num_heads=c.heads,
+        mlp_ratio=c.hidden_dim / c.dim,
+        qkv_bias=c.qkv_bias,
+        class_token=c.class_token,
+        global_pool="token" if c.pool == "cls" else "avg",
+        fc_norm=c.use_fc_norm,
         pos_embed="learn" if c.pos_embed == "learned" else "none",
     )
     twin.load_state_dict(model.state_dict(), strict=True)
@@ -167,8 +196,9 @@ def onnxruntime_session(model: VisionTransformer, folder: str | Path):
     try:
         import onnxruntime as ort
     except ImportError as e:  # pragma: no cover - onnxruntime is a dev dependency
-        raise VitlabError("against onnxruntime needs onnxruntime installed (pip install onnxruntime)",
-                          arg="against") from e
+        raise VitlabError(
+            "against onnxruntime needs onnxruntime installed (pip install onnxruntime)", arg="against"
+        ) from e
     path = Path(folder) / "model.onnx"
     export_onnx(copy.deepcopy(model).float().cpu().eval(), path)
     options = ort.SessionOptions()
@@ -283,8 +313,9 @@ def bench_model(
         raise VitlabError(f"mode must be one of {', '.join(MODES)}; found {mode!r}", arg="mode")
     for fast in fast_paths:
         if check_fast_path(fast) not in OURS:
-            raise VitlabError(f"fast_path: a bench row runs vitlab's {' or '.join(OURS)} path; found {fast!r}",
-                              arg="fast_path")
+            raise VitlabError(
+                f"fast_path: a bench row runs vitlab's {' or '.join(OURS)} path; found {fast!r}", arg="fast_path"
+            )
     for path in against:
         if path not in PATHS[2:]:
             raise VitlabError(f"against: {path!r} is not a peer; expected {', '.join(PATHS[2:])}", arg="against")
@@ -314,8 +345,16 @@ def bench_model(
     # vitlab, as its commands run a long run: the plan of each fast path, said in the row
     for fast in fast_paths:
         path = OURS[fast]
-        plan = choose_plan(ours, fast=fast, mode=mode, precision=precision, batch_size=batch_size, items=LONG_RUN,
-                           device=device, log=log)
+        plan = choose_plan(
+            ours,
+            fast=fast,
+            mode=mode,
+            precision=precision,
+            batch_size=batch_size,
+            items=LONG_RUN,
+            device=device,
+            log=log,
+        )
         how[path] = plan.describe()
         if train:
             fns[path] = fn_of(stack.enter_context(training(copy.deepcopy(ours).train(), plan, precision=precision)))
@@ -336,9 +375,12 @@ def bench_model(
     tmp = None
     if "onnxruntime" in against:
         if train or precision != "fp32" or device.type != "cpu":
-            notes.append(f"{name} {mode} {precision}: no onnxruntime row: ONNX Runtime runs inference here, and its "
-                         "CPU provider has no bf16 matrix products" if device.type == "cpu" else
-                         f"{name}: no onnxruntime row: its CPU provider is measured on a CPU only")
+            notes.append(
+                f"{name} {mode} {precision}: no onnxruntime row: ONNX Runtime runs inference here, and its "
+                "CPU provider has no bf16 matrix products"
+                if device.type == "cpu"
+                else f"{name}: no onnxruntime row: its CPU provider is measured on a CPU only"
+            )
         else:
             tmp = tempfile.TemporaryDirectory(prefix="vitlab-bench-")
             session = onnxruntime_session(ours, tmp.name)
@@ -359,9 +401,22 @@ def bench_model(
     for path in [p for p in PATHS if p in times]:
         ts = times[path]
         s = statistics.median(ts)
-        row = BenchRow(name, mode, precision, batch_size, path, batch_size / s, s, cfg_flops / s,
-                       cfg_flops / s / matmul_flops[precision], how[path], cpu=this_machine().cpu,
-                       threads=torch.get_num_threads(), clock=clock, repeats=ts)
+        row = BenchRow(
+            name,
+            mode,
+            precision,
+            batch_size,
+            path,
+            batch_size / s,
+            s,
+            cfg_flops / s,
+            cfg_flops / s / matmul_flops[precision],
+            how[path],
+            cpu=this_machine().cpu,
+            threads=torch.get_num_threads(),
+            clock=clock,
+            repeats=ts,
+        )
         if path in OURS.values() and peers:
             row.vs_best_peer = min(paired_ratio(ts, times[p]) for p in peers)
         if path in compile_s:
@@ -393,8 +448,16 @@ def machine_info(device: torch.device) -> dict:
     return info
 
 
-def check_options(models: list[str], *, batch_sizes: list[int], precisions: list[str] = ("fp32",), warmup: int = 1,
-                  repeats: int = 5, matmul_size: int = 2048, clock: str = "wall") -> None:
+def check_options(
+    models: list[str],
+    *,
+    batch_sizes: list[int],
+    precisions: list[str] = ("fp32",),
+    warmup: int = 1,
+    repeats: int = 5,
+    matmul_size: int = 2048,
+    clock: str = "wall",
+) -> None:
     """Every option of a bench run, checked before the first measurement (the matmul probes take seconds)."""
     for name in models:
         if not get_variant(name).is_vit:
@@ -429,8 +492,15 @@ def run_bench(
     """The whole `vitlab bench` run: machine rates, then one group of rows per (model, mode, precision,
     batch). Returns a JSON-ready dict: {"machine", "clock", "matmul_flops": {precision: FLOP/s}, "rows",
     "notes"}."""
-    check_options(models, batch_sizes=batch_sizes, precisions=precisions, warmup=warmup, repeats=repeats,
-                  matmul_size=matmul_size, clock=clock)
+    check_options(
+        models,
+        batch_sizes=batch_sizes,
+        precisions=precisions,
+        warmup=warmup,
+        repeats=repeats,
+        matmul_size=matmul_size,
+        clock=clock,
+    )
     dev = resolve_device(device)
     say = progress or (lambda s: None)
     rates = {}
@@ -444,22 +514,42 @@ def run_bench(
                 for b in batch_sizes:
                     say(f"{name} {mode} {p} batch {b}")
                     peers = [a for a in against if not (mode == "train" and a == "onnxruntime")]
-                    rows += bench_model(name, batch_size=b, precision=p, mode=mode, against=peers,
-                                        fast_paths=fast_paths, grad_checkpointing=grad_checkpointing,
-                                        matmul_flops=rates, warmup=warmup, repeats=repeats, device=dev, clock=clock,
-                                        notes=notes, log=say)
+                    rows += bench_model(
+                        name,
+                        batch_size=b,
+                        precision=p,
+                        mode=mode,
+                        against=peers,
+                        fast_paths=fast_paths,
+                        grad_checkpointing=grad_checkpointing,
+                        matmul_flops=rates,
+                        warmup=warmup,
+                        repeats=repeats,
+                        device=dev,
+                        clock=clock,
+                        notes=notes,
+                        log=say,
+                    )
     if "onnxruntime" in against and "train" in modes:
         notes.append("onnxruntime: inference rows only (ONNX Runtime's training is another product)")
-    return {"machine": machine_info(dev), "clock": clock, "matmul_size": matmul_size, "matmul_flops": rates,
-            "warmup": warmup, "repeats": repeats, "min_repeat_s": MIN_REPEAT_S if warmup else 0.0,
-            "tuning": str(tuning_file()) if "tuned" in fast_paths else None,
-            "rows": [asdict(r) for r in rows], "notes": list(dict.fromkeys(notes))}
+    return {
+        "machine": machine_info(dev),
+        "clock": clock,
+        "matmul_size": matmul_size,
+        "matmul_flops": rates,
+        "warmup": warmup,
+        "repeats": repeats,
+        "min_repeat_s": MIN_REPEAT_S if warmup else 0.0,
+        "tuning": str(tuning_file()) if "tuned" in fast_paths else None,
+        "rows": [asdict(r) for r in rows],
+        "notes": list(dict.fromkeys(notes)),
+    }
 
 
 def _home_relative(path: str) -> str:
     """`path` with the home folder written as ~ (a table pasted elsewhere names no one's home)."""
     home = str(Path.home())
-    return "~" + path[len(home):] if path.startswith(home + os.sep) else path
+    return "~" + path[len(home) :] if path.startswith(home + os.sep) else path
 
 
 def format_table(result: dict) -> str:
@@ -480,17 +570,28 @@ def format_table(result: dict) -> str:
     compiles = []
     for r in result["rows"]:
         ratio = f"{r['vs_best_peer']:.3f}x" if r["vs_best_peer"] is not None else ""
-        lines.append(f"{r['model']:<24}{r['mode']:<11}{r['precision']:<6}{r['batch']:>5}  {r['path']:<14}"
-                     f"{r['images_per_s']:>9.2f}{r['flops_per_s'] / 1e9:>9.1f}{100 * r['mfu']:>6.1f}%{ratio:>14}  "
-                     f"{r['how']}")
+        lines.append(
+            f"{r['model']:<24}{r['mode']:<11}{r['precision']:<6}{r['batch']:>5}  {r['path']:<14}"
+            f"{r['images_per_s']:>9.2f}{r['flops_per_s'] / 1e9:>9.1f}{100 * r['mfu']:>6.1f}%{ratio:>14}  "
+            f"{r['how']}"
+        )
         if r["compile_s"] is not None:
-            pays = (f"pays for itself after {r['pays_after_images']:,.0f} images" if r["pays_after_images"] is not None
-                    else "never pays (not faster)")
-            compiles.append(f"  {r['model']} {r['mode']} {r['precision']} batch {r['batch']}, {r['path']}: "
-                            f"{r['compile_s']:.1f} s" + (f", {pays}" if r["path"] == "timm-compile" else ""))
+            pays = (
+                f"pays for itself after {r['pays_after_images']:,.0f} images"
+                if r["pays_after_images"] is not None
+                else "never pays (not faster)"
+            )
+            compiles.append(
+                f"  {r['model']} {r['mode']} {r['precision']} batch {r['batch']}, {r['path']}: "
+                f"{r['compile_s']:.1f} s" + (f", {pays}" if r["path"] == "timm-compile" else "")
+            )
     if compiles:
-        lines += ["", "compile time (wall clock, the first call less a steady one; inductor's on-disk cache makes a "
-                      "second process's shorter):", *compiles]
+        lines += [
+            "",
+            "compile time (wall clock, the first call less a steady one; inductor's on-disk cache makes a "
+            "second process's shorter):",
+            *compiles,
+        ]
     if result.get("notes"):
         lines += ["", *result["notes"]]
     return "\n".join(lines)
@@ -500,8 +601,15 @@ def format_table(result: dict) -> str:
 # Memory: estimate and measurement
 
 
-def estimate_memory(cfg: ViTConfig, batch_size: int, *, train: bool = True, precision: str = "fp32",
-                    grad_checkpointing: bool = False, optimizer: str = "adamw") -> dict[str, int]:
+def estimate_memory(
+    cfg: ViTConfig,
+    batch_size: int,
+    *,
+    train: bool = True,
+    precision: str = "fp32",
+    grad_checkpointing: bool = False,
+    optimizer: str = "adamw",
+) -> dict[str, int]:
     """Bytes a run needs, by part: weights, gradients, optimizer state, activations, and their total.
 
     Training keeps, per block, the tensors autograd saves (`vitlab.analysis.flops.activation_elements`:
@@ -562,8 +670,9 @@ def _current_rss_bytes() -> int:
         return _peak_rss_bytes()
 
 
-def _memory_probe(name: str, batch_size: int, train: bool, precision: str, grad_checkpointing: bool,
-                  threads: int, overrides: dict) -> dict:
+def _memory_probe(
+    name: str, batch_size: int, train: bool, precision: str, grad_checkpointing: bool, threads: int, overrides: dict
+) -> dict:
     """Runs in a fresh process: build the model, run one step (two for training, so AdamW's state
     exists), and report peak RSS above the RSS before the model was built. Training runs on the plan
     vitlab's trainers take (`vitlab.speed.fastpath.choose_plan`)."""
@@ -579,8 +688,9 @@ def _memory_probe(name: str, batch_size: int, train: bool, precision: str, grad_
     device = torch.device("cpu")
     if train:
         model.train().set_grad_checkpointing(grad_checkpointing)
-        plan = choose_plan(model, fast="auto", mode="train", precision=precision, batch_size=batch_size, items=2,
-                           device=device)
+        plan = choose_plan(
+            model, fast="auto", mode="train", precision=precision, batch_size=batch_size, items=2, device=device
+        )
         optimizer = build_optimizer(model, lr=1e-4)
         y = torch.zeros(batch_size, dtype=torch.long)
         with training(model, plan, precision=precision) as net:  # as vitlab's trainers run it
@@ -597,8 +707,16 @@ def _memory_probe(name: str, batch_size: int, train: bool, precision: str, grad_
     return {"peak_bytes": _peak_rss_bytes() - base, "model_bytes": after_build - base, "weights_bytes": weights}
 
 
-def measure_peak_memory(name: str, batch_size: int, *, train: bool = True, precision: str = "fp32",
-                        grad_checkpointing: bool = False, threads: int | None = None, **overrides) -> dict:
+def measure_peak_memory(
+    name: str,
+    batch_size: int,
+    *,
+    train: bool = True,
+    precision: str = "fp32",
+    grad_checkpointing: bool = False,
+    threads: int | None = None,
+    **overrides,
+) -> dict:
     """Peak resident memory of one run (CPU), measured in a fresh process so that no earlier peak counts.
 
     Returns {"peak_bytes": peak RSS above the baseline taken before the model was built,
@@ -610,19 +728,29 @@ def measure_peak_memory(name: str, batch_size: int, *, train: bool = True, preci
         return pool.submit(_memory_probe, *args).result()
 
 
-def memory_report(name: str, batch_size: int, *, precision: str = "fp32", threads: int | None = None,
-                  **overrides) -> dict:
+def memory_report(
+    name: str, batch_size: int, *, precision: str = "fp32", threads: int | None = None, **overrides
+) -> dict:
     """Training peak memory with and without gradient checkpointing, inference at batch 1, each next
     to `estimate_memory`. Returns a JSON-ready dict."""
     check_options([name], batch_sizes=[batch_size], precisions=[precision])
     cfg = get_config(name, **overrides)
     out = {"model": name, "batch_size": batch_size, "precision": precision, "runs": []}
     for train, ckpt, b in ((True, False, batch_size), (True, True, batch_size), (False, False, 1)):
-        measured = measure_peak_memory(name, b, train=train, precision=precision, grad_checkpointing=ckpt,
-                                       threads=threads, **overrides)
+        measured = measure_peak_memory(
+            name, b, train=train, precision=precision, grad_checkpointing=ckpt, threads=threads, **overrides
+        )
         est = estimate_memory(cfg, b, train=train, precision=precision, grad_checkpointing=ckpt)
-        out["runs"].append({"mode": "train" if train else "infer", "grad_checkpointing": ckpt, "batch_size": b,
-                            **measured, "estimate_bytes": est["total"], "estimate": est})
+        out["runs"].append(
+            {
+                "mode": "train" if train else "infer",
+                "grad_checkpointing": ckpt,
+                "batch_size": b,
+                **measured,
+                "estimate_bytes": est["total"],
+                "estimate": est,
+            }
+        )
     plain, ckpt = out["runs"][0]["peak_bytes"], out["runs"][1]["peak_bytes"]
     out["checkpointing_saving"] = 1 - ckpt / plain
     infer = out["runs"][2]
@@ -631,15 +759,20 @@ def memory_report(name: str, batch_size: int, *, precision: str = "fp32", thread
 
 
 def format_memory(report: dict) -> str:
-    lines = [f"{report['model']}: peak resident memory above the process baseline ({report['precision']})",
-             f"{'run':<36}{'peak':>12}{'estimate':>12}{'weights':>12}"]
+    lines = [
+        f"{report['model']}: peak resident memory above the process baseline ({report['precision']})",
+        f"{'run':<36}{'peak':>12}{'estimate':>12}{'weights':>12}",
+    ]
     for r in report["runs"]:
         label = f"{r['mode']} batch {r['batch_size']}" + (" + grad checkpointing" if r["grad_checkpointing"] else "")
-        lines.append(f"{label:<36}{_bytes(r['peak_bytes']):>12}{_bytes(r['estimate_bytes']):>12}"
-                     f"{_bytes(r['weights_bytes']):>12}")
-    lines.append(f"gradient checkpointing saves {100 * report['checkpointing_saving']:.1f}% of the training peak; "
-                 f"inference at batch 1 peaks at {report['inference_peak_over_weights']:.2f}x the weights "
-                 "(small models: the allocator and kernels' own ~10-30 MB dominate)")
+        lines.append(
+            f"{label:<36}{_bytes(r['peak_bytes']):>12}{_bytes(r['estimate_bytes']):>12}{_bytes(r['weights_bytes']):>12}"
+        )
+    lines.append(
+        f"gradient checkpointing saves {100 * report['checkpointing_saving']:.1f}% of the training peak; "
+        f"inference at batch 1 peaks at {report['inference_peak_over_weights']:.2f}x the weights "
+        "(small models: the allocator and kernels' own ~10-30 MB dominate)"
+    )
     return "\n".join(lines)
 
 

@@ -30,6 +30,7 @@ class VitlabError(ValueError):
     def for_cli(self, flags: dict[str, str] | None = None) -> str:
         """The message with its leading argument name written as the command-line flag
         (`batch_size` -> `--batch-size`, or the flag that `flags` maps it to)."""
+
         def flag(name: str) -> str:
             return (flags or {}).get(name, "--" + name.replace("_", "-"))
 
@@ -37,13 +38,22 @@ class VitlabError(ValueError):
         for name in self.also:
             text = text.replace(f"{name}=True", flag(name))
         if self.arg and text.startswith(self.arg):
-            return flag(self.arg) + text[len(self.arg):]
+            return flag(self.arg) + text[len(self.arg) :]
         return text
 
 
-def check_range(name: str, value, *, low: float | None = None, high: float | None = None,
-                low_open: bool = False, high_open: bool = False, integer: bool = False,
-                optional: bool = False, hint: str = "") -> None:
+def check_range(
+    name: str,
+    value,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+    optional: bool = False,
+    hint: str = "",
+) -> None:
     """Raise a VitlabError unless `low <= value <= high` (open ends with `low_open`/`high_open`).
 
     The message says the valid range and what was found, in the argument's own name:
@@ -56,8 +66,9 @@ def check_range(name: str, value, *, low: float | None = None, high: float | Non
     else:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if ok:
-        ok = (low is None or (value > low if low_open else value >= low)) and \
-             (high is None or (value < high if high_open else value <= high))
+        ok = (low is None or (value > low if low_open else value >= low)) and (
+            high is None or (value < high if high_open else value <= high)
+        )
     if ok:
         return
     kind = "an integer" if integer else "a number"

@@ -31,8 +31,8 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 from vitlab.errors import VitlabError
 
@@ -74,10 +74,15 @@ def _why(e: BaseException) -> str:
     if code is None:
         found = re.search(r"(?:code: |errno |Errno )(\d+)", str(e))
         code = int(found.group(1)) if found else None
-    words = {errno.ENOSPC: "no space left on the disk", errno.EDQUOT: "the disk quota is used up",
-             errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-             errno.EPERM: "permission denied", errno.ENOENT: "the folder does not exist or does not accept new files",
-             errno.ENOTDIR: "a part of the path is a file, not a folder"}
+    words = {
+        errno.ENOSPC: "no space left on the disk",
+        errno.EDQUOT: "the disk quota is used up",
+        errno.EROFS: "the file system is read-only",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+        errno.ENOENT: "the folder does not exist or does not accept new files",
+        errno.ENOTDIR: "a part of the path is a file, not a folder",
+    }
     if code in words:
         return words[code]
     text = getattr(e, "strerror", None) or (str(e).splitlines() or [""])[0]
@@ -129,8 +134,11 @@ def _check_writable(folder: Path, path: Path, arg: str) -> None:
     try:
         _probe(existing)
     except OSError as e:
-        raise VitlabError(f"{arg} {path} cannot be {'written' if existing == folder else 'created'}: cannot write in "
-                          f"{existing}: {_why(e)}; choose another place", arg=arg) from e
+        raise VitlabError(
+            f"{arg} {path} cannot be {'written' if existing == folder else 'created'}: cannot write in "
+            f"{existing}: {_why(e)}; choose another place",
+            arg=arg,
+        ) from e
 
 
 def check_out_folder(path: str | Path, *, kind: str | None, force: bool = False, arg: str = "out") -> Path:
@@ -157,8 +165,12 @@ def check_out_folder(path: str | Path, *, kind: str | None, force: bool = False,
         return path
     shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
     holds = f"the output of another vitlab command ({found})" if found else f"files vitlab did not write ({shown})"
-    raise VitlabError(f"{arg} {path} already holds {holds}; choose a new folder, or pass force=True to write into it "
-                      "(files of the same names are replaced)", arg=arg, also=("force",))
+    raise VitlabError(
+        f"{arg} {path} already holds {holds}; choose a new folder, or pass force=True to write into it "
+        "(files of the same names are replaced)",
+        arg=arg,
+        also=("force",),
+    )
 
 
 def check_out_file(path: str | Path, *, force: bool = False, companions: Sequence[Path] = (), arg: str = "out") -> Path:
@@ -169,11 +181,17 @@ def check_out_file(path: str | Path, *, force: bool = False, companions: Sequenc
     path = Path(path).expanduser()
     for p in (path, *companions):
         if p.is_dir():
-            raise VitlabError(f"{arg} {p} is a folder; expected a file name such as {p / ('model' + path.suffix)}", arg=arg)
+            raise VitlabError(
+                f"{arg} {p} is a folder; expected a file name such as {p / ('model' + path.suffix)}", arg=arg
+            )
     existing = [str(p) for p in (path, *companions) if p.exists()]
     if existing and not force:
-        raise VitlabError(f"{arg} {' and '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; choose "
-                          "another name, or pass force=True to replace", arg=arg, also=("force",))
+        raise VitlabError(
+            f"{arg} {' and '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; choose "
+            "another name, or pass force=True to replace",
+            arg=arg,
+            also=("force",),
+        )
     _check_writable(path.parent, path, arg)
     return path
 
@@ -272,7 +290,7 @@ def tmp_prefix(path: str | Path) -> str:
 
 def _writer_alive(name: str, stem: str) -> bool:
     """Whether the process that made the temporary `name` (`stem` + PID-...) still runs: its write may be in progress."""
-    pid = name[len(stem):].split("-", 1)[0]
+    pid = name[len(stem) :].split("-", 1)[0]
     if not pid.isdigit():
         return False
     try:

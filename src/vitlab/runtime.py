@@ -7,8 +7,8 @@ import contextlib
 import multiprocessing
 import os
 import random
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -32,7 +32,9 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise VitlabError(f"device {device!r} is not a device; expected auto, cpu, cuda, cuda:N or mps", arg="device") from e
+        raise VitlabError(
+            f"device {device!r} is not a device; expected auto, cpu, cuda, cuda:N or mps", arg="device"
+        ) from e
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise VitlabError(f"device {device} asks for CUDA but no CUDA GPU is visible; use cpu or auto", arg="device")
     if dev.type == "mps" and not torch.backends.mps.is_available():
@@ -71,8 +73,15 @@ def check_threads(n, *, arg: str = "threads", zero: bool = False, optional: bool
     """A number of CPU threads: 1 .. the CPUs available (0 too where `zero` means "choose"). More threads
     than CPUs only wait for each other, and a run with hundreds of them may not finish."""
     cpus = available_cpus()
-    check_range(arg, n, low=0 if zero else 1, high=cpus, integer=True, optional=optional,
-                hint=f" (this machine lets vitlab use {cpus} CPU{'s' if cpus != 1 else ''})")
+    check_range(
+        arg,
+        n,
+        low=0 if zero else 1,
+        high=cpus,
+        integer=True,
+        optional=optional,
+        hint=f" (this machine lets vitlab use {cpus} CPU{'s' if cpus != 1 else ''})",
+    )
     return n
 
 
@@ -130,8 +139,12 @@ def process_pool(workers: int, *, threads: int = 1) -> Iterator[ProcessPoolExecu
     faster side by side in processes than one after the other with more threads each. A result that
     depends only on its arguments is the same in any process, so side by side changes no number."""
     check_range("workers", workers, low=1, integer=True)
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_set_threads, initargs=(threads,))
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_set_threads,
+        initargs=(threads,),
+    )
     try:
         yield pool
     except BaseException:
@@ -142,5 +155,17 @@ def process_pool(workers: int, *, threads: int = 1) -> Iterator[ProcessPoolExecu
     pool.shutdown(wait=True)
 
 
-__all__ = ["PRECISIONS", "SEED_MAX", "resolve_device", "check_precision", "autocast", "check_seed", "available_cpus",
-           "check_threads", "machine_memory", "seed_everything", "num_threads", "process_pool"]
+__all__ = [
+    "PRECISIONS",
+    "SEED_MAX",
+    "resolve_device",
+    "check_precision",
+    "autocast",
+    "check_seed",
+    "available_cpus",
+    "check_threads",
+    "machine_memory",
+    "seed_everything",
+    "num_threads",
+    "process_pool",
+]

@@ -33,8 +33,8 @@ Functions
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -57,8 +57,10 @@ def check_vit(model: nn.Module) -> None:
     """Attention maps, rollout, attention distance and Figure 7 need a ViT: a CNN has no attention."""
     if not isinstance(model, VisionTransformer):
         name = getattr(getattr(model, "pretrained_cfg", None), "architecture", None) or type(model).__name__
-        raise VitlabError(f"{name} is a CNN baseline, which has no attention layers; attention maps and Figure 7 "
-                          "need a ViT (`vitlab info` lists the models)")
+        raise VitlabError(
+            f"{name} is a CNN baseline, which has no attention layers; attention maps and Figure 7 "
+            "need a ViT (`vitlab info` lists the models)"
+        )
 
 
 def _layer_list(model: nn.Module, layers: int | str | Iterable[int] | None, arg: str = "layer") -> list[int]:
@@ -74,12 +76,14 @@ def _layer_list(model: nn.Module, layers: int | str | Iterable[int] | None, arg:
         try:
             i = int(layer)
         except (TypeError, ValueError):
-            raise VitlabError(f"{arg} {layer!r} is not a layer index; expected an int in 0..{depth - 1} or 'all'",
-                              arg=arg) from None
+            raise VitlabError(
+                f"{arg} {layer!r} is not a layer index; expected an int in 0..{depth - 1} or 'all'", arg=arg
+            ) from None
         j = i + depth if i < 0 else i
         if not 0 <= j < depth:
-            raise VitlabError(f"{arg} {i} does not exist: this model has layers 0..{depth - 1} (or -{depth}..-1)",
-                              arg=arg)
+            raise VitlabError(
+                f"{arg} {i} does not exist: this model has layers 0..{depth - 1} (or -{depth}..-1)", arg=arg
+            )
         out.append(j)
     return sorted(set(out))
 
@@ -130,8 +134,12 @@ def _plan(model: nn.Module, layers: list[int], batch_size: int | None, max_bytes
     T = model.cfg.num_patches + model.cfg.num_prefix_tokens
     per_layer_image = model.cfg.heads * T * T * 4  # bytes of one (h, T, T) float32 map
     # one image's maps of every layer asked for are kept, and one more is being computed
-    check_memory((len(layers) + 1) * per_layer_image, f"the attention weights of {len(layers)} layer(s) of one image "
-                 f"({model.cfg.heads} heads x {T:,} x {T:,} tokens each)", fix="; ask for fewer layers, or a smaller image size")
+    check_memory(
+        (len(layers) + 1) * per_layer_image,
+        f"the attention weights of {len(layers)} layer(s) of one image "
+        f"({model.cfg.heads} heads x {T:,} x {T:,} tokens each)",
+        fix="; ask for fewer layers, or a smaller image size",
+    )
     group = max(1, min(len(layers), max_bytes // per_layer_image))
     groups = [layers[i : i + group] for i in range(0, len(layers), group)]
     if batch_size is None:
@@ -168,8 +176,20 @@ def iter_attention(
     dtype = next(model.parameters()).dtype
     count = images.shape[0] if isinstance(images, torch.Tensor) and images.ndim == 4 else None
     with _eval_mode(model):
-        run = InferenceRunner(model, precision="fp32", batch_size=batch_size, images=count * len(groups),
-                              device=device, fast=fast_path, method="forward_features", log=log) if count else model.forward_features
+        run = (
+            InferenceRunner(
+                model,
+                precision="fp32",
+                batch_size=batch_size,
+                images=count * len(groups),
+                device=device,
+                fast=fast_path,
+                method="forward_features",
+                log=log,
+            )
+            if count
+            else model.forward_features
+        )
         for x in _batches(images, batch_size):
             x = x.to(device=device, dtype=dtype)
             chunk: dict[int, torch.Tensor] = {}
@@ -199,7 +219,9 @@ def attention_maps(
     forward is untouched: a later `model(x)` still takes the fused path and gives the same logits.
     """
     out: dict[int, list[torch.Tensor]] = {}
-    for chunk in iter_attention(model, images, layers, batch_size=batch_size, max_bytes=max_bytes, out_device=out_device):
+    for chunk in iter_attention(
+        model, images, layers, batch_size=batch_size, max_bytes=max_bytes, out_device=out_device
+    ):
         for layer, attn in chunk.items():
             out.setdefault(layer, []).append(attn)
     return {layer: torch.cat(parts) for layer, parts in out.items()}
@@ -209,7 +231,9 @@ def attention_maps(
 # From token-by-token matrices to maps on the patch grid
 
 
-def token_map(matrix: torch.Tensor, *, num_prefix_tokens: int, grid_size: tuple[int, int], pool: str = "cls") -> torch.Tensor:
+def token_map(
+    matrix: torch.Tensor, *, num_prefix_tokens: int, grid_size: tuple[int, int], pool: str = "cls"
+) -> torch.Tensor:
     """The row of a (..., T, T) attention (or rollout) matrix that the classifier reads, on the grid.
 
     `pool="cls"`: the class token's row over the patches, matrix[..., 0, prefix:]. `pool="mean"`
@@ -250,10 +274,13 @@ def cls_attention(
     check_vit(model)
     cfg = model.cfg
     out: dict[int, list[torch.Tensor]] = {}
-    for chunk in iter_attention(model, images, layers, batch_size=batch_size, max_bytes=max_bytes, fast_path=fast_path,
-                                log=log):
+    for chunk in iter_attention(
+        model, images, layers, batch_size=batch_size, max_bytes=max_bytes, fast_path=fast_path, log=log
+    ):
         for layer, attn in chunk.items():
-            m = token_map(attn, num_prefix_tokens=cfg.num_prefix_tokens, grid_size=cfg.grid_size, pool=_model_pool(model))
+            m = token_map(
+                attn, num_prefix_tokens=cfg.num_prefix_tokens, grid_size=cfg.grid_size, pool=_model_pool(model)
+            )
             out.setdefault(layer, []).append(m)
     return {layer: torch.cat(parts) for layer, parts in out.items()}
 
@@ -348,10 +375,13 @@ def rollout(
     if start > end:
         raise VitlabError(f"rollout start layer {start} is after its end layer {end}")
     maps = []
-    for chunk in iter_attention(model, images, range(start, end + 1), batch_size=batch_size, max_bytes=max_bytes,
-                                fast_path=fast_path, log=log):
+    for chunk in iter_attention(
+        model, images, range(start, end + 1), batch_size=batch_size, max_bytes=max_bytes, fast_path=fast_path, log=log
+    ):
         r = attention_rollout(chunk, head_fusion=head_fusion, discard_ratio=discard_ratio)  # (b, T, T)
-        maps.append(token_map(r, num_prefix_tokens=cfg.num_prefix_tokens, grid_size=cfg.grid_size, pool=_model_pool(model)))
+        maps.append(
+            token_map(r, num_prefix_tokens=cfg.num_prefix_tokens, grid_size=cfg.grid_size, pool=_model_pool(model))
+        )
     return torch.cat(maps)
 
 
@@ -380,21 +410,37 @@ def explain(
     chosen = _layer_list(model, layers)
     if method == "rollout":
         if head not in HEAD_FUSIONS:
-            raise VitlabError(f"head {head!r}: rollout fuses the heads of every layer; use mean, max or min", arg="head")
-        m = rollout(model, images, head_fusion=str(head), discard_ratio=discard_ratio, start_layer=start_layer,
-                    end_layer=chosen[-1], batch_size=batch_size, fast_path=fast_path, log=log)  # (B, gh, gw)
+            raise VitlabError(
+                f"head {head!r}: rollout fuses the heads of every layer; use mean, max or min", arg="head"
+            )
+        m = rollout(
+            model,
+            images,
+            head_fusion=str(head),
+            discard_ratio=discard_ratio,
+            start_layer=start_layer,
+            end_layer=chosen[-1],
+            batch_size=batch_size,
+            fast_path=fast_path,
+            log=log,
+        )  # (B, gh, gw)
         start = _layer_list(model, start_layer, "start_layer")[0]
         return m[:, None, None], [f"rollout {start}-{chosen[-1]}"], [f"{head} of heads"]
     if method != "cls":
         raise VitlabError(f"method must be cls or rollout; found {method!r}", arg="method")
-    per_layer = cls_attention(model, images, chosen, batch_size=batch_size, fast_path=fast_path,
-                              log=log)  # {layer: (B, h, gh, gw)}
+    per_layer = cls_attention(
+        model, images, chosen, batch_size=batch_size, fast_path=fast_path, log=log
+    )  # {layer: (B, h, gh, gw)}
     maps = torch.stack([per_layer[layer] for layer in chosen], dim=1)  # (B, L, h, gh, gw)
     rows = [f"layer {layer}" for layer in chosen]
     if head == "all":
         return maps, rows, [f"head {i}" for i in range(maps.shape[2])]
     if head in HEAD_FUSIONS:
-        return fuse_heads(maps.flatten(0, 1), str(head)).unflatten(0, maps.shape[:2])[:, :, None], rows, [f"{head} of heads"]
+        return (
+            fuse_heads(maps.flatten(0, 1), str(head)).unflatten(0, maps.shape[:2])[:, :, None],
+            rows,
+            [f"{head} of heads"],
+        )
     try:
         h = int(head)
     except (TypeError, ValueError):
@@ -448,8 +494,9 @@ def mean_attention_distance(
     cfg = model.cfg
     total: dict[int, torch.Tensor] = {}
     n = 0
-    for chunk in iter_attention(model, images, layers, batch_size=batch_size, max_bytes=max_bytes, fast_path=fast_path,
-                                log=log):
+    for chunk in iter_attention(
+        model, images, layers, batch_size=batch_size, max_bytes=max_bytes, fast_path=fast_path, log=log
+    ):
         for layer, attn in chunk.items():
             d = attention_distance(
                 attn, num_prefix_tokens=cfg.num_prefix_tokens, grid_size=cfg.grid_size, patch_size=cfg.patch_size
@@ -497,8 +544,10 @@ def patch_embedding_pcs(model: nn.Module, k: int = 28) -> tuple[torch.Tensor, to
     check_vit(model)
     cfg = model.cfg
     if cfg.stem == "hybrid":
-        raise VitlabError("the hybrid stem's projection is a 1x1 conv over CNN features, not RGB patch filters; "
-                          "patch-embedding PCA needs stem='patch'")
+        raise VitlabError(
+            "the hybrid stem's projection is a 1x1 conv over CNN features, not RGB patch filters; "
+            "patch-embedding PCA needs stem='patch'"
+        )
     P, C = cfg.patch_size, cfg.in_chans
     w = model.patch_embed.proj.weight.detach().float().reshape(cfg.dim, C * P * P)  # (D, C*P*P)
     w = w - w.mean(dim=0, keepdim=True)
@@ -549,11 +598,7 @@ def boundary_columns(img_width: int, patch_size: int) -> tuple[int, ...]:
 
 
 def boundary_attention_share(
-    model: nn.Module,
-    images,
-    *,
-    columns: Sequence[int] | None = None,
-    batch_size: int | None = 256,
+    model: nn.Module, images, *, columns: Sequence[int] | None = None, batch_size: int | None = 256
 ) -> BoundaryShare:
     """The mini experiment claims the trained demo model's CLS token attends to what separates the
     classes; on dataset X that is the vertical boundary between the bright and the dark half. This
@@ -569,13 +614,17 @@ def boundary_attention_share(
     check_vit(model)
     cfg = model.cfg
     gh, gw = cfg.grid_size
-    columns = tuple(int(c) for c in (columns if columns is not None else boundary_columns(cfg.img_size[1], cfg.patch_size)))
+    columns = tuple(
+        int(c) for c in (columns if columns is not None else boundary_columns(cfg.img_size[1], cfg.patch_size))
+    )
     if not columns or any(not 0 <= c < gw for c in columns):
         raise VitlabError(f"boundary columns {columns} must lie in 0..{gw - 1} (the patch grid is {gh}x{gw})")
     last = len(model.blocks) - 1
     total, n = 0.0, 0
     for chunk in iter_attention(model, images, [last], batch_size=batch_size):
-        m = token_map(chunk[last], num_prefix_tokens=cfg.num_prefix_tokens, grid_size=cfg.grid_size, pool=_model_pool(model))
+        m = token_map(
+            chunk[last], num_prefix_tokens=cfg.num_prefix_tokens, grid_size=cfg.grid_size, pool=_model_pool(model)
+        )
         m = m.mean(dim=1)  # (b, gh, gw): mean over heads
         m = m / m.sum(dim=(-2, -1), keepdim=True)  # share of the patch attention, per image
         total += m[:, :, list(columns)].sum().item()
@@ -625,19 +674,20 @@ class TokenNorms:
         rows = []
         for i, layer in enumerate(self.layers):
             flat = self.patches[i].flatten()
-            row = {"layer": layer, "patch_median": float(flat.median()), "patch_p95": float(flat.quantile(0.95)),
-                   "patch_max": float(flat.max()), "high_norm_share": float(high[i].float().mean())}
+            row = {
+                "layer": layer,
+                "patch_median": float(flat.median()),
+                "patch_p95": float(flat.quantile(0.95)),
+                "patch_max": float(flat.max()),
+                "high_norm_share": float(high[i].float().mean()),
+            }
             row.update({name: float(self.prefix[i, :, j].mean()) for j, name in enumerate(self.prefix_names)})
             rows.append(row)
         return rows
 
 
 def token_norms(
-    model: nn.Module,
-    images,
-    layers: int | str | Iterable[int] | None = "all",
-    *,
-    batch_size: int | None = 32,
+    model: nn.Module, images, layers: int | str | Iterable[int] | None = "all", *, batch_size: int | None = 32
 ) -> TokenNorms:
     """The norm of every token after each chosen block, patches on the grid and prefix tokens apart.
 
@@ -657,6 +707,7 @@ def token_norms(
     def keep(i: int):
         def hook(module, args, out):  # a Block returns (tokens, attention weights or None)
             caught[i] = out[0].detach().float().norm(dim=-1).cpu()  # (b, T)
+
         return hook
 
     hooks = [model.blocks[i].register_forward_hook(keep(i)) for i in chosen]
@@ -672,8 +723,9 @@ def token_norms(
         raise VitlabError("token_norms needs at least one image; found none")
     norms = torch.cat(per_chunk, dim=1)  # (L, B, T)
     patches = norms[..., p:].reshape(len(chosen), -1, gh, gw)  # (L, B, gh, gw), raster order
-    return TokenNorms(layers=tuple(chosen), patches=patches, prefix=norms[..., :p],
-                      prefix_names=tuple(prefix_token_names(cfg)))
+    return TokenNorms(
+        layers=tuple(chosen), patches=patches, prefix=norms[..., :p], prefix_names=tuple(prefix_token_names(cfg))
+    )
 
 
 __all__ = [

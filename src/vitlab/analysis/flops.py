@@ -32,16 +32,25 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitlab.errors import VitlabError, check_range
+from vitlab.errors import check_range
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config, get_variant
-from vitlab.models.size import (BYTES_FP32, MemoryEstimate, activation_elements, check_fits, training_memory,
-                                vit_parameters)
-from vitlab.models.vit import ViTConfig, VisionTransformer
+from vitlab.models.size import (
+    BYTES_FP32,
+    MemoryEstimate,
+    activation_elements,
+    check_fits,
+    training_memory,
+    vit_parameters,
+)
+from vitlab.models.vit import VisionTransformer, ViTConfig
 
 # The paper's Table 1 (Base, Large, Huge), with the paper's rounded sizes.
-TABLE1 = (("ViT-Base", "vit_base_patch16_224", "86M"), ("ViT-Large", "vit_large_patch16_224", "307M"),
-              ("ViT-Huge", "vit_huge_patch14_224", "632M"))
+TABLE1 = (
+    ("ViT-Base", "vit_base_patch16_224", "86M"),
+    ("ViT-Large", "vit_large_patch16_224", "307M"),
+    ("ViT-Huge", "vit_huge_patch14_224", "632M"),
+)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -57,7 +66,14 @@ def build_on_meta(cfg: ViTConfig) -> VisionTransformer:
 def _component(name: str) -> str:
     if name.startswith("patch_embed."):
         return "patch_embed"
-    if name in ("cls_token", "dist_token", "reg_token", "pos_embed", "pos_embed_row", "pos_embed_col") or name.startswith("rel_pos."):
+    if name in (
+        "cls_token",
+        "dist_token",
+        "reg_token",
+        "pos_embed",
+        "pos_embed_row",
+        "pos_embed_col",
+    ) or name.startswith("rel_pos."):
         return "cls_token + pos_embed"  # every prefix token (class, distillation, registers) with the positions
     if name.startswith("blocks."):
         return "blocks"
@@ -224,8 +240,18 @@ def seed_table() -> list[dict]:
     for label, name, paper in TABLE1:
         cfg = get_config(name)
         params = sum(p.numel() for p in build_on_meta(cfg).parameters())
-        rows.append({"model": label, "name": name, "layers": cfg.depth, "dim": cfg.dim, "mlp": cfg.hidden_dim,
-                     "heads": cfg.heads, "params": params, "paper": paper})
+        rows.append(
+            {
+                "model": label,
+                "name": name,
+                "layers": cfg.depth,
+                "dim": cfg.dim,
+                "mlp": cfg.hidden_dim,
+                "heads": cfg.heads,
+                "params": params,
+                "paper": paper,
+            }
+        )
     return rows
 
 
@@ -236,8 +262,15 @@ def patch_size_tradeoff(cfg: ViTConfig, img_size: int = 224, patches: tuple[int,
     for P in patches:
         c = cfg.replace(img_size=img_size, patch_size=P, stem="patch")
         count = count_macs(c)
-        rows.append({"patch": P, "N": c.num_patches, "T": c.num_patches + c.num_prefix_tokens,
-                     "attention_macs": count.attention_macs, "macs": count.macs})
+        rows.append(
+            {
+                "patch": P,
+                "N": c.num_patches,
+                "T": c.num_patches + c.num_prefix_tokens,
+                "attention_macs": count.attention_macs,
+                "macs": count.macs,
+            }
+        )
     return rows
 
 
@@ -259,13 +292,26 @@ def _bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def info_report(name: str, *, img_size: int | None = None, patch_size: int | None = None,
-                batch_size: int = 64, dim: int | None = None, depth: int | None = None,
-                heads: int | None = None) -> str:
+def info_report(
+    name: str,
+    *,
+    img_size: int | None = None,
+    patch_size: int | None = None,
+    batch_size: int = 64,
+    dim: int | None = None,
+    depth: int | None = None,
+    heads: int | None = None,
+) -> str:
     """The text of `vitlab info NAME`: parameters, tokens, FLOPs, memory, the paper's Table 1 and the
     patch-size trade-off. Every size is checked before anything is built."""
-    for arg, value in (("img_size", img_size), ("patch_size", patch_size), ("batch_size", batch_size),
-                       ("dim", dim), ("depth", depth), ("heads", heads)):
+    for arg, value in (
+        ("img_size", img_size),
+        ("patch_size", patch_size),
+        ("batch_size", batch_size),
+        ("dim", dim),
+        ("depth", depth),
+        ("heads", heads),
+    ):
         check_range(arg, value, low=1, integer=True, optional=True)
     if not get_variant(name).is_vit:
         return _cnn_report(name, img_size or 32, batch_size)
@@ -280,9 +326,12 @@ def info_report(name: str, *, img_size: int | None = None, patch_size: int | Non
     gh, gw = cfg.grid_size
     T = cfg.num_patches + cfg.num_prefix_tokens
 
-    lines = [f"{name}: D={cfg.dim} L={cfg.depth} h={cfg.heads} (d={cfg.dim // cfg.heads}) MLP={cfg.hidden_dim} "
-             f"P={cfg.patch_size} img={H}x{W} classes={cfg.num_classes} pos_embed={cfg.pos_embed} pool={cfg.pool}",
-             "", "Parameters"]
+    lines = [
+        f"{name}: D={cfg.dim} L={cfg.depth} h={cfg.heads} (d={cfg.dim // cfg.heads}) MLP={cfg.hidden_dim} "
+        f"P={cfg.patch_size} img={H}x{W} classes={cfg.num_classes} pos_embed={cfg.pos_embed} pool={cfg.pool}",
+        "",
+        "Parameters",
+    ]
     for key in ("patch_embed", "cls_token + pos_embed", "blocks", "norm", "head"):
         extra = ""
         if key == "blocks":
@@ -292,39 +341,60 @@ def info_report(name: str, *, img_size: int | None = None, patch_size: int | Non
     if params.get("other"):
         lines.append(f"  {'other':<24}{params['other']:>14,}")
     lines.append(f"  {'total':<24}{params['total']:>14,}")
-    tokens = (("class", cfg.class_token), ("distillation", cfg.dist_token), (f"{cfg.reg_tokens} registers", cfg.reg_tokens))
+    tokens = (
+        ("class", cfg.class_token),
+        ("distillation", cfg.dist_token),
+        (f"{cfg.reg_tokens} registers", cfg.reg_tokens),
+    )
     prefix = ", ".join(kind for kind, present in tokens if present) or "none"
-    lines += ["", f"Sequence: {gh}x{gw} = {cfg.num_patches} patches + {cfg.num_prefix_tokens} prefix ({prefix}) "
-              f"= {T} tokens", "",
-              "Compute per image (1 MAC = one multiply-add; FLOPs = 2 x MACs)"]
+    lines += [
+        "",
+        f"Sequence: {gh}x{gw} = {cfg.num_patches} patches + {cfg.num_prefix_tokens} prefix ({prefix}) = {T} tokens",
+        "",
+        "Compute per image (1 MAC = one multiply-add; FLOPs = 2 x MACs)",
+    ]
     for key, macs in count.rows.items():
         lines.append(f"  {key:<24}{_si(macs, 'MACs'):>14}  {100 * macs / count.macs:5.1f}%")
     lines.append(f"  {'total':<24}{_si(count.macs, 'MACs'):>14}  = {_si(count.flops, 'FLOPs')}")
-    lines.append(f"  torch FlopCounterMode: {_si(measured, 'FLOPs')} "
-                 f"(analytic / counted = {count.flops / measured:.4f}; it skips LayerNorm, softmax, GELU too)")
+    lines.append(
+        f"  torch FlopCounterMode: {_si(measured, 'FLOPs')} "
+        f"(analytic / counted = {count.flops / measured:.4f}; it skips LayerNorm, softmax, GELU too)"
+    )
     if count.note:
         lines.append(f"  ({count.note})")
-    lines += ["", f"Training memory at batch {batch_size} (fp32, AdamW)",
-              f"  weights                 {_bytes(mem.weights):>12}",
-              f"  grads + AdamW moments   {_bytes(mem.optimizer_state):>12}",
-              f"  activations (fused)     {_bytes(mem.activations):>12}  "
-              f"(per image per block: ~T x (8D + 2M) floats = {T} x {8 * cfg.dim + 2 * cfg.hidden_dim})",
-              f"  total                   {_bytes(mem.total):>12}",
-              f"  + attention matrices    {_bytes(mem.attention_matrices):>12}  "
-              f"if the explicit path keeps softmax(QK^T/sqrt(d)): L x h x T^2 floats per image", ""]
+    lines += [
+        "",
+        f"Training memory at batch {batch_size} (fp32, AdamW)",
+        f"  weights                 {_bytes(mem.weights):>12}",
+        f"  grads + AdamW moments   {_bytes(mem.optimizer_state):>12}",
+        f"  activations (fused)     {_bytes(mem.activations):>12}  "
+        f"(per image per block: ~T x (8D + 2M) floats = {T} x {8 * cfg.dim + 2 * cfg.hidden_dim})",
+        f"  total                   {_bytes(mem.total):>12}",
+        f"  + attention matrices    {_bytes(mem.attention_matrices):>12}  "
+        f"if the explicit path keeps softmax(QK^T/sqrt(d)): L x h x T^2 floats per image",
+        "",
+    ]
     lines.append("The paper's Table 1, parameters counted at 224 px with 1000 classes")
     lines.append(f"  {'model':<10}{'layers':>7}{'D':>6}{'MLP':>6}{'heads':>6}{'params':>14}{'paper':>7}")
     for r in seed_table():
-        lines.append(f"  {r['model']:<10}{r['layers']:>7}{r['dim']:>6}{r['mlp']:>6}{r['heads']:>6}"
-                     f"{r['params']:>14,}{r['paper']:>7}")
+        lines.append(
+            f"  {r['model']:<10}{r['layers']:>7}{r['dim']:>6}{r['mlp']:>6}{r['heads']:>6}"
+            f"{r['params']:>14,}{r['paper']:>7}"
+        )
     a, b = patch_size_tradeoff(cfg)
-    lines += ["", f"Self-attention is O(N^2 D): this width and depth at 224 px, patch {a['patch']} vs {b['patch']}",
-              f"  {'patch':<7}{'N':>6}{'N+1':>6}{'QK^T + AV':>16}{'whole model':>16}"]
+    lines += [
+        "",
+        f"Self-attention is O(N^2 D): this width and depth at 224 px, patch {a['patch']} vs {b['patch']}",
+        f"  {'patch':<7}{'N':>6}{'N+1':>6}{'QK^T + AV':>16}{'whole model':>16}",
+    ]
     for r in (a, b):
-        lines.append(f"  {r['patch']:<7}{r['N']:>6}{r['T']:>6}{_si(r['attention_macs'], 'MACs'):>16}"
-                     f"{_si(r['macs'], 'MACs'):>16}")
-    lines.append(f"  {b['N'] // a['N']}x the patches -> {b['attention_macs'] / a['attention_macs']:.1f}x the attention "
-                 f"products and {b['macs'] / a['macs']:.1f}x the whole model's MACs")
+        lines.append(
+            f"  {r['patch']:<7}{r['N']:>6}{r['T']:>6}{_si(r['attention_macs'], 'MACs'):>16}{_si(r['macs'], 'MACs'):>16}"
+        )
+    lines.append(
+        f"  {b['N'] // a['N']}x the patches -> {b['attention_macs'] / a['attention_macs']:.1f}x the attention "
+        f"products and {b['macs'] / a['macs']:.1f}x the whole model's MACs"
+    )
     return "\n".join(lines)
 
 
@@ -336,10 +406,13 @@ def _cnn_report(name: str, img_size: int, batch_size: int) -> str:
     lines = [f"{name}: a CNN baseline (vitlab.models.cnn.ResNetMini), {img_size}x{img_size} input", "", "Parameters"]
     for child_name, child in model.named_children():
         lines.append(f"  {child_name:<24}{sum(p.numel() for p in child.parameters()):>14,}")
-    lines += [f"  {'total':<24}{total:>14,}", "",
-              f"Compute per image (torch FlopCounterMode): {_si(measured / 2, 'MACs')} = {_si(measured, 'FLOPs')}",
-              f"Weights + grads + AdamW moments: {_bytes(16 * total)} (batch {batch_size}: activations not estimated "
-              "for CNNs)"]
+    lines += [
+        f"  {'total':<24}{total:>14,}",
+        "",
+        f"Compute per image (torch FlopCounterMode): {_si(measured / 2, 'MACs')} = {_si(measured, 'FLOPs')}",
+        f"Weights + grads + AdamW moments: {_bytes(16 * total)} (batch {batch_size}: activations not estimated "
+        "for CNNs)",
+    ]
     return "\n".join(lines)
 
 

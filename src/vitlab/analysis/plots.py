@@ -12,8 +12,8 @@ order of the patches; `imshow(origin="upper")` and the upsampling below keep it 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -158,8 +158,14 @@ def attention_grid(
     label_h, head = 0.3, (0.5 if title else 0.0)  # inches: above each tile, above the grid
     fig = Figure(figsize=(tile * cols, head + rows * (tile + label_h)))
     H = fig.get_figheight()
-    axes = fig.subplots(rows, cols, squeeze=False, gridspec_kw=dict(
-        left=0.005, right=0.995, bottom=0.005, top=1 - (head + label_h) / H, wspace=0.04, hspace=label_h / tile))
+    axes = fig.subplots(
+        rows,
+        cols,
+        squeeze=False,
+        gridspec_kw=dict(
+            left=0.005, right=0.995, bottom=0.005, top=1 - (head + label_h) / H, wspace=0.04, hspace=label_h / tile
+        ),
+    )
     for ax in axes.flat:
         ax.set_axis_off()
     for ax, (picture, label) in zip(axes.flat, tiles):
@@ -190,7 +196,9 @@ def figure7a(components: torch.Tensor, explained: torch.Tensor, path: str | Path
     comps = components.detach().float().cpu().numpy()
     k, C, P, _ = comps.shape
     tiles = np.stack([normalize01(c) for c in comps])  # (k, C, P, P)
-    tiles = tiles.transpose(0, 2, 3, 1) if C == 3 else np.repeat(tiles.mean(axis=1)[..., None], 3, axis=-1)  # (k, P, P, 3)
+    tiles = (
+        tiles.transpose(0, 2, 3, 1) if C == 3 else np.repeat(tiles.mean(axis=1)[..., None], 3, axis=-1)
+    )  # (k, P, P, 3)
     rows = math.ceil(k / cols)
     mosaic = _mosaic(tiles, rows, cols, gap=max(1, P // 8))
     mosaic = np.where(np.isnan(mosaic), 1.0, mosaic)  # white gaps
@@ -252,9 +260,9 @@ def figure7c(
     return save_figure(fig, path)
 
 
-
-def write_figure7(model, images, out_dir: str | Path, *, batch_size: int | None = None, k: int = 28,
-                  fast_path: str = "off", log=None) -> dict:
+def write_figure7(
+    model, images, out_dir: str | Path, *, batch_size: int | None = None, k: int = 28, fast_path: str = "off", log=None
+) -> dict:
     """The paper's Figure 7 for `model`, as PNGs and CSVs in `out_dir`; returns what was written and
     the headline numbers. (a) needs a patch stem and (b) an absolute position embedding; a model
     without them gets a note instead of that panel.
@@ -275,8 +283,13 @@ def write_figure7(model, images, out_dir: str | Path, *, batch_size: int | None 
         summary["notes"].append(f"(a) skipped: {e}")
     else:
         summary["files"].append(figure7a(comps, ratio, out_dir / "fig7a_patch_embedding_pcs.png"))
-        summary["files"].append(write_csv(out_dir / "fig7a_patch_embedding_pcs.csv", ["component", "explained_variance_ratio"],
-                                          [(i, f"{r:.6f}") for i, r in enumerate(ratio.tolist())]))
+        summary["files"].append(
+            write_csv(
+                out_dir / "fig7a_patch_embedding_pcs.csv",
+                ["component", "explained_variance_ratio"],
+                [(i, f"{r:.6f}") for i, r in enumerate(ratio.tolist())],
+            )
+        )
         summary["pcs_explained"] = float(ratio.sum())
     try:
         sim = A.position_embedding_similarity(model)  # (N, N)
@@ -289,12 +302,18 @@ def write_figure7(model, images, out_dir: str | Path, *, batch_size: int | None 
         rows = [[i, i // gw, i % gw] + [f"{v:.5f}" for v in sim[i].tolist()] for i in range(gh * gw)]
         summary["files"].append(write_csv(out_dir / "fig7b_position_embedding_similarity.csv", header, rows))
         summary["pe_neighbour_vs_far"] = _neighbour_vs_far(sim, (gh, gw))
-    layers, dist = A.mean_attention_distance(model, images, batch_size=batch_size, fast_path=fast_path,
-                                             log=log)  # (L, h)
+    layers, dist = A.mean_attention_distance(
+        model, images, batch_size=batch_size, fast_path=fast_path, log=log
+    )  # (L, h)
     uniform = float(A.patch_distances(cfg.grid_size, cfg.patch_size).mean())
     summary["files"].append(figure7c(layers, dist, out_dir / "fig7c_mean_attention_distance.png", uniform=uniform))
-    summary["files"].append(write_csv(out_dir / "fig7c_mean_attention_distance.csv", ["layer", "head", "mean_distance_px"],
-                                      [(l, h, f"{dist[i, h]:.4f}") for i, l in enumerate(layers) for h in range(dist.shape[1])]))
+    summary["files"].append(
+        write_csv(
+            out_dir / "fig7c_mean_attention_distance.csv",
+            ["layer", "head", "mean_distance_px"],
+            [(layer, h, f"{dist[i, h]:.4f}") for i, layer in enumerate(layers) for h in range(dist.shape[1])],
+        )
+    )
     summary["distance_per_layer"] = dist.mean(dim=1).tolist()
     summary["distance_uniform"] = uniform
     return summary
@@ -304,14 +323,18 @@ def figure7_lines(summary: dict) -> list[str]:
     """The headline numbers of `write_figure7`'s summary, one line per panel, then its notes."""
     lines = []
     if "pcs_explained" in summary:
-        lines.append(f"(a) first 28 principal components of the patch-embedding filters explain "
-                     f"{summary['pcs_explained']:.1%} of their variance")
+        lines.append(
+            f"(a) first 28 principal components of the patch-embedding filters explain "
+            f"{summary['pcs_explained']:.1%} of their variance"
+        )
     if "pe_neighbour_vs_far" in summary:
         near, far = summary["pe_neighbour_vs_far"]
         lines.append(f"(b) position-embedding cosine similarity: neighbours {near:.3f}, far apart {far:.3f}")
     per_layer = ", ".join(f"{d:.1f}" for d in summary["distance_per_layer"])
-    lines.append(f"(c) mean attention distance per layer (px, mean over heads): {per_layer}; uniform attention: "
-                 f"{summary['distance_uniform']:.1f}")
+    lines.append(
+        f"(c) mean attention distance per layer (px, mean over heads): {per_layer}; uniform attention: "
+        f"{summary['distance_uniform']:.1f}"
+    )
     return lines + list(summary["notes"])
 
 
@@ -321,9 +344,11 @@ def token_norm_lines(norms: dict) -> list[str]:
     last = norms["rows"][-1]
     prefix = ", ".join(f"{name} {last[name]:.3g}" for name in norms["prefix_names"])
     high = ", ".join(f"{r['high_norm_share']:.1%}" for r in norms["rows"])
-    return [f"(d) token norms, last layer: patches median {last['patch_median']:.3g}, max {last['patch_max']:.3g}"
-            + (f"; prefix tokens: {prefix}" if prefix else ""),
-            f"    share of patches above {norms['ratio']:g}x the median, per layer: {high}"]
+    return [
+        f"(d) token norms, last layer: patches median {last['patch_median']:.3g}, max {last['patch_max']:.3g}"
+        + (f"; prefix tokens: {prefix}" if prefix else ""),
+        f"    share of patches above {norms['ratio']:g}x the median, per layer: {high}",
+    ]
 
 
 def _neighbour_vs_far(sim: torch.Tensor, grid_size: tuple[int, int]) -> tuple[float, float]:
@@ -336,6 +361,7 @@ def _neighbour_vs_far(sim: torch.Tensor, grid_size: tuple[int, int]) -> tuple[fl
     far = sim[manhattan >= (gh + gw) // 2]  # at least half the grid apart
     return float(near.mean()), float(far.mean()) if far.numel() else float("nan")
 
+
 # ----------------------------------------------------------------------------------------------------
 # Token norms (Darcet et al. 2023)
 
@@ -347,8 +373,16 @@ def _spread(layers: Sequence[int], k: int) -> list[int]:
     return [layers[round(i * (len(layers) - 1) / (k - 1))] for i in range(k)]
 
 
-def token_norm_figure(image: np.ndarray, norms: A.TokenNorms, path: str | Path, *, index: int = 0, max_maps: int = 6,
-                      ratio: float = 4.0, title: str = "") -> Path:
+def token_norm_figure(
+    image: np.ndarray,
+    norms: A.TokenNorms,
+    path: str | Path,
+    *,
+    index: int = 0,
+    max_maps: int = 6,
+    ratio: float = 4.0,
+    title: str = "",
+) -> Path:
     """Where the large token norms are, per layer.
 
     Top: the image, then for up to `max_maps` layers (spread over the depth, the last included) the norm
@@ -364,8 +398,15 @@ def token_norm_figure(image: np.ndarray, norms: A.TokenNorms, path: str | Path, 
     tile, label, panel, head = 1.9, 0.3, 2.6, (0.45 if title else 0.15)  # inches
     fig = Figure(figsize=(max(tile * cols + 0.8, 7.0), head + label + tile + 0.5 + panel + 0.5))
     W, H = fig.get_figwidth(), fig.get_figheight()
-    top = fig.add_gridspec(1, cols, left=0.1 / W, right=1 - 0.7 / W, top=1 - (head + label) / H,
-                           bottom=1 - (head + label + tile) / H, wspace=0.35)
+    top = fig.add_gridspec(
+        1,
+        cols,
+        left=0.1 / W,
+        right=1 - 0.7 / W,
+        top=1 - (head + label) / H,
+        bottom=1 - (head + label + tile) / H,
+        wspace=0.35,
+    )
     ax = fig.add_subplot(top[0, 0])
     ax.imshow(image)
     ax.set_title("image", fontsize=8)
@@ -398,7 +439,9 @@ def token_norm_figure(image: np.ndarray, norms: A.TokenNorms, path: str | Path, 
     ax.plot(x, flat.amax(dim=1).numpy(), color="red", linestyle=":", label="patches, max")
     colours = colormaps["tab10"]
     for j, name in enumerate(norms.prefix_names):
-        ax.plot(x, norms.prefix[:, :, j].mean(dim=1).numpy(), marker="o", markersize=3, color=colours(j % 10), label=name)
+        ax.plot(
+            x, norms.prefix[:, :, j].mean(dim=1).numpy(), marker="o", markersize=3, color=colours(j % 10), label=name
+        )
     if float(flat.amax()) > 20 * max(float(flat.median()), 1e-6):
         ax.set_yscale("log")
     ax.set_xlabel("layer")
@@ -410,8 +453,15 @@ def token_norm_figure(image: np.ndarray, norms: A.TokenNorms, path: str | Path, 
     return save_figure(fig, path)
 
 
-def write_token_norms(model, images: torch.Tensor, display: np.ndarray, out_dir: str | Path, *, ratio: float = 4.0,
-                      batch_size: int | None = None) -> dict:
+def write_token_norms(
+    model,
+    images: torch.Tensor,
+    display: np.ndarray,
+    out_dir: str | Path,
+    *,
+    ratio: float = 4.0,
+    batch_size: int | None = None,
+) -> dict:
     """token_norms.png (`token_norm_figure`, first image) and token_norms.csv (per layer over all images:
     the patch norms' median, 95th percentile and maximum, the share of high-norm patches, and each prefix
     token's mean norm). Returns the files and the per-layer rows."""
@@ -421,8 +471,13 @@ def write_token_norms(model, images: torch.Tensor, display: np.ndarray, out_dir:
     title = f"Token norms per layer ({len(images)} images); red: patches above {ratio:g}x the median"
     files = [token_norm_figure(display, norms, out_dir / "token_norms.png", ratio=ratio, title=title)]
     header = list(rows[0])
-    files.append(write_csv(out_dir / "token_norms.csv", header, [[f"{r[k]:.5g}" if k != "layer" else r[k] for k in header]
-                                                                  for r in rows]))
+    files.append(
+        write_csv(
+            out_dir / "token_norms.csv",
+            header,
+            [[f"{r[k]:.5g}" if k != "layer" else r[k] for k in header] for r in rows],
+        )
+    )
     return {"files": files, "rows": rows, "prefix_names": norms.prefix_names, "ratio": ratio}
 
 

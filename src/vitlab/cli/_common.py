@@ -54,18 +54,36 @@ def add_model_source(p: argparse.ArgumentParser, *, weights: str = "optional") -
     from random weights only).
     """
     g = p.add_argument_group("model")
-    g.add_argument("--model", metavar="NAME", help="a registered model (`vitlab info` lists them); with --pretrained "
-                   "or --checkpoint optional, and then checked against the weights")
+    g.add_argument(
+        "--model",
+        metavar="NAME",
+        help="a registered model (`vitlab info` lists them); with --pretrained "
+        "or --checkpoint optional, and then checked against the weights",
+    )
     if weights != "none":
         src = g.add_mutually_exclusive_group()
-        src.add_argument("--pretrained", metavar="SOURCE", help="weights of timm, Hugging Face, torchvision or the JAX "
-                         "release: a .safetensors/.pth/.bin/.npz file, a save_pretrained folder, or a hub id "
-                         "(hf-hub:timm/..., google/vit-...); the Hugging Face cache is tried first and HF_HUB_OFFLINE=1 "
-                         "is honoured")
-        src.add_argument("--checkpoint", metavar="PATH", help="a vitlab checkpoint: a run folder (its last.json), a "
-                         "last.json/best.json, a checkpoint folder, or an exported .safetensors with its .json")
-    g.add_argument("--img-size", type=int, default=None, metavar="S", help="run at S x S pixels; the position "
-                   "embedding is resampled (2-D bicubic) if the weights were trained at another size")
+        src.add_argument(
+            "--pretrained",
+            metavar="SOURCE",
+            help="weights of timm, Hugging Face, torchvision or the JAX "
+            "release: a .safetensors/.pth/.bin/.npz file, a save_pretrained folder, or a hub id "
+            "(hf-hub:timm/..., google/vit-...); the Hugging Face cache is tried first and HF_HUB_OFFLINE=1 "
+            "is honoured",
+        )
+        src.add_argument(
+            "--checkpoint",
+            metavar="PATH",
+            help="a vitlab checkpoint: a run folder (its last.json), a "
+            "last.json/best.json, a checkpoint folder, or an exported .safetensors with its .json",
+        )
+    g.add_argument(
+        "--img-size",
+        type=int,
+        default=None,
+        metavar="S",
+        help="run at S x S pixels; the position "
+        "embedding is resampled (2-D bicubic) if the weights were trained at another size",
+    )
     p.set_defaults(weights_rule=weights)
 
 
@@ -74,8 +92,10 @@ def model_from_args(args, **kwargs) -> nn.Module:
     printed as `warning: ...` lines."""
     pretrained, checkpoint = getattr(args, "pretrained", None), getattr(args, "checkpoint", None)
     if args.weights_rule == "required" and not (pretrained or checkpoint):
-        raise VitlabError("give the weights with --pretrained SOURCE (a file, folder or hub id) or --checkpoint PATH "
-                          "(a vitlab run); random weights predict nothing")
+        raise VitlabError(
+            "give the weights with --pretrained SOURCE (a file, folder or hub id) or --checkpoint PATH "
+            "(a vitlab run); random weights predict nothing"
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = create_model(args.model, pretrained=pretrained, checkpoint=checkpoint, img_size=args.img_size, **kwargs)
@@ -93,26 +113,54 @@ def add_precision(p: argparse.ArgumentParser, help: str = "fp32, or bf16 autocas
 
 
 def add_threads(p: argparse.ArgumentParser, default: int | None = None, help: str | None = None) -> None:
-    p.add_argument("--threads", type=int, default=default, metavar="N", help=help or (
-        "torch intra-op CPU threads (default: torch's; 1 is often fastest for small models on a busy CPU)"))
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=default,
+        metavar="N",
+        help=help
+        or ("torch intra-op CPU threads (default: torch's; 1 is often fastest for small models on a busy CPU)"),
+    )
 
 
 def add_fast_path(p: argparse.ArgumentParser, help: str | None = None) -> None:
-    p.add_argument("--fast-path", choices=FAST_PATHS, default="auto", help=help or (
-        "auto: the plan fixed rules give this kind of CPU, precision and run (nothing timed: the same command gives "
-        "the same numbers); tuned: the plan `vitlab tune` measured fastest here (measured first if need be); "
-        "compile / eager: the rules' plan compiled / never compiled; off: the model exactly as built. Every path "
-        "gives the same numbers to float rounding; the plan is printed"))
+    p.add_argument(
+        "--fast-path",
+        choices=FAST_PATHS,
+        default="auto",
+        help=help
+        or (
+            "auto: the plan fixed rules give this kind of CPU, precision and run (nothing timed: the same command gives "
+            "the same numbers); tuned: the plan `vitlab tune` measured fastest here (measured first if need be); "
+            "compile / eager: the rules' plan compiled / never compiled; off: the model exactly as built. Every path "
+            "gives the same numbers to float rounding; the plan is printed"
+        ),
+    )
 
 
 def add_out(p, *, help: str, required: bool = True, default: str | None = None, file: bool = False) -> None:
     """--out and --force: vitlab.fileio checks the place before any work (a folder vitlab can create
     or write, not someone else's non-empty folder, not an existing file) unless --force is given."""
     p.add_argument("--out", required=required, default=default, metavar="PATH" if file else "DIR", help=help)
-    p.add_argument("--force", action="store_true", help="replace an existing output file (and the .json next to a .safetensors)" if file else
-                   "write into a folder that is not empty though vitlab did not make it for this command "
-                   "(files of the same names are replaced; nothing else is touched)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing output file (and the .json next to a .safetensors)"
+        if file
+        else "write into a folder that is not empty though vitlab did not make it for this command "
+        "(files of the same names are replaced; nothing else is touched)",
+    )
 
 
-__all__ = ["Formatter", "example", "DefaultsFormatter", "add_model_source", "model_from_args", "add_device", "add_precision", "add_threads",
-           "add_fast_path", "add_out"]
+__all__ = [
+    "Formatter",
+    "example",
+    "DefaultsFormatter",
+    "add_model_source",
+    "model_from_args",
+    "add_device",
+    "add_precision",
+    "add_threads",
+    "add_fast_path",
+    "add_out",
+]

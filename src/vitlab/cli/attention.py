@@ -27,8 +27,13 @@ def add_analysis_arguments(p) -> None:
     """The model and device flags, --batch-size and --fast-path, shared with `vitlab inspect`."""
     add_model_source(p, weights="optional")
     add_device(p)
-    p.add_argument("--batch-size", type=int, default=None, metavar="N",
-                   help="images per forward pass (default: as many as fit in 1 GiB of attention weights)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="images per forward pass (default: as many as fit in 1 GiB of attention weights)",
+    )
     add_fast_path(p)
 
 
@@ -43,17 +48,32 @@ def register(subparsers) -> None:
     )
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders of images")
     add_analysis_arguments(p)
-    p.add_argument("--layer", default="last", help="layer index (negative from the end), 'last' or 'all' "
-                   "(rollout: the last layer included)")
-    p.add_argument("--head", default="mean", help="head index, mean/max/min over heads, or 'all' for one "
-                   "column per head (rollout: the head fusion, mean/max/min)")
-    p.add_argument("--method", default="cls", choices=("cls", "rollout"), help="cls: one layer's attention; "
-                   "rollout: attention rolled out through the layers")
+    p.add_argument(
+        "--layer",
+        default="last",
+        help="layer index (negative from the end), 'last' or 'all' (rollout: the last layer included)",
+    )
+    p.add_argument(
+        "--head",
+        default="mean",
+        help="head index, mean/max/min over heads, or 'all' for one "
+        "column per head (rollout: the head fusion, mean/max/min)",
+    )
+    p.add_argument(
+        "--method",
+        default="cls",
+        choices=("cls", "rollout"),
+        help="cls: one layer's attention; rollout: attention rolled out through the layers",
+    )
     p.add_argument("--start-layer", type=int, default=0, help="rollout: the first layer included")
     p.add_argument("--discard-ratio", type=float, default=0.0, help="rollout: zero the lowest fraction of each row")
     p.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity in the overlay, 0..1")
-    p.add_argument("--upsample", default="bilinear", choices=("bilinear", "nearest"),
-                   help="how a patch map is scaled to the image (nearest shows the patches)")
+    p.add_argument(
+        "--upsample",
+        default="bilinear",
+        choices=("bilinear", "nearest"),
+        help="how a patch map is scaled to the image (nearest shows the patches)",
+    )
     add_out(p, help="folder for the PNGs and attention.csv")
     p.set_defaults(func=run)
 
@@ -76,11 +96,21 @@ def run(args) -> int:
     A.check_vit(model)
     x = images_tensor(paths, model.pretrained_cfg, model.cfg.img_size)  # (B, C, H, W)
     layers = {"last": -1, "all": "all"}.get(args.layer, args.layer)
-    said: list[str] = []  # the fast path taken: printed once the run has succeeded (a failed run prints its error alone)
-    maps, rows, cols = A.explain(model, x, method=args.method, layers=layers, head=args.head,
-                                 discard_ratio=args.discard_ratio, start_layer=args.start_layer,
-                                 batch_size=args.batch_size, fast_path=args.fast_path,
-                                 log=said.append)  # (B, R, C, gh, gw)
+    said: list[
+        str
+    ] = []  # the fast path taken: printed once the run has succeeded (a failed run prints its error alone)
+    maps, rows, cols = A.explain(
+        model,
+        x,
+        method=args.method,
+        layers=layers,
+        head=args.head,
+        discard_ratio=args.discard_ratio,
+        start_layer=args.start_layer,
+        batch_size=args.batch_size,
+        fast_path=args.fast_path,
+        log=said.append,
+    )  # (B, R, C, gh, gw)
     with output_folder(args.out, kind="attention", force=args.force) as out:
         _write(args, out, model, paths, x, maps, rows, cols)
     for line in said:
@@ -97,18 +127,33 @@ def _write(args, out: Path, model, paths, x, maps, rows, cols) -> None:
     csv_rows = []
     for i, (path, stem) in enumerate(zip(paths, stems)):
         image = plots.display_image(x[i], pcfg)  # (H', W', 3) in [0, 1]
-        grid = plots.attention_grid(image, maps[i], out / f"{stem}_{args.method}.png", row_labels=rows,
-                                    col_labels=cols, title=f"{path.name}: {args.method}", alpha=args.alpha, mode=args.upsample)
+        grid = plots.attention_grid(
+            image,
+            maps[i],
+            out / f"{stem}_{args.method}.png",
+            row_labels=rows,
+            col_labels=cols,
+            title=f"{path.name}: {args.method}",
+            alpha=args.alpha,
+            mode=args.upsample,
+        )
         picture, final = plots.final_overlay(image, maps[i], alpha=args.alpha, mode=args.upsample)
         single = plots.save_image(picture, out / f"{stem}_{args.method}_overlay.png")
         for r, row in enumerate(rows):
             for c, col in enumerate(cols):
                 m = maps[i, r, c]
                 peak = int(m.argmax())
-                csv_rows.append((path.name, args.method, row, col, peak // gw, peak % gw, f"{m.max():.5f}", f"{m.sum():.5f}"))
+                csv_rows.append(
+                    (path.name, args.method, row, col, peak // gw, peak % gw, f"{m.max():.5f}", f"{m.sum():.5f}")
+                )
         peak = int(final.argmax())
-        print(f"{path.name}: {rows[-1]}, {cols[-1] if len(cols) == 1 else 'mean of heads'}: peak at patch "
-              f"(row {peak // gw}, col {peak % gw}) of {gh}x{gw}, weight {final.max():.3f}; wrote {grid}, {single}")
-    table = plots.write_csv(out / "attention.csv", ["image", "method", "layer", "head", "peak_row", "peak_col",
-                                                     "peak_weight", "patch_weight_sum"], csv_rows)
+        print(
+            f"{path.name}: {rows[-1]}, {cols[-1] if len(cols) == 1 else 'mean of heads'}: peak at patch "
+            f"(row {peak // gw}, col {peak % gw}) of {gh}x{gw}, weight {final.max():.3f}; wrote {grid}, {single}"
+        )
+    table = plots.write_csv(
+        out / "attention.csv",
+        ["image", "method", "layer", "head", "peak_row", "peak_col", "peak_weight", "patch_weight_sum"],
+        csv_rows,
+    )
     print(f"wrote {table}")

@@ -14,8 +14,21 @@ import sys
 import warnings
 
 from vitlab import __version__
-from vitlab.cli import (attention, bench, data, demo, export, finetune, info, inspect, predict, reproduce, serve, train,
-                        tune)
+from vitlab.cli import (
+    attention,
+    bench,
+    data,
+    demo,
+    export,
+    finetune,
+    info,
+    inspect,
+    predict,
+    reproduce,
+    serve,
+    train,
+    tune,
+)
 from vitlab.cli._common import Formatter, example
 from vitlab.errors import VitlabError
 
@@ -43,11 +56,17 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     width = max(len(command_name(m)) for m in COMMANDS) + 2
     listing = "\n".join(f"  {command_name(m):<{width}}{m.HELP}" for m in COMMANDS)
-    parser = _Parser(prog="vitlab", usage="vitlab [-h] [--version] COMMAND ...", description="The Vision Transformer paper, runnable.\n\ncommands, in the order "
-                     f"a newcomer meets them (vitlab COMMAND --help says more):\n{listing}",
-                     epilog=example("vitlab demo"))
+    parser = _Parser(
+        prog="vitlab",
+        usage="vitlab [-h] [--version] COMMAND ...",
+        description="The Vision Transformer paper, runnable.\n\ncommands, in the order "
+        f"a newcomer meets them (vitlab COMMAND --help says more):\n{listing}",
+        epilog=example("vitlab demo"),
+    )
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, help=argparse.SUPPRESS, prog="vitlab")
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_Parser, help=argparse.SUPPRESS, prog="vitlab"
+    )
     for command in COMMANDS:
         command.register(sub)
     return parser

@@ -36,5 +36,7 @@ def run(args) -> int:
     report = export_model(model, args.out, check=not args.no_check, opset=args.opset, force=args.force)
     print(f"wrote {', '.join(report['files'])}")
     if "max_abs_diff" in report:
-        print(f"ONNX Runtime vs PyTorch: max abs difference {report['max_abs_diff']:.2e} (tolerance {report['tolerance']:.0e})")
+        print(
+            f"ONNX Runtime vs PyTorch: max abs difference {report['max_abs_diff']:.2e} (tolerance {report['tolerance']:.0e})"
+        )
     return 0

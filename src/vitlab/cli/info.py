@@ -3,8 +3,8 @@ paper's Base/Large/Huge table (Table 1) and the O(N^2 D) cost of smaller patches
 
 from __future__ import annotations
 
-from vitlab.cli._common import example
 from vitlab.analysis.flops import info_report
+from vitlab.cli._common import example
 from vitlab.models.registry import VARIANTS, model_names
 
 HELP = "what a model costs: parameters, FLOPs, training memory"  # its line in `vitlab --help`
@@ -23,12 +23,25 @@ def register(subparsers) -> None:
         "model is built on PyTorch's shape-only 'meta' device, so even ViT-H is instant. "
         "Without MODEL, lists the model names.",
     )
-    p.add_argument("model", nargs="?", metavar="MODEL", help="a model name, e.g. vit_base_patch16_224 "
-                   "(run `vitlab info` without it for the list)")
-    p.add_argument("--img-size", type=int, default=None, metavar="S", help="image side in pixels "
-                   "(default: the model's; must be a multiple of the patch size)")
-    p.add_argument("--patch-size", type=int, default=None, metavar="P", help="patch side in pixels (default: the model's)")
-    p.add_argument("--batch-size", type=int, default=64, metavar="B", help="batch size for the training memory estimate")
+    p.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help="a model name, e.g. vit_base_patch16_224 (run `vitlab info` without it for the list)",
+    )
+    p.add_argument(
+        "--img-size",
+        type=int,
+        default=None,
+        metavar="S",
+        help="image side in pixels (default: the model's; must be a multiple of the patch size)",
+    )
+    p.add_argument(
+        "--patch-size", type=int, default=None, metavar="P", help="patch side in pixels (default: the model's)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=64, metavar="B", help="batch size for the training memory estimate"
+    )
     p.add_argument("--dim", type=int, default=None, metavar="D", help="override the width D (what-if)")
     p.add_argument("--depth", type=int, default=None, metavar="L", help="override the number of blocks L (what-if)")
     p.add_argument("--heads", type=int, default=None, metavar="H", help="override the number of heads (must divide D)")
@@ -41,6 +54,15 @@ def run(args) -> int:
         for name in model_names():
             print(f"{name:<{width}}{VARIANTS[name].describe()}")
         return 0
-    print(info_report(args.model, img_size=args.img_size, patch_size=args.patch_size, batch_size=args.batch_size,
-                      dim=args.dim, depth=args.depth, heads=args.heads))
+    print(
+        info_report(
+            args.model,
+            img_size=args.img_size,
+            patch_size=args.patch_size,
+            batch_size=args.batch_size,
+            dim=args.dim,
+            depth=args.depth,
+            heads=args.heads,
+        )
+    )
     return 0

@@ -41,8 +41,13 @@ def register(subparsers) -> None:
     add_analysis_arguments(p)
     p.add_argument("--images", metavar="DIR", help="folder of images for (c) (default: scikit-image's bundled photos)")
     p.add_argument("--max-images", type=int, default=16, metavar="N", help="use at most N images for (c) and (d)")
-    p.add_argument("--norm-ratio", type=float, default=4.0, metavar="R", help="(d): mark patches whose norm is above "
-                   "R times the median patch norm of their layer")
+    p.add_argument(
+        "--norm-ratio",
+        type=float,
+        default=4.0,
+        metavar="R",
+        help="(d): mark patches whose norm is above R times the median patch norm of their layer",
+    )
     add_out(p, help="folder for the PNGs and CSVs")
     p.set_defaults(func=run)
 
@@ -60,8 +65,9 @@ def run(args) -> int:
     x = images_tensor(images, model.pretrained_cfg, model.cfg.img_size)
     said: list[str] = []  # the fast path taken: printed once the run has succeeded
     with output_folder(args.out, kind="inspect", force=args.force) as out:
-        summary = plots.write_figure7(model, x, out, batch_size=args.batch_size, fast_path=args.fast_path,
-                                      log=said.append)
+        summary = plots.write_figure7(
+            model, x, out, batch_size=args.batch_size, fast_path=args.fast_path, log=said.append
+        )
         pcfg = model.pretrained_cfg
         display = plots.enlarge(plots.to_display(x[0], pcfg.mean, pcfg.std))
         norms = plots.write_token_norms(model, x, display, out, ratio=args.norm_ratio, batch_size=args.batch_size)

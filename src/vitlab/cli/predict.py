@@ -17,7 +17,9 @@ from vitlab.inference.predict import check_options, format_results, predict_file
 from vitlab.models.vit import VisionTransformer
 
 HELP = "the top-k classes of images, with the weights' own preprocessing"  # its line in `vitlab --help`
-EXAMPLE = "vitlab predict runs/digits/val/3/0013.png --checkpoint runs/digits_vit --topk 3"  # the last line of its --help
+EXAMPLE = (
+    "vitlab predict runs/digits/val/3/0013.png --checkpoint runs/digits_vit --topk 3"  # the last line of its --help
+)
 
 
 def register(subparsers) -> None:
@@ -32,7 +34,9 @@ def register(subparsers) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (JPEG, PNG, WebP, BMP, TIFF)")
     add_model_source(p, weights="required")
     p.add_argument("--topk", type=int, default=5, metavar="K", help="how many classes to print per image (default 5)")
-    p.add_argument("--json", action="store_true", help="print one JSON document (model, source, results) instead of text")
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON document (model, source, results) instead of text"
+    )
     add_device(p)
     add_precision(p, help="fp32, or bf16 autocast")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="images per forward pass (default 16)")
@@ -44,8 +48,16 @@ def run(args) -> int:
     check_options(topk=args.topk, batch_size=args.batch_size, device=args.device, precision=args.precision)
     model = model_from_args(args)
     said: list[str] = []
-    results = predict_files(model, args.images, topk=args.topk, device=args.device, precision=args.precision,
-                            batch_size=args.batch_size, fast_path=args.fast_path, log=said.append)
+    results = predict_files(
+        model,
+        args.images,
+        topk=args.topk,
+        device=args.device,
+        precision=args.precision,
+        batch_size=args.batch_size,
+        fast_path=args.fast_path,
+        log=said.append,
+    )
     failed = [r for r in results if "error" in r]
     for line in said if not failed else []:  # a failed run's stderr is its error lines alone
         print(line, file=sys.stderr)
@@ -53,15 +65,19 @@ def run(args) -> int:
         print(f"error: {r['error']}", file=sys.stderr)
     pcfg = model.pretrained_cfg
     if args.json:
-        doc = {"model": pcfg.architecture, "source": pcfg.source, "format": pcfg.format,
-               "input_size": list(pcfg.input_size), "results": results}
+        doc = {
+            "model": pcfg.architecture,
+            "source": pcfg.source,
+            "format": pcfg.format,
+            "input_size": list(pcfg.input_size),
+            "results": results,
+        }
         print(json.dumps(doc, indent=2, allow_nan=False))  # no NaN reaches a result (predict_files)
     else:
         text = format_results(results)
         described = f"ViT {model.cfg.describe()}" if isinstance(model, VisionTransformer) else "model"
         name = pcfg.architecture or described  # the architecture read from the weights, when not named
-        print(f"{name} with weights {pcfg.source} ({pcfg.format} layout); "
-              f"preprocessing: {describe(pcfg)}")
+        print(f"{name} with weights {pcfg.source} ({pcfg.format} layout); preprocessing: {describe(pcfg)}")
         if text:
             print(text)
     return 2 if failed else 0

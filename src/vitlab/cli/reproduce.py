@@ -12,8 +12,8 @@ hours on 2 CPU cores). Runs are cached under DIR/cache: rerunning resumes and re
 from __future__ import annotations
 
 from vitlab.cli._common import add_device, add_fast_path, add_out, example
-from vitlab.experiments.executors import EXECUTORS
 from vitlab.errors import VitlabError
+from vitlab.experiments.executors import EXECUTORS
 from vitlab.experiments.reproduce import EXPERIMENTS, SCALES, reproduce
 from vitlab.experiments.reproduce.search import tune
 
@@ -32,29 +32,59 @@ def register(subparsers) -> None:
     )
     add_out(p, help="output folder (report, CSVs, figures, and the run cache; rerunning into it resumes)")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", dest="scale", action="store_const", const="quick", default="default",
-                      help="smoke-test scale: every claim's code path on tiny data, 2 seeds (~3 min on 2 cores); "
-                      "the verdicts mean nothing")
-    size.add_argument("--scale", choices=SCALES, default="default",
-                      help="default: the report (about 2 hours on 2 CPU cores, estimated); large: every budget doubled, the "
-                      "default's check (about 4 hours on 2 CPU cores) (default: default)")
-    p.add_argument("--tune", action="store_true",
-                   help="run the recipe search instead (on 10,000 training images held out from the rest; writes "
-                   "DIR/search.md and search.json; hours on 2 CPU cores; with --quick seconds, its choice meaningless): "
-                   "how the setup's recipe and budgets were chosen")
-    p.add_argument("--only", metavar="NAME,...", default=None, help=f"run only these experiments, by name or number: {names}")
-    p.add_argument("--seeds", type=int, default=None, metavar="K", help="seeds per configuration (default 3; 2 with --quick)")
+    size.add_argument(
+        "--quick",
+        dest="scale",
+        action="store_const",
+        const="quick",
+        default="default",
+        help="smoke-test scale: every claim's code path on tiny data, 2 seeds (~3 min on 2 cores); "
+        "the verdicts mean nothing",
+    )
+    size.add_argument(
+        "--scale",
+        choices=SCALES,
+        default="default",
+        help="default: the report (about 2 hours on 2 CPU cores, estimated); large: every budget doubled, the "
+        "default's check (about 4 hours on 2 CPU cores) (default: default)",
+    )
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="run the recipe search instead (on 10,000 training images held out from the rest; writes "
+        "DIR/search.md and search.json; hours on 2 CPU cores; with --quick seconds, its choice meaningless): "
+        "how the setup's recipe and budgets were chosen",
+    )
+    p.add_argument(
+        "--only", metavar="NAME,...", default=None, help=f"run only these experiments, by name or number: {names}"
+    )
+    p.add_argument(
+        "--seeds", type=int, default=None, metavar="K", help="seeds per configuration (default 3; 2 with --quick)"
+    )
     add_device(p)
-    p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="runs trained side by side on CPU, one thread each (default: one per core, at most 4); with "
-                   "--executor ray and no --address, the CPUs of the Ray cluster started on this machine")
-    p.add_argument("--executor", choices=EXECUTORS, default="pool",
-                   help="where the runs train: pool = processes on this machine; ray = tasks of a Ray cluster, one CPU "
-                   "(or GPU) each, no shared disk needed (pip install -e '.[cluster]'; see docs/cluster.md) "
-                   "(default: pool)")
-    p.add_argument("--address", default=None, metavar="HOST:PORT",
-                   help="with --executor ray: the head node of the Ray cluster to join (as `ray start --head` prints "
-                   "it); without it, a Ray cluster of this machine is started for the run")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="runs trained side by side on CPU, one thread each (default: one per core, at most 4); with "
+        "--executor ray and no --address, the CPUs of the Ray cluster started on this machine",
+    )
+    p.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="pool",
+        help="where the runs train: pool = processes on this machine; ray = tasks of a Ray cluster, one CPU "
+        "(or GPU) each, no shared disk needed (pip install -e '.[cluster]'; see docs/cluster.md) "
+        "(default: pool)",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        metavar="HOST:PORT",
+        help="with --executor ray: the head node of the Ray cluster to join (as `ray start --head` prints "
+        "it); without it, a Ray cluster of this machine is started for the run",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
     add_fast_path(p)
     p.set_defaults(func=run)
@@ -63,12 +93,33 @@ def register(subparsers) -> None:
 def run(args) -> int:
     if args.tune:
         if args.only is not None or args.seeds is not None:
-            raise VitlabError(f"{'--only' if args.only is not None else '--seeds'} applies to the report, not to --tune "
-                              "(the search trains its own runs, one seed); drop it", arg="tune")
-        tune(args.out, scale=args.scale, workers=args.workers, force=args.force, fast_path=args.fast_path,
-             executor=args.executor, address=args.address, device=args.device)
+            raise VitlabError(
+                f"{'--only' if args.only is not None else '--seeds'} applies to the report, not to --tune "
+                "(the search trains its own runs, one seed); drop it",
+                arg="tune",
+            )
+        tune(
+            args.out,
+            scale=args.scale,
+            workers=args.workers,
+            force=args.force,
+            fast_path=args.fast_path,
+            executor=args.executor,
+            address=args.address,
+            device=args.device,
+        )
         return 0
-    reproduce(args.out, scale=args.scale, only=args.only, seeds=args.seeds, device=args.device, workers=args.workers,
-              progress=not args.no_progress, force=args.force, fast_path=args.fast_path, executor=args.executor,
-              address=args.address)
+    reproduce(
+        args.out,
+        scale=args.scale,
+        only=args.only,
+        seeds=args.seeds,
+        device=args.device,
+        workers=args.workers,
+        progress=not args.no_progress,
+        force=args.force,
+        fast_path=args.fast_path,
+        executor=args.executor,
+        address=args.address,
+    )
     return 0

@@ -21,7 +21,15 @@ from pathlib import Path
 
 import torch
 
-from vitlab.cli._common import DefaultsFormatter, add_device, add_fast_path, add_model_source, add_precision, add_threads, example
+from vitlab.cli._common import (
+    DefaultsFormatter,
+    add_device,
+    add_fast_path,
+    add_model_source,
+    add_precision,
+    add_threads,
+    example,
+)
 from vitlab.errors import VitlabError, check_range
 from vitlab.runtime import check_threads
 from vitlab.serve.models import KINDS, ModelSource, ModelStore
@@ -43,30 +51,50 @@ def register(subparsers) -> None:
         formatter_class=DefaultsFormatter,
     )
     add_model_source(p, weights="optional")
-    p.add_argument("--runs", default="runs", metavar="DIR", help="folder searched for training runs (each one is "
-                   "also listed as a model) and `vitlab reproduce` reports")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 opens the page to other "
-                   "machines")
+    p.add_argument(
+        "--runs",
+        default="runs",
+        metavar="DIR",
+        help="folder searched for training runs (each one is also listed as a model) and `vitlab reproduce` reports",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 opens the page to other machines")
     p.add_argument("--port", type=int, default=None, help="port to listen on (default: a free one, printed on start)")
     p.add_argument("--max-upload-mb", type=int, default=25, metavar="MB", help="largest image file the page accepts")
-    p.add_argument("--max-models", type=int, default=3, metavar="N", help="models kept in memory at once; the one "
-                   "used longest ago is dropped first")
-    p.add_argument("--max-model-memory", type=float, default=None, metavar="GB",
-                   help="memory the models may take in all (each counted as twice its fp32 weights: the model and the "
-                   "copy readied for the top-k); a model that cannot fit is refused before it is read (default: a "
-                   "quarter of this machine's memory)")
-    p.add_argument("--page-load", default=",".join(KINDS), metavar="KINDS",
-                   help="what the page's load box accepts: a comma list of checkpoint (vitlab runs), pretrained (weight "
-                   "files, folders, hub ids), model (registered names); none: only the models listed at start (this "
-                   "command's and the runs found). With --host 0.0.0.0, every visitor can use the box")
+    p.add_argument(
+        "--max-models",
+        type=int,
+        default=3,
+        metavar="N",
+        help="models kept in memory at once; the one used longest ago is dropped first",
+    )
+    p.add_argument(
+        "--max-model-memory",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="memory the models may take in all (each counted as twice its fp32 weights: the model and the "
+        "copy readied for the top-k); a model that cannot fit is refused before it is read (default: a "
+        "quarter of this machine's memory)",
+    )
+    p.add_argument(
+        "--page-load",
+        default=",".join(KINDS),
+        metavar="KINDS",
+        help="what the page's load box accepts: a comma list of checkpoint (vitlab runs), pretrained (weight "
+        "files, folders, hub ids), model (registered names); none: only the models listed at start (this "
+        "command's and the runs found). With --host 0.0.0.0, every visitor can use the box",
+    )
     add_device(p)
     add_precision(p)
     add_threads(p)
-    add_fast_path(p, help="the top-k's path, readied in the background after a model loads (the model as built "
-                  "answers until then): auto and eager: the fixed rules' plan for one image at a time; tuned: vitlab "
-                  "tune's; "
-                  "compile: also torch.compile for one image (tens of seconds per model); off: the model as built. "
-                  "The attention maps always use the model as built")
+    add_fast_path(
+        p,
+        help="the top-k's path, readied in the background after a model loads (the model as built "
+        "answers until then): auto and eager: the fixed rules' plan for one image at a time; tuned: vitlab "
+        "tune's; "
+        "compile: also torch.compile for one image (tens of seconds per model); off: the model as built. "
+        "The attention maps always use the model as built",
+    )
     p.set_defaults(func=run)
 
 
@@ -77,8 +105,10 @@ def check_host(host: str) -> tuple[socket.AddressFamily, str]:
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError, ValueError) as e:
-        raise VitlabError(f"--host {host!r} is not a host name or address this machine can resolve "
-                          f"({getattr(e, 'strerror', None) or e}); {hint}") from e
+        raise VitlabError(
+            f"--host {host!r} is not a host name or address this machine can resolve "
+            f"({getattr(e, 'strerror', None) or e}); {hint}"
+        ) from e
     why = "no address"
     for family, _, _, _, address in infos:
         try:
@@ -145,12 +175,21 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     limit = int(args.max_model_memory * 2**30) if args.max_model_memory else None
-    store = ModelStore(device=args.device, precision=args.precision, capacity=args.max_models,
-                       fast_path=args.fast_path, memory_limit=limit, loadable=loadable)
+    store = ModelStore(
+        device=args.device,
+        precision=args.precision,
+        capacity=args.max_models,
+        fast_path=args.fast_path,
+        memory_limit=limit,
+        loadable=loadable,
+    )
     key = None
     if args.model or args.pretrained or args.checkpoint:
-        loaded = store.load(ModelSource(model=args.model, pretrained=args.pretrained, checkpoint=args.checkpoint,
-                                        img_size=args.img_size))
+        loaded = store.load(
+            ModelSource(
+                model=args.model, pretrained=args.pretrained, checkpoint=args.checkpoint, img_size=args.img_size
+            )
+        )
         for note in loaded.notes:
             print(f"warning: {note}", file=sys.stderr)
         key = loaded.source.label
@@ -164,16 +203,32 @@ def run(args) -> int:
         page = build_page(store, runs_dir=args.runs, work_dir=work_dir, model=key, samples=samples)
         try:
             server = f"[{address}]" if family == socket.AF_INET6 else args.host  # Gradio's way to an IPv6 address
-            page.launch(server_name=server, server_port=port, max_file_size=f"{args.max_upload_mb}mb",
-                        ssr_mode=False, share=False, quiet=True, prevent_thread_lock=True, theme=theme(), css=CSS,
-                        allowed_paths=[str(work_dir)], footer_links=["api", "settings"], show_error=False)
+            page.launch(
+                server_name=server,
+                server_port=port,
+                max_file_size=f"{args.max_upload_mb}mb",
+                ssr_mode=False,
+                share=False,
+                quiet=True,
+                prevent_thread_lock=True,
+                theme=theme(),
+                css=CSS,
+                allowed_paths=[str(work_dir)],
+                footer_links=["api", "settings"],
+                show_error=False,
+            )
         except OSError as e:
-            raise VitlabError(f"cannot listen on {args.host}:{port}: the port is taken or not allowed; choose another "
-                              "--port, or leave it out for a free one") from e
+            raise VitlabError(
+                f"cannot listen on {args.host}:{port}: the port is taken or not allowed; choose another "
+                "--port, or leave it out for a free one"
+            ) from e
         host = f"[{args.host}]" if ":" in args.host else ("127.0.0.1" if args.host == "0.0.0.0" else args.host)
         where = "this machine only" if args.host in ("127.0.0.1", "localhost", "::1") else f"listening on {args.host}"
-        print(f"vitlab serve: http://{host}:{port}/ ({where}; model: {key or 'none yet, choose one in the page'}; "
-              f"runs from {args.runs}/). Ctrl-C stops it.", flush=True)
+        print(
+            f"vitlab serve: http://{host}:{port}/ ({where}; model: {key or 'none yet, choose one in the page'}; "
+            f"runs from {args.runs}/). Ctrl-C stops it.",
+            flush=True,
+        )
         if key is not None:
             threading.Thread(target=_say_path, args=(loaded,), daemon=True).start()
         with _stop_on_sigterm():

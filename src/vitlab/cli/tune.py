@@ -54,8 +54,9 @@ def _say(line: str) -> None:
 
 def run(args) -> int:
     if not get_variant(args.model).is_vit:
-        raise VitlabError(f"model {args.model!r} is a CNN baseline; vitlab tune tunes ViTs (a CNN runs as built)",
-                          arg="model")
+        raise VitlabError(
+            f"model {args.model!r} is a CNN baseline; vitlab tune tunes ViTs (a CNN runs as built)", arg="model"
+        )
     for b in args.batch_size:
         check_range("batch_size", b, low=1, integer=True)
     check_range("repeats", args.repeats, low=1, integer=True)
@@ -67,12 +68,22 @@ def run(args) -> int:
         for mode in ("inference", "train") if args.train else ("inference",):
             for precision in args.precision:
                 for b in args.batch_size:
-                    rules = choose_plan(model, fast="auto", mode=mode, precision=precision, batch_size=b,
-                                        items=10**6, device=device)
+                    rules = choose_plan(
+                        model, fast="auto", mode=mode, precision=precision, batch_size=b, items=10**6, device=device
+                    )
                     plan = None if args.again else tune.known(model, mode=mode, precision=precision, batch_size=b)
                     if plan is None:
-                        plan = tune.tune(model, mode=mode, precision=precision, batch_size=b, default=rules,
-                                         repeats=args.repeats, log=_say)
-                    print(f"{args.model} {mode} {precision} batch {b}: {plan.describe()}; the rules: {rules.describe()}")
+                        plan = tune.tune(
+                            model,
+                            mode=mode,
+                            precision=precision,
+                            batch_size=b,
+                            default=rules,
+                            repeats=args.repeats,
+                            log=_say,
+                        )
+                    print(
+                        f"{args.model} {mode} {precision} batch {b}: {plan.describe()}; the rules: {rules.describe()}"
+                    )
     print(f"kept in {tune.tuning_file()}")
     return 0

@@ -47,13 +47,34 @@ class Bundled:
 
 
 BUNDLED: dict[str, Bundled] = {
-    "fashion-mnist": Bundled(fashion_mnist.CLASS_NAMES, 1, 28, fashion_mnist.N_TRAIN, True, True,
-                             "Fashion-MNIST: 70,000 grey 28x28 photos of clothing, 10 classes, the standard 60,000 / "
-                             "10,000 split (validation = the 10,000 test images)"),
-    "digits": Bundled(digits.CLASS_NAMES, 3, None, None, False, False,
-                      "scikit-learn's 1,797 handwritten 8x8 digits, upsampled; 10 classes"),
-    "x": Bundled(synthetic.CLASS_NAMES, 3, 32, 2000, True, False,
-                 "dataset X of the mini experiment: 2,000 / 500 synthetic 32x32 images, 2 classes"),
+    "fashion-mnist": Bundled(
+        fashion_mnist.CLASS_NAMES,
+        1,
+        28,
+        fashion_mnist.N_TRAIN,
+        True,
+        True,
+        "Fashion-MNIST: 70,000 grey 28x28 photos of clothing, 10 classes, the standard 60,000 / "
+        "10,000 split (validation = the 10,000 test images)",
+    ),
+    "digits": Bundled(
+        digits.CLASS_NAMES,
+        3,
+        None,
+        None,
+        False,
+        False,
+        "scikit-learn's 1,797 handwritten 8x8 digits, upsampled; 10 classes",
+    ),
+    "x": Bundled(
+        synthetic.CLASS_NAMES,
+        3,
+        32,
+        2000,
+        True,
+        False,
+        "dataset X of the mini experiment: 2,000 / 500 synthetic 32x32 images, 2 classes",
+    ),
 }
 
 
@@ -88,9 +109,17 @@ class RunData:
         return BUNDLED[self.dataset].flips if self.bundled else True
 
 
-def load_data(*, data: str | None = None, dataset: str | None = None, root: str | None = None,
-              train_size: int | None = None, val_split: float | None = None, seed: int = 0,
-              img_size: tuple[int, int] = (32, 32), progress: bool = False) -> RunData:
+def load_data(
+    *,
+    data: str | None = None,
+    dataset: str | None = None,
+    root: str | None = None,
+    train_size: int | None = None,
+    val_split: float | None = None,
+    seed: int = 0,
+    img_size: tuple[int, int] = (32, 32),
+    progress: bool = False,
+) -> RunData:
     """An image folder (`data`) or a bundled dataset (`dataset`), split with `seed`.
 
     root: where Fashion-MNIST's files are (vitlab.data.fashion_mnist.locate searches otherwise).
@@ -105,16 +134,26 @@ def load_data(*, data: str | None = None, dataset: str | None = None, root: str 
     if data is not None:
         scan = scan_folder(data, val_split=val_split, seed=seed, progress=progress)
         if train_size is not None:
-            keep = fashion_mnist.nested_subset(len(scan.train), train_size, seed=seed, what=f"training images in {scan.root}")
+            keep = fashion_mnist.nested_subset(
+                len(scan.train), train_size, seed=seed, what=f"training images in {scan.root}"
+            )
             scan.train = [scan.train[i] for i in keep.tolist()]
         return RunData(scan)
     info = bundled(dataset)
     if val_split is not None and info.own_val:
-        raise VitlabError(f"val_split {val_split:g}: the {dataset} dataset has its own validation split; drop val_split",
-                          arg="val_split")
+        raise VitlabError(
+            f"val_split {val_split:g}: the {dataset} dataset has its own validation split; drop val_split",
+            arg="val_split",
+        )
     if train_size is not None and info.n_train is not None:  # checked before anything is read
-        check_range("train_size", train_size, low=1, high=info.n_train, integer=True,
-                    hint=f" (there are {info.n_train:,} training images in {dataset})")
+        check_range(
+            "train_size",
+            train_size,
+            low=1,
+            high=info.n_train,
+            integer=True,
+            hint=f" (there are {info.n_train:,} training images in {dataset})",
+        )
     if dataset == "fashion-mnist":
         train = ImageTensors(*fashion_mnist.load_fashion_mnist(root, train=True))
         val = ImageTensors(*fashion_mnist.load_fashion_mnist(root, train=False))
@@ -127,14 +166,19 @@ def load_data(*, data: str | None = None, dataset: str | None = None, root: str 
         train, val = ImageTensors.from_float(xt, yt), ImageTensors.from_float(xv, yv)
     keep = fashion_mnist.nested_subset(len(train), train_size, seed=seed, what=f"training images in {dataset}")
     train = train.subset(keep)
-    scan = FolderScan(Path(dataset), "in-memory", list(info.classes),
-                      [(f"{dataset}:train/{i}", label) for i, label in zip(keep.tolist(), train.labels.tolist())],
-                      [(f"{dataset}:val/{i}", label) for i, label in enumerate(val.labels.tolist())])
+    scan = FolderScan(
+        Path(dataset),
+        "in-memory",
+        list(info.classes),
+        [(f"{dataset}:train/{i}", label) for i, label in zip(keep.tolist(), train.labels.tolist())],
+        [(f"{dataset}:val/{i}", label) for i, label in enumerate(val.labels.tolist())],
+    )
     return RunData(scan, train, val, dataset)
 
 
-def make_loaders(data: RunData, model, recipe, *, dist, workers: int | None = None,
-                 in_memory: bool | None = None) -> tuple:
+def make_loaders(
+    data: RunData, model, recipe, *, dist, workers: int | None = None, in_memory: bool | None = None
+) -> tuple:
     """(train loader, val loader) for `data`, with `model`'s eval preprocessing and `recipe`'s augmentation.
 
     In memory (the bundled datasets; a folder whose decoded images the scan kept; `in_memory=False` reads
@@ -150,16 +194,20 @@ def make_loaders(data: RunData, model, recipe, *, dist, workers: int | None = No
     scan = data.scan
     memory = data.train is not None or (in_memory is not False and _decoded(scan))
     if in_memory and not memory:
-        raise VitlabError(f"data {scan.root}: its decoded images do not fit the scan's memory budget; read it from disk",
-                          arg="data")
+        raise VitlabError(
+            f"data {scan.root}: its decoded images do not fit the scan's memory budget; read it from disk", arg="data"
+        )
     if memory:
         train_loader, val_loader = _memory_loaders(data, model, recipe, dist=dist, hflip=hflip)
     else:
         train_loader, val_loader = _disk_loaders(scan, model, recipe, dist=dist, hflip=hflip, workers=workers)
     if len(train_loader) == 0:
-        raise VitlabError(f"batch_size {recipe.batch_size} x {dist.world_size} process(es) is larger than the "
-                          f"{len(scan.train)} training images, and MixUp/CutMix drop incomplete batches; "
-                          "use a smaller batch size", arg="batch_size")
+        raise VitlabError(
+            f"batch_size {recipe.batch_size} x {dist.world_size} process(es) is larger than the "
+            f"{len(scan.train)} training images, and MixUp/CutMix drop incomplete batches; "
+            "use a smaller batch size",
+            arg="batch_size",
+        )
     return train_loader, val_loader
 
 
@@ -177,11 +225,28 @@ def _memory_loaders(data: RunData, model, recipe, *, dist, hflip: bool) -> tuple
     else:
         train, val = _folder_tensors(data.scan, pcfg, size, recipe.augment)
     norm = dict(size=size, mean=pcfg.mean, std=pcfg.std, channels=C)
-    train_tf = BatchTransform(**norm, augment=recipe.augment, source_size=train.size, crop_scale=recipe.crop_scale,
-                              hflip=hflip, color_jitter=recipe.color_jitter, auto_augment=recipe.auto_augment,
-                              re_prob=recipe.reprob, interpolation=pcfg.interpolation)
-    train_loader = MemoryLoader(train, train_tf, batch_size=recipe.batch_size, shuffle=True, drop_last=recipe.mixes,
-                                seed=recipe.seed, num_replicas=dist.world_size, rank=dist.rank, device=dist.device)
+    train_tf = BatchTransform(
+        **norm,
+        augment=recipe.augment,
+        source_size=train.size,
+        crop_scale=recipe.crop_scale,
+        hflip=hflip,
+        color_jitter=recipe.color_jitter,
+        auto_augment=recipe.auto_augment,
+        re_prob=recipe.reprob,
+        interpolation=pcfg.interpolation,
+    )
+    train_loader = MemoryLoader(
+        train,
+        train_tf,
+        batch_size=recipe.batch_size,
+        shuffle=True,
+        drop_last=recipe.mixes,
+        seed=recipe.seed,
+        num_replicas=dist.world_size,
+        rank=dist.rank,
+        device=dist.device,
+    )
     val_loader = MemoryLoader(val, BatchTransform(**norm), batch_size=2 * recipe.batch_size, device=dist.device)
     return train_loader, val_loader
 
@@ -200,8 +265,10 @@ def _folder_tensors(scan: FolderScan, pcfg, size: tuple[int, int], augment: bool
     geometry = eval_geometry(pcfg, size)
 
     def stack(samples, fn) -> ImageTensors:
-        return ImageTensors(torch.stack([fn(scan.images[p]) for p, _ in samples]),
-                            torch.tensor([label for _, label in samples], dtype=torch.long))
+        return ImageTensors(
+            torch.stack([fn(scan.images[p]) for p, _ in samples]),
+            torch.tensor([label for _, label in samples], dtype=torch.long),
+        )
 
     val = stack(scan.val, lambda im: geometry(im).as_subclass(torch.Tensor))
     if not augment:
@@ -218,19 +285,35 @@ def _rgb_tensor(im: Image.Image) -> torch.Tensor:
     return TF.pil_to_tensor(im)  # (3, H, W) uint8
 
 
-def _disk_loaders(scan: FolderScan, model, recipe, *, dist, hflip: bool, workers: int | None) -> tuple[DataLoader, DataLoader]:
+def _disk_loaders(
+    scan: FolderScan, model, recipe, *, dist, hflip: bool, workers: int | None
+) -> tuple[DataLoader, DataLoader]:
     """Images decoded and augmented one by one every epoch (PIL, vitlab.data.transforms), in `workers` processes."""
-    train_tf, eval_tf = model_transforms(model, augment=recipe.augment, scale=(recipe.crop_scale, 1.0), hflip=hflip,
-                                         color_jitter=recipe.color_jitter, auto_augment=recipe.auto_augment,
-                                         re_prob=recipe.reprob)
+    train_tf, eval_tf = model_transforms(
+        model,
+        augment=recipe.augment,
+        scale=(recipe.crop_scale, 1.0),
+        hflip=hflip,
+        color_jitter=recipe.color_jitter,
+        auto_augment=recipe.auto_augment,
+        re_prob=recipe.reprob,
+    )
     train_ds = ImageDataset(scan.train, train_tf, images=scan.images)
     val_ds = ImageDataset(scan.val, eval_tf, images=scan.images)
     sampler = DistributedSampler(train_ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=True, seed=recipe.seed)
     cuda = dist.device.type == "cuda"
     workers = workers if workers is not None else (min(8, torch.get_num_threads()) if cuda else 0)
-    train_loader = DataLoader(train_ds, batch_size=recipe.batch_size, sampler=sampler, drop_last=recipe.mixes,
-                              num_workers=workers, pin_memory=cuda)
-    val_loader = DataLoader(val_ds, batch_size=2 * recipe.batch_size, shuffle=False, num_workers=workers, pin_memory=cuda)
+    train_loader = DataLoader(
+        train_ds,
+        batch_size=recipe.batch_size,
+        sampler=sampler,
+        drop_last=recipe.mixes,
+        num_workers=workers,
+        pin_memory=cuda,
+    )
+    val_loader = DataLoader(
+        val_ds, batch_size=2 * recipe.batch_size, shuffle=False, num_workers=workers, pin_memory=cuda
+    )
     return train_loader, val_loader
 
 

@@ -19,9 +19,7 @@ CLASS_NAMES = tuple(str(i) for i in range(10))
 N_DIGITS = 1797
 
 
-def load_digits(
-    size: int = 32, *, channels: int = 3, normalize: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
+def load_digits(size: int = 32, *, channels: int = 3, normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """All 1,797 digits as (1797, channels, size, size) float32 in [0, 1] (or [-1, 1]) and labels.
 
     The 8x8 images (values 0..16) are upsampled bilinearly to `size` and repeated over `channels`.
@@ -30,8 +28,12 @@ def load_digits(
 
     check_range("size", size, low=8, integer=True, hint=" (the images are 8x8)")
     # the upsampled float images, their normalised copy over `channels`, and the uint8 copy a folder is written from
-    check_memory(N_DIGITS * size * size * (4 + 4 * channels + 1), f"size {size}: the {N_DIGITS:,} digits at {size}x{size} pixels",
-                 arg="size", fix="; choose a smaller size")
+    check_memory(
+        N_DIGITS * size * size * (4 + 4 * channels + 1),
+        f"size {size}: the {N_DIGITS:,} digits at {size}x{size} pixels",
+        arg="size",
+        fix="; choose a smaller size",
+    )
     d = _load()
     x = torch.tensor(d.images, dtype=torch.float32)[:, None] / 16.0  # (1797, 1, 8, 8)
     x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False).clamp(0, 1)
@@ -41,8 +43,9 @@ def load_digits(
     return x.contiguous(), torch.tensor(d.target, dtype=torch.int64)
 
 
-def write_digits_folder(out, *, size: int = 32, val_split: float = DEFAULT_VAL_SPLIT, seed: int = 0,
-                        per_class: int | None = None) -> dict:
+def write_digits_folder(
+    out, *, size: int = 32, val_split: float = DEFAULT_VAL_SPLIT, seed: int = 0, per_class: int | None = None
+) -> dict:
     """Write the digits as an image folder, `out/{train,val}/<digit>/<index>.png` (grey PNGs).
 
     The split is `stratified_split(val_split, seed)`; `per_class` keeps at most that many images per
@@ -52,7 +55,9 @@ def write_digits_folder(out, *, size: int = 32, val_split: float = DEFAULT_VAL_S
     """
     check_range("size", size, low=8, integer=True, hint=" (the images are 8x8)")
     check_range("val_split", val_split, low=0, high=1, low_open=True, high_open=True)
-    check_range("per_class", per_class, low=2, integer=True, optional=True, hint=" (one image to train, one to validate)")
+    check_range(
+        "per_class", per_class, low=2, integer=True, optional=True, hint=" (one image to train, one to validate)"
+    )
     check_seed(seed)
     with whole_folder(out, kind="digits") as tmp:  # new, empty, or its own earlier output: replaced whole
         x, y = load_digits(size, channels=1, normalize=False)  # (1797, 1, size, size) in [0, 1]

@@ -46,7 +46,9 @@ from vitlab.runtime import check_seed
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 # Class folders of `write_fashion_mnist_folder`: the label first, so that sorting them (as ImageFolder does)
 # keeps the dataset's label order, and no "/" in a name.
-FOLDER_NAMES = tuple(f"{i}_{n.lower().replace('/', '_').replace(' ', '_').replace('-', '')}" for i, n in enumerate(CLASS_NAMES))
+FOLDER_NAMES = tuple(
+    f"{i}_{n.lower().replace('/', '_').replace(' ', '_').replace('-', '')}" for i, n in enumerate(CLASS_NAMES)
+)
 N_TRAIN, N_TEST, SIDE = 60_000, 10_000, 28
 
 # idx file -> (magic number, dimensions): 0x0803 = unsigned bytes in 3 dimensions, 0x0801 in 1 (LeCun's format)
@@ -100,8 +102,10 @@ def _idx_files(folder: Path) -> dict[str, Path] | None:
             return found
         if found:
             missing = ", ".join(n + "[.gz]" for n in IDX_FILES if n not in found)
-            raise VitlabError(f"Fashion-MNIST in {where} is incomplete: {missing} missing; put all four idx files "
-                              f"there, or remove the folder")
+            raise VitlabError(
+                f"Fashion-MNIST in {where} is incomplete: {missing} missing; put all four idx files "
+                f"there, or remove the folder"
+            )
     return None
 
 
@@ -117,12 +121,15 @@ def _check_header(path: Path, name: str, head: bytes, size: int) -> None:
     n = len(dims)
     fix = "delete it and get a fresh copy"
     if len(head) < 4 + 4 * n:
-        raise VitlabError(f"{path}: truncated idx file ({size} bytes; a Fashion-MNIST {name} has "
-                          f"{_expected_size(name):,}); {fix}")
+        raise VitlabError(
+            f"{path}: truncated idx file ({size} bytes; a Fashion-MNIST {name} has {_expected_size(name):,}); {fix}"
+        )
     found_magic, *found_dims = struct.unpack(f">{1 + n}I", head[: 4 + 4 * n])
     if found_magic != magic:
-        raise VitlabError(f"{path}: not a Fashion-MNIST {name} idx file (magic number {found_magic:#06x}, expected "
-                          f"{magic:#06x}); {fix}")
+        raise VitlabError(
+            f"{path}: not a Fashion-MNIST {name} idx file (magic number {found_magic:#06x}, expected "
+            f"{magic:#06x}); {fix}"
+        )
     if tuple(found_dims) != dims:
         raise VitlabError(f"{path}: dimensions {tuple(found_dims)}, expected {dims} for Fashion-MNIST's {name}; {fix}")
     if size != _expected_size(name):
@@ -137,8 +144,10 @@ def _check_values(path: Path, name: str, data: bytes) -> None:
     if "labels" in name:
         bad = np.flatnonzero(body >= len(CLASS_NAMES))
         if len(bad):
-            raise VitlabError(f"{path}: label {body[bad[0]]} at item {bad[0]:,} ({len(bad):,} labels outside "
-                              f"0..{len(CLASS_NAMES) - 1}); {fix}")
+            raise VitlabError(
+                f"{path}: label {body[bad[0]]} at item {bad[0]:,} ({len(bad):,} labels outside "
+                f"0..{len(CLASS_NAMES) - 1}); {fix}"
+            )
     elif body.min() == body.max():
         raise VitlabError(f"{path}: every pixel of every image is {body[0]}, so these are not photos; {fix}")
 
@@ -155,8 +164,9 @@ def _decompress(path: Path, name: str) -> bytes:
         with gzip.open(path, "rb") as f:
             data = f.read()
     except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
-        raise VitlabError(f"{path}: corrupt or truncated gzip file ({type(e).__name__}: {e}); delete it and get a "
-                          "fresh copy") from e
+        raise VitlabError(
+            f"{path}: corrupt or truncated gzip file ({type(e).__name__}: {e}); delete it and get a fresh copy"
+        ) from e
     _check_header(path, name, data[:16], len(data))
     _check_values(path, name, data)
     return data
@@ -197,13 +207,17 @@ def locate(root: str | Path | None = None, *, download: bool = True) -> Path:
     if root is not None:
         root_path = Path(root).expanduser()
         if not root_path.is_dir():
-            raise VitlabError(f"root {root_path}: no such folder (expected a folder with Fashion-MNIST's four idx files)",
-                              arg="root")
+            raise VitlabError(
+                f"root {root_path}: no such folder (expected a folder with Fashion-MNIST's four idx files)", arg="root"
+            )
         files = _idx_files(root_path)
         if files is None:
-            raise VitlabError(f"root {root_path}: no Fashion-MNIST files there (expected train-images-idx3-ubyte[.gz], "
-                              "train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz] and t10k-labels-idx1-ubyte[.gz], "
-                              "directly or in FashionMNIST/raw/)", arg="root")
+            raise VitlabError(
+                f"root {root_path}: no Fashion-MNIST files there (expected train-images-idx3-ubyte[.gz], "
+                "train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz] and t10k-labels-idx1-ubyte[.gz], "
+                "directly or in FashionMNIST/raw/)",
+                arg="root",
+            )
         return _usable(files, cache=_cache_folder(root_path))
     places = [Path(os.environ["VITLAB_DATA"]).expanduser()] if os.environ.get("VITLAB_DATA") else []
     places += [DEBIAN_DIR, _cache_folder()]
@@ -213,8 +227,10 @@ def locate(root: str | Path | None = None, *, download: bool = True) -> Path:
             if files is not None:
                 return _usable(files, cache=_cache_folder(place))
     where = ", ".join(str(p) for p in places)
-    ways = (f"install Debian's package (apt-get install {DEBIAN_PACKAGE}), or run once with network access (it is "
-            f"downloaded through torchvision into {_cache_folder()}), or pass root (--root DIR) with the four idx files")
+    ways = (
+        f"install Debian's package (apt-get install {DEBIAN_PACKAGE}), or run once with network access (it is "
+        f"downloaded through torchvision into {_cache_folder()}), or pass root (--root DIR) with the four idx files"
+    )
     if not download:
         raise VitlabError(f"Fashion-MNIST not found (looked in {where}); {ways}")
     target = _cache_folder()
@@ -223,7 +239,9 @@ def locate(root: str | Path | None = None, *, download: bool = True) -> Path:
         _download(target)
     except (RuntimeError, URLError, OSError) as e:
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise VitlabError(f"Fashion-MNIST not found (looked in {where}) and the download failed ({reason}); {ways}") from e
+        raise VitlabError(
+            f"Fashion-MNIST not found (looked in {where}) and the download failed ({reason}); {ways}"
+        ) from e
     return _usable(_idx_files(target) or {}, cache=target)
 
 
@@ -232,12 +250,16 @@ def load_fashion_mnist(root: str | Path | None = None, *, train: bool = True) ->
     reader = _Reader(locate(root), train=train)
     images, labels = reader.data.unsqueeze(1).contiguous(), reader.targets  # (N, 28, 28) -> (N, 1, 28, 28)
     if int(labels.max()) >= len(CLASS_NAMES) or int(labels.min()) < 0:
-        raise VitlabError(f"{reader.raw_folder}: labels outside 0..9 in the {'train' if train else 't10k'} labels "
-                          "file; delete it and get a fresh copy")
+        raise VitlabError(
+            f"{reader.raw_folder}: labels outside 0..9 in the {'train' if train else 't10k'} labels "
+            "file; delete it and get a fresh copy"
+        )
     return images, labels
 
 
-def nested_subset(n_total: int, n: int | None, *, seed: int, arg: str = "train_size", what: str = "training images") -> torch.Tensor:
+def nested_subset(
+    n_total: int, n: int | None, *, seed: int, arg: str = "train_size", what: str = "training images"
+) -> torch.Tensor:
     """Sorted indices of the first `n` of one permutation seeded by `seed`: for one seed, a smaller subset
     is always inside a larger one (the data-scale experiments compare nested training sets). None: all."""
     if n is None:
@@ -246,8 +268,9 @@ def nested_subset(n_total: int, n: int | None, *, seed: int, arg: str = "train_s
     return torch.randperm(n_total, generator=torch.Generator().manual_seed(seed))[:n].sort().values
 
 
-def write_fashion_mnist_folder(out, *, root: str | Path | None = None, train_size: int | None = None,
-                               seed: int = 0) -> dict:
+def write_fashion_mnist_folder(
+    out, *, root: str | Path | None = None, train_size: int | None = None, seed: int = 0
+) -> dict:
     """Write Fashion-MNIST as an image folder, `out/train/<class>/<index>.png` (the training split, or its
     nested subset of `train_size` images) and `out/val/<class>/<index>.png` (the 10,000 test images).
 
@@ -271,5 +294,15 @@ def write_fashion_mnist_folder(out, *, root: str | Path | None = None, train_siz
     return counts
 
 
-__all__ = ["CLASS_NAMES", "FOLDER_NAMES", "N_TRAIN", "N_TEST", "DEBIAN_DIR", "cache_dir", "locate", "load_fashion_mnist",
-           "nested_subset", "write_fashion_mnist_folder"]
+__all__ = [
+    "CLASS_NAMES",
+    "FOLDER_NAMES",
+    "N_TRAIN",
+    "N_TEST",
+    "DEBIAN_DIR",
+    "cache_dir",
+    "locate",
+    "load_fashion_mnist",
+    "nested_subset",
+    "write_fashion_mnist_folder",
+]

@@ -30,8 +30,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from vitlab.data.split import DEFAULT_VAL_SPLIT, stratified_split
 from vitlab.data.preprocess import open_image
+from vitlab.data.split import DEFAULT_VAL_SPLIT, stratified_split
 from vitlab.errors import VitlabError
 from vitlab.runtime import check_seed
 
@@ -65,8 +65,10 @@ class FolderScan:
         how = {"train/val": "train/ and val/", "in-memory": "in memory"}.get(self.layout)
         how = how or f"one folder, seeded stratified val split {self.val_split:g}"
         width = max(5, *(len(c) for c in self.classes))
-        lines = [f"{self.given or self.root}: {len(self.classes)} classes, {len(self.train)} train / {len(self.val)} val images ({how})",
-                 f"  {'class':<{width}}  {'train':>6}  {'val':>5}"]
+        lines = [
+            f"{self.given or self.root}: {len(self.classes)} classes, {len(self.train)} train / {len(self.val)} val images ({how})",
+            f"  {'class':<{width}}  {'train':>6}  {'val':>5}",
+        ]
         lines += [f"  {c:<{width}}  {t:>6}  {v:>5}" for c, t, v in zip(self.classes, tr, va)]
         return "\n".join(lines)
 
@@ -80,12 +82,7 @@ class FolderScan:
 
 
 def scan_folder(
-    root: str | Path,
-    *,
-    val_split: float | None = None,
-    seed: int = 0,
-    cache_mb: float = 512.0,
-    progress: bool = False,
+    root: str | Path, *, val_split: float | None = None, seed: int = 0, cache_mb: float = 512.0, progress: bool = False
 ) -> FolderScan:
     """Scan an image folder (either layout), check every image opens, and split it if needed.
 
@@ -100,18 +97,24 @@ def scan_folder(
     if not root.exists():
         raise VitlabError(f"data {root}: no such folder", arg="data")
     if not root.is_dir():
-        raise VitlabError(f"data {root}: is a file; expected a folder of class sub-folders (DIR/<class>/*.jpg)", arg="data")
+        raise VitlabError(
+            f"data {root}: is a file; expected a folder of class sub-folders (DIR/<class>/*.jpg)", arg="data"
+        )
     skipped: list[tuple[str, str]] = []
     has_split = (root / "train").is_dir()
     if has_split:
         if val_split is not None:
             raise VitlabError(
                 f"val_split {val_split:g}: {root} already has train/ and val/ folders; drop val_split, "
-                "or point data at a folder with one sub-folder per class", arg="val_split")
+                "or point data at a folder with one sub-folder per class",
+                arg="val_split",
+            )
         if not (root / "val").is_dir():
             raise VitlabError(
                 f"data {root}: found {root / 'train'} but no {root / 'val'}; add a val/ folder with the same "
-                "class sub-folders, or move the class folders up to use val_split", arg="data")
+                "class sub-folders, or move the class folders up to use val_split",
+                arg="data",
+            )
         _stray_entries(root, {"train", "val"}, skipped)
         classes = _class_dirs(root / "train", skipped)
         val_classes = _class_dirs(root / "val", skipped)
@@ -119,7 +122,9 @@ def scan_folder(
         if unknown:
             raise VitlabError(
                 f"data {root}: val/ has class folder(s) {', '.join(unknown)} that train/ lacks; "
-                "every validation class needs training images (make the class names match)", arg="data")
+                "every validation class needs training images (make the class names match)",
+                arg="data",
+            )
         index = {c: i for i, c in enumerate(classes)}
         train_files = _class_files(root / "train", classes, skipped)
         val_files = _class_files(root / "val", val_classes, skipped)
@@ -137,13 +142,19 @@ def scan_folder(
         where = root / "train" if has_split else root
         raise VitlabError(
             f"data {where}: a classifier needs at least 2 class sub-folders; found {found}. "
-            f"Expected {where}/<class>/<image files>, one sub-folder per class", arg="data")
+            f"Expected {where}/<class>/<image files>, one sub-folder per class",
+            arg="data",
+        )
 
     # Open every file once: unreadable ones are skipped and listed, readable ones maybe cached.
     images: dict[str, Image.Image] = {}
     budget = cache_mb * 2**20
-    all_files = [(p, c, part) for part, files in (("train", train_files), ("val", val_files))
-                 for c, paths in files.items() for p in paths]
+    all_files = [
+        (p, c, part)
+        for part, files in (("train", train_files), ("val", val_files))
+        for c, paths in files.items()
+        for p in paths
+    ]
     good: dict[str, dict[str, list[str]]] = {"train": {c: [] for c in classes}, "val": {c: [] for c in classes}}
     for path, c, part in tqdm(all_files, desc=f"scan {root.name}", leave=False, disable=not progress):
         try:
@@ -159,7 +170,7 @@ def scan_folder(
             budget = 0  # past the budget: cache nothing more, and free what we have (all or nothing)
             images.clear()
 
-    for part in (("train",) if layout == "single" else ("train", "val")):
+    for part in ("train",) if layout == "single" else ("train", "val"):
         base = root / part if layout == "train/val" else root
         dirs = classes if part == "train" else val_files.keys()
         empty = [c for c in dirs if not good[part][c]]
@@ -176,14 +187,27 @@ def scan_folder(
     if layout == "train/val":
         val = [(p, index[c]) for c in classes for p in good["val"][c]]
         if not val:
-            raise VitlabError(f"data {root}: val/ has no readable image; put images in {root / 'val'}/<class>/", arg="data")
+            raise VitlabError(
+                f"data {root}: val/ has no readable image; put images in {root / 'val'}/<class>/", arg="data"
+            )
         return FolderScan(root, layout, classes, train, val, None, skipped, images, given)
 
     frac = DEFAULT_VAL_SPLIT if val_split is None else val_split
     labels = torch.tensor([label for _, label in train])
-    tr_idx, va_idx = stratified_split(labels, frac, seed=seed, names=classes)  # refuses a class left with no training image
-    return FolderScan(root, layout, classes, [train[i] for i in tr_idx.tolist()], [train[i] for i in va_idx.tolist()],
-                      frac, skipped, images, given)
+    tr_idx, va_idx = stratified_split(
+        labels, frac, seed=seed, names=classes
+    )  # refuses a class left with no training image
+    return FolderScan(
+        root,
+        layout,
+        classes,
+        [train[i] for i in tr_idx.tolist()],
+        [train[i] for i in va_idx.tolist()],
+        frac,
+        skipped,
+        images,
+        given,
+    )
 
 
 def _is_hidden(name: str) -> bool:
@@ -213,11 +237,15 @@ def _class_dirs(folder: Path, skipped: list) -> list[str]:
     if not classes and loose_images:
         raise VitlabError(
             f"data {folder}: found {loose_images} image file(s) directly in the folder but no class sub-folders; "
-            f"expected {folder}/<class>/<image files>, one sub-folder per class", arg="data")
+            f"expected {folder}/<class>/<image files>, one sub-folder per class",
+            arg="data",
+        )
     if not classes:
         raise VitlabError(
             f"data {folder}: the folder is empty (no class sub-folders); "
-            f"expected {folder}/<class>/<image files>, one sub-folder per class", arg="data")
+            f"expected {folder}/<class>/<image files>, one sub-folder per class",
+            arg="data",
+        )
     return classes
 
 
@@ -235,8 +263,12 @@ def _class_files(folder: Path, classes, skipped: list) -> dict[str, list[str]]:
             for d in sorted(d for d in dirnames if not _is_hidden(d)):
                 real = os.path.realpath(os.path.join(dirpath, d))
                 if real in walked or here == real or here.startswith(real.rstrip(os.sep) + os.sep):
-                    skipped.append((os.path.join(os.path.abspath(dirpath), d),
-                                    f"a link back to {real}, which encloses it or was already scanned (not followed)"))
+                    skipped.append(
+                        (
+                            os.path.join(os.path.abspath(dirpath), d),
+                            f"a link back to {real}, which encloses it or was already scanned (not followed)",
+                        )
+                    )
                 else:
                     keep.append(d)
             dirnames[:] = keep
@@ -247,8 +279,13 @@ def _class_files(folder: Path, classes, skipped: list) -> dict[str, list[str]]:
                 if name.lower().endswith(IMAGE_EXTENSIONS):
                     files.append(path)
                 else:
-                    skipped.append((path, f"not an image file (extension {Path(name).suffix or 'none'}; "
-                                          f"expected one of {', '.join(IMAGE_EXTENSIONS)})"))
+                    skipped.append(
+                        (
+                            path,
+                            f"not an image file (extension {Path(name).suffix or 'none'}; "
+                            f"expected one of {', '.join(IMAGE_EXTENSIONS)})",
+                        )
+                    )
         out[c] = files
     return out
 
@@ -283,13 +320,19 @@ def _count_each_file_once(root: Path, train: dict[str, list[str]], val: dict[str
         return "; ".join(items[:3]) + (f"; and {len(items) - 3} more" if len(items) > 3 else "")
 
     if two_classes:
-        raise VitlabError(f"data {root}: {len(two_classes)} file(s) are in two class folders (one file reached "
-                          f"through a link): {listing(two_classes)}; a file needs one label, so keep it "
-                          "in one class", arg="data")
+        raise VitlabError(
+            f"data {root}: {len(two_classes)} file(s) are in two class folders (one file reached "
+            f"through a link): {listing(two_classes)}; a file needs one label, so keep it "
+            "in one class",
+            arg="data",
+        )
     if both_splits:
-        raise VitlabError(f"data {root}: {len(both_splits)} file(s) are in both train/ and val/ (one file reached through a link): "
-                          f"{listing(both_splits)}; validation would score images the model trained on, so keep each "
-                          "in one of them", arg="data")
+        raise VitlabError(
+            f"data {root}: {len(both_splits)} file(s) are in both train/ and val/ (one file reached through a link): "
+            f"{listing(both_splits)}; validation would score images the model trained on, so keep each "
+            "in one of them",
+            arg="data",
+        )
 
 
 def image_paths(items: list[str | Path]) -> list[Path]:
@@ -304,8 +347,9 @@ def image_paths(items: list[str | Path]) -> list[Path]:
         else:
             raise VitlabError(f"image {item}: no such file or folder", arg="images")
     if not out:
-        raise VitlabError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) found in {', '.join(map(str, items))}",
-                          arg="images")
+        raise VitlabError(
+            f"no image files ({', '.join(IMAGE_EXTENSIONS)}) found in {', '.join(map(str, items))}", arg="images"
+        )
     return out
 
 

@@ -27,8 +27,8 @@ seeded permutation per epoch, each process its share), as for data read from dis
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import torch
 from torch.utils.data.distributed import DistributedSampler
@@ -50,7 +50,9 @@ class ImageTensors:
 
     def __post_init__(self) -> None:
         if self.images.dtype != torch.uint8 or self.images.ndim != 4:
-            raise VitlabError(f"images must be a uint8 tensor (N, C, H, W); found {self.images.dtype} {tuple(self.images.shape)}")
+            raise VitlabError(
+                f"images must be a uint8 tensor (N, C, H, W); found {self.images.dtype} {tuple(self.images.shape)}"
+            )
         if len(self.images) != len(self.labels):
             raise VitlabError(f"images and labels differ in length: {len(self.images)} vs {len(self.labels)}")
         self.labels = self.labels.long()
@@ -62,17 +64,25 @@ class ImageTensors:
     def size(self) -> tuple[int, int]:
         return tuple(self.images.shape[-2:])
 
-    def subset(self, index: torch.Tensor) -> "ImageTensors":
+    def subset(self, index: torch.Tensor) -> ImageTensors:
         return ImageTensors(self.images[index], self.labels[index])
 
     @classmethod
-    def from_float(cls, images: torch.Tensor, labels: torch.Tensor) -> "ImageTensors":
+    def from_float(cls, images: torch.Tensor, labels: torch.Tensor) -> ImageTensors:
         """From float images in [0, 1] (the synthetic datasets, the digits), rounded to uint8."""
         return cls((images.clamp(0, 1) * 255 + 0.5).to(torch.uint8), labels)
 
 
-def random_boxes(generator: torch.Generator, n: int, height: int, width: int, *, scale: tuple[float, float],
-                 ratio: tuple[float, float], erasing: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def random_boxes(
+    generator: torch.Generator,
+    n: int,
+    height: int,
+    width: int,
+    *,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    erasing: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`n` random boxes in a `height` x `width` image, each drawn as torchvision's RandomResizedCrop
     (erasing=False) or RandomErasing (erasing=True) draws one: 10 tries of an area fraction uniform in
     `scale` and an aspect ratio log-uniform in `ratio`, the first box that fits, placed uniformly.
@@ -83,8 +93,9 @@ def random_boxes(generator: torch.Generator, n: int, height: int, width: int, *,
     tries = 10
     area = height * width * torch.empty(n, tries).uniform_(scale[0], scale[1], generator=generator)
     log_r = torch.log(torch.tensor(ratio, dtype=torch.float64))
-    aspect = torch.exp(torch.empty(n, tries, dtype=torch.float64).uniform_(float(log_r[0]), float(log_r[1]),
-                                                                             generator=generator))
+    aspect = torch.exp(
+        torch.empty(n, tries, dtype=torch.float64).uniform_(float(log_r[0]), float(log_r[1]), generator=generator)
+    )
     long_side, short_side = torch.sqrt(area * aspect).round().long(), torch.sqrt(area / aspect).round().long()
     if erasing:  # RandomErasing: h = sqrt(area * aspect), and the box must be strictly smaller than the image
         h, w = long_side, short_side
@@ -123,12 +134,27 @@ class BatchTransform:
     rows of the batch's images.
     """
 
-    def __init__(self, *, size: Sequence[int], mean: Sequence[float], std: Sequence[float], channels: int,
-                 augment: bool = False, source_size: Sequence[int] | None = None, crop_scale: float = 0.35,
-                 ratio: tuple[float, float] = (3 / 4, 4 / 3), hflip: bool = False, color_jitter: float = 0.0,
-                 auto_augment: str = "none", re_prob: float = 0.0, interpolation: str = "bicubic"):
+    def __init__(
+        self,
+        *,
+        size: Sequence[int],
+        mean: Sequence[float],
+        std: Sequence[float],
+        channels: int,
+        augment: bool = False,
+        source_size: Sequence[int] | None = None,
+        crop_scale: float = 0.35,
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        hflip: bool = False,
+        color_jitter: float = 0.0,
+        auto_augment: str = "none",
+        re_prob: float = 0.0,
+        interpolation: str = "bicubic",
+    ):
         if auto_augment not in AUTO_AUGMENTS:
-            raise VitlabError(f"auto_augment must be one of {', '.join(AUTO_AUGMENTS)}; found {auto_augment!r}", arg="auto_augment")
+            raise VitlabError(
+                f"auto_augment must be one of {', '.join(AUTO_AUGMENTS)}; found {auto_augment!r}", arg="auto_augment"
+            )
         check_range("crop_scale", crop_scale, low=0, high=1, low_open=True)
         check_range("color_jitter", color_jitter, low=0)
         check_range("reprob", re_prob, low=0, high=1)
@@ -138,11 +164,18 @@ class BatchTransform:
         self.channels, self.augment = channels, augment
         # a crop of the whole image at the same size is no crop: skip it (crop_scale 1 keeps flips etc. alone)
         self.crops = augment and not (crop_scale >= 1.0 and self.source_size == self.size)
-        self.scale, self.ratio, self.hflip, self.re_prob = (crop_scale, 1.0), ratio, hflip and augment, re_prob if augment else 0.0
+        self.scale, self.ratio, self.hflip, self.re_prob = (
+            (crop_scale, 1.0),
+            ratio,
+            hflip and augment,
+            re_prob if augment else 0.0,
+        )
         # torchvision's geometric ops on tensors (RandAugment's rotate, shear, translate) take nearest or bilinear
         interp = INTERPOLATIONS[interpolation if interpolation in ("nearest", "bilinear") else "bilinear"]
         on = augment and color_jitter > 0
-        self.jitter = v2.ColorJitter(brightness=color_jitter, contrast=color_jitter, saturation=color_jitter) if on else None
+        self.jitter = (
+            v2.ColorJitter(brightness=color_jitter, contrast=color_jitter, saturation=color_jitter) if on else None
+        )
         self.auto = None
         if augment and auto_augment == "rand":
             self.auto = v2.RandAugment(num_ops=2, magnitude=9, interpolation=interp)
@@ -194,7 +227,9 @@ class BatchTransform:
             # output pixels (aligned=True), averaged over ceil(box / size) samples per pixel where it shrinks
             x = roi_align(x.float(), boxes, output_size=self.size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
         elif tuple(x.shape[-2:]) != self.size:
-            raise VitlabError(f"images of {tuple(x.shape[-2:])} need a crop_scale below 1 or preprocessing to {self.size}")
+            raise VitlabError(
+                f"images of {tuple(x.shape[-2:])} need a crop_scale below 1 or preprocessing to {self.size}"
+            )
         else:
             x = x.float()
         if self.hflip:
@@ -256,8 +291,9 @@ def _apply_auto_augment(aug, x: torch.Tensor, ops: torch.Tensor, bins: torch.Ten
             magnitudes_fn, signed = aug._AUGMENTATION_SPACE[names[op]]
             magnitudes = magnitudes_fn(nb, H, W)
             magnitude = 0.0 if magnitudes is None else float(magnitudes[bin_]) * (-1 if signed and negative else 1)
-            x[rows] = aug._apply_image_or_video_transform(x[rows], names[op], magnitude, interpolation=aug.interpolation,
-                                                          fill=aug._fill)
+            x[rows] = aug._apply_image_or_video_transform(
+                x[rows], names[op], magnitude, interpolation=aug.interpolation, fill=aug._fill
+            )
     return x
 
 
@@ -280,9 +316,20 @@ class MemoryLoader:
     processes with batch B see together. The tensors move to a GPU once when they fit (`device_mb`).
     """
 
-    def __init__(self, data: ImageTensors, transform: BatchTransform, *, batch_size: int, shuffle: bool = False,
-                 drop_last: bool = False, seed: int = 0, num_replicas: int = 1, rank: int = 0,
-                 device: str | torch.device = "cpu", device_mb: float = 2048.0):
+    def __init__(
+        self,
+        data: ImageTensors,
+        transform: BatchTransform,
+        *,
+        batch_size: int,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+        device: str | torch.device = "cpu",
+        device_mb: float = 2048.0,
+    ):
         check_range("batch_size", batch_size, low=1, integer=True)
         self.data, self.transform = data, transform
         self.batch_size, self.drop_last, self.seed = batch_size, drop_last, seed

@@ -8,8 +8,22 @@ from PIL import Image
 
 from vitlab.data.preprocess import to_rgb
 
-BUNDLED_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "hubble_deep_field",
-                  "colorwheel", "camera", "coins", "horse", "moon", "brick", "grass", "gravel")
+BUNDLED_PHOTOS = (
+    "astronaut",
+    "chelsea",
+    "coffee",
+    "rocket",
+    "immunohistochemistry",
+    "hubble_deep_field",
+    "colorwheel",
+    "camera",
+    "coins",
+    "horse",
+    "moon",
+    "brick",
+    "grass",
+    "gravel",
+)
 
 
 def sample_photos(limit: int | None = None) -> list[tuple[str, Image.Image]]:

@@ -53,11 +53,13 @@ def eval_transform(pretrained_cfg: PretrainedCfg, img_size: int | tuple[int, int
     gets the image in grey. img_size overrides the input size (for a model built at another resolution).
     """
     C = pretrained_cfg.in_chans
-    return v2.Compose([
-        eval_geometry(pretrained_cfg, img_size),
-        v2.ToDtype(torch.float32, scale=True),  # [0, 255] -> [0, 1]
-        v2.Normalize(mean=list(pretrained_cfg.mean)[:C], std=list(pretrained_cfg.std)[:C]),
-    ])
+    return v2.Compose(
+        [
+            eval_geometry(pretrained_cfg, img_size),
+            v2.ToDtype(torch.float32, scale=True),  # [0, 255] -> [0, 1]
+            v2.Normalize(mean=list(pretrained_cfg.mean)[:C], std=list(pretrained_cfg.std)[:C]),
+        ]
+    )
 
 
 def eval_geometry(pretrained_cfg: PretrainedCfg, img_size: int | tuple[int, int] | None = None) -> v2.Compose:
@@ -79,7 +81,9 @@ def eval_resize_crop(pretrained_cfg: PretrainedCfg, img_size: int | tuple[int, i
     crop_pct = pretrained_cfg.crop_pct or 0.875
     name = pretrained_cfg.interpolation
     if name not in INTERPOLATIONS:
-        raise VitlabError(f"pretrained_cfg interpolation {name!r} is unknown; expected one of {', '.join(INTERPOLATIONS)}")
+        raise VitlabError(
+            f"pretrained_cfg interpolation {name!r} is unknown; expected one of {', '.join(INTERPOLATIONS)}"
+        )
     interpolation = INTERPOLATIONS[name]
     scale = (math.floor(H / crop_pct), math.floor(W / crop_pct))  # timm's arithmetic: 224 / 0.875 = 256
     if pretrained_cfg.crop_mode == "squash":
@@ -88,7 +92,9 @@ def eval_resize_crop(pretrained_cfg: PretrainedCfg, img_size: int | tuple[int, i
         # The short side to the scale (for a non-square input, the larger scale, so the crop fits).
         resize = v2.Resize(max(scale), interpolation=interpolation)
     else:
-        raise VitlabError(f"pretrained_cfg crop_mode {pretrained_cfg.crop_mode!r} is unknown; expected center or squash")
+        raise VitlabError(
+            f"pretrained_cfg crop_mode {pretrained_cfg.crop_mode!r} is unknown; expected center or squash"
+        )
     return v2.Compose([resize, v2.CenterCrop((H, W))])
 
 
@@ -198,4 +204,14 @@ def load_images(paths, transform) -> tuple[list[tuple[str, torch.Tensor]], list[
     return good, bad
 
 
-__all__ = ["eval_transform", "eval_geometry", "eval_resize_crop", "describe", "open_image", "to_rgb", "images_tensor", "load_images", "INTERPOLATIONS"]
+__all__ = [
+    "eval_transform",
+    "eval_geometry",
+    "eval_resize_crop",
+    "describe",
+    "open_image",
+    "to_rgb",
+    "images_tensor",
+    "load_images",
+    "INTERPOLATIONS",
+]

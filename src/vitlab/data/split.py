@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -12,8 +12,9 @@ from vitlab.runtime import check_seed
 DEFAULT_VAL_SPLIT = 0.2  # the share of each class that goes to validation
 
 
-def stratified_split(labels: torch.Tensor, val_fraction: float, *, seed: int = 0,
-                     names: Sequence[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def stratified_split(
+    labels: torch.Tensor, val_fraction: float, *, seed: int = 0, names: Sequence[str] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices of a seeded, stratified train/val split: each class keeps its share in both parts.
 
     Every class gets at least one validation image; a class the split would leave with no training
@@ -31,8 +32,11 @@ def stratified_split(labels: torch.Tensor, val_fraction: float, *, seed: int = 0
         val.append(idx[:k])
         train.append(idx[k:])
     if starved:
-        raise VitlabError(f"val_split {val_fraction:g} would send every image of class(es) {', '.join(starved)} to "
-                          "validation, leaving none to train on; use a smaller val_split or add images", arg="val_split")
+        raise VitlabError(
+            f"val_split {val_fraction:g} would send every image of class(es) {', '.join(starved)} to "
+            "validation, leaving none to train on; use a smaller val_split or add images",
+            arg="val_split",
+        )
     return torch.cat(train).sort().values, torch.cat(val).sort().values
 
 

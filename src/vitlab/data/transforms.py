@@ -14,7 +14,7 @@ normalisation the weights were trained with.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torchvision.transforms import v2
@@ -48,7 +48,9 @@ def train_transform(
     or "none". re_prob: RandomErasing probability on the normalised tensor.
     """
     if auto_augment not in AUTO_AUGMENTS:
-        raise VitlabError(f"auto_augment must be one of {', '.join(AUTO_AUGMENTS)}; found {auto_augment!r}", arg="auto_augment")
+        raise VitlabError(
+            f"auto_augment must be one of {', '.join(AUTO_AUGMENTS)}; found {auto_augment!r}", arg="auto_augment"
+        )
     check_range("crop_scale", scale[0], low=0, high=scale[1], low_open=True)
     check_range("color_jitter", color_jitter, low=0)
     check_range("reprob", re_prob, low=0, high=1)
@@ -81,13 +83,15 @@ def model_transforms(model, *, augment: bool = True, **options) -> tuple[v2.Comp
     evaluate = eval_transform(pcfg, size)
     if not augment:
         return evaluate, evaluate
-    train = train_transform(size=size, mean=pcfg.mean, std=pcfg.std, interpolation=pcfg.interpolation,
-                            channels=pcfg.in_chans, **options)
+    train = train_transform(
+        size=size, mean=pcfg.mean, std=pcfg.std, interpolation=pcfg.interpolation, channels=pcfg.in_chans, **options
+    )
     return train, evaluate
 
 
-def mix_transform(*, num_classes: int, mixup: float = 0.0, cutmix: float = 0.0,
-                  switch_prob: float = 0.5) -> Callable | None:
+def mix_transform(
+    *, num_classes: int, mixup: float = 0.0, cutmix: float = 0.0, switch_prob: float = 0.5
+) -> Callable | None:
     """Batch-level MixUp (Zhang et al. 2018) and/or CutMix (Yun et al. 2019) with torchvision's v2.
 
     `mixup`/`cutmix` are the Beta(alpha, alpha) parameters (0 = off). With both on, each batch uses

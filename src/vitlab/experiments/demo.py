@@ -27,8 +27,8 @@ import platform
 import queue
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from matplotlib.figure import Figure
@@ -51,13 +51,16 @@ MODEL = "vit_mini_x"
 RUNS = (("learned", "with position embedding"), ("none", "without position embedding"))
 N_TRAIN, N_VAL = 2000, 500
 MAX_EPOCHS = 10_000
-WHY = ("Without a position embedding both classes are the same set of patches (a bright half and a dark half, "
-       "only in mirrored places) and self-attention does not know where a patch is, so the model cannot tell "
-       "left-bright from right-bright; the position embedding is what tells it.")
+WHY = (
+    "Without a position embedding both classes are the same set of patches (a bright half and a dark half, "
+    "only in mirrored places) and self-attention does not know where a patch is, so the model cannot tell "
+    "left-bright from right-bright; the position embedding is what tells it."
+)
 
 
-def check_options(*, epochs: int, seed: int, out: str | Path, n_train: int = N_TRAIN, n_val: int = N_VAL,
-                  force: bool = False) -> Path:
+def check_options(
+    *, epochs: int, seed: int, out: str | Path, n_train: int = N_TRAIN, n_val: int = N_VAL, force: bool = False
+) -> Path:
     """Every option is checked before anything is written (no partial output after a mistake); `out` must
     be new, empty, an earlier demo's folder, or (with `force`) any folder (vitlab.fileio.check_out_folder)."""
     check_range("epochs", epochs, low=1, high=MAX_EPOCHS, integer=True, hint=" (the mini experiment uses 60)")
@@ -122,14 +125,30 @@ def run_demo(
     """
     out = check_options(epochs=epochs, seed=seed, out=out, n_train=n_train, n_val=n_val, force=force)
     check_threads(threads)
-    check_range("workers", workers, low=1, high=2, integer=True, optional=True,
-                hint=" (1: one run after the other; 2: side by side)")
+    check_range(
+        "workers",
+        workers,
+        low=1,
+        high=2,
+        integer=True,
+        optional=True,
+        hint=" (1: one run after the other; 2: side by side)",
+    )
     dev = resolve_device(device)  # an unavailable device is an error before anything is written
     if workers is None:
         workers = 2 if dev.type == "cpu" and (os.cpu_count() or 1) >= 2 else 1
     with output_folder(out, kind="demo", force=force), num_threads(threads):  # removed again if nothing was written
-        return _run(epochs=epochs, seed=seed, out=out, device=dev, n_train=n_train, n_val=n_val, workers=workers,
-                    progress=progress, echo=echo)
+        return _run(
+            epochs=epochs,
+            seed=seed,
+            out=out,
+            device=dev,
+            n_train=n_train,
+            n_val=n_val,
+            workers=workers,
+            progress=progress,
+            echo=echo,
+        )
 
 
 def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, workers, progress, echo) -> dict:
@@ -138,20 +157,26 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, worke
     _, (x_val, y_val) = dataset_x_splits(n_train, n_val, seed=seed)  # the figure and the boundary share
     recipe = RECIPES["mini"].replace(epochs=epochs, seed=seed)  # AdamW 3e-3, batch 32
     threads = torch.get_num_threads()
-    echo(f"vitlab demo: the mini experiment on dataset X ({n_train} train / {n_val} val, 32x32x3, "
-         f"left half brighter = A, mirrored = B)")
-    echo(f"  model {MODEL}: patch {cfg0.patch_size} -> {cfg0.num_patches} patches + CLS, D={cfg0.dim}, "
-         f"{cfg0.heads} heads, {cfg0.depth} blocks, MLP {cfg0.hidden_dim}; AdamW lr {recipe.lr:g}, batch "
-         f"{recipe.batch_size}, {epochs} epochs, {device} ({threads} CPU thread{'' if threads == 1 else 's'}"
-         f"{', both runs side by side in 2 processes' if workers > 1 else ''})")
+    echo(
+        f"vitlab demo: the mini experiment on dataset X ({n_train} train / {n_val} val, 32x32x3, "
+        f"left half brighter = A, mirrored = B)"
+    )
+    echo(
+        f"  model {MODEL}: patch {cfg0.patch_size} -> {cfg0.num_patches} patches + CLS, D={cfg0.dim}, "
+        f"{cfg0.heads} heads, {cfg0.depth} blocks, MLP {cfg0.hidden_dim}; AdamW lr {recipe.lr:g}, batch "
+        f"{recipe.batch_size}, {epochs} epochs, {device} ({threads} CPU thread{'' if threads == 1 else 's'}"
+        f"{', both runs side by side in 2 processes' if workers > 1 else ''})"
+    )
 
     show = sorted({1, epochs, *range(max(1, epochs // 6), epochs + 1, max(1, epochs // 6))})
 
     def report(pos: str, row: dict) -> None:
         if row["epoch"] in show:
             with tqdm.external_write_mode():  # the line goes above the progress bar
-                echo(f"  [{pos}] epoch {row['epoch']:>3}/{epochs}  train loss {row['train_loss']:.4f}  "
-                     f"train acc {row['train_acc']:.3f}  val acc {row['val_acc']:.3f}  ({row['time_s']:.2f} s/epoch)")
+                echo(
+                    f"  [{pos}] epoch {row['epoch']:>3}/{epochs}  train loss {row['train_loss']:.4f}  "
+                    f"train acc {row['train_acc']:.3f}  val acc {row['val_acc']:.3f}  ({row['time_s']:.2f} s/epoch)"
+                )
 
     settings = dict(epochs=epochs, seed=seed, out=out, device=str(device), n_train=n_train, n_val=n_val)
     if workers > 1:
@@ -162,7 +187,9 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, worke
         trained = {}
         for pos, label in RUNS:
             echo(f"[{pos}] training {label} ...")
-            trained[pos] = _train_arm(pos, **settings, progress=progress, on_epoch=lambda row, pos=pos: report(pos, row))
+            trained[pos] = _train_arm(
+                pos, **settings, progress=progress, on_epoch=lambda row, pos=pos: report(pos, row)
+            )
 
     runs: dict[str, dict] = {}
     histories: dict[str, list[dict]] = {}
@@ -172,9 +199,14 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, worke
         boundary = boundary_attention_share(model, x_val)
         last = rows[-1]
         figure = out / f"attention_pos_{pos}.png"
-        write_attention_figure(model, x_val, y_val, figure, class_names=CLASS_NAMES,
-                               title=f"{MODEL}, pos_embed={pos}: last layer, class token -> patches "
-                                     f"(val acc {last['val_acc']:.1%})")
+        write_attention_figure(
+            model,
+            x_val,
+            y_val,
+            figure,
+            class_names=CLASS_NAMES,
+            title=f"{MODEL}, pos_embed={pos}: last layer, class token -> patches (val acc {last['val_acc']:.1%})",
+        )
         runs[pos] = {
             "label": label,
             "final_val_acc": last["val_acc"],
@@ -206,16 +238,24 @@ def _run(*, epochs, seed, out: Path, device: torch.device, n_train, n_val, worke
         "python": platform.python_version(),
         "runs": runs,
         "accuracy_drop_without_pos_embed": with_pos["final_val_acc"] - without["final_val_acc"],
-        "expectation_met": bool(with_pos["final_val_acc"] >= 0.95 and without["final_val_acc"] < with_pos["final_val_acc"] - 0.1),
+        "expectation_met": bool(
+            with_pos["final_val_acc"] >= 0.95 and without["final_val_acc"] < with_pos["final_val_acc"] - 0.1
+        ),
         "why": WHY,
         "wall_time_s": round(wall, 1),
-        "files": ["summary.json", "curves.png", *[runs[p]["attention_png"] for p in runs],
-                  *[runs[p]["metrics_csv"] for p in runs]],
+        "files": [
+            "summary.json",
+            "curves.png",
+            *[runs[p]["attention_png"] for p in runs],
+            *[runs[p]["metrics_csv"] for p in runs],
+        ],
     }
     write_json(out / "summary.json", summary)
     echo("\n" + format_table(summary))
-    echo(f"\nwrote {out}/: summary.json, curves.png, attention_pos_learned.png, attention_pos_none.png, "
-         f"pos_learned/ and pos_none/ (metrics.csv, checkpoints)")
+    echo(
+        f"\nwrote {out}/: summary.json, curves.png, attention_pos_learned.png, attention_pos_none.png, "
+        f"pos_learned/ and pos_none/ (metrics.csv, checkpoints)"
+    )
     echo(f"demo wall time: {summary['wall_time_s']:.1f} s")
     return summary
 
@@ -228,8 +268,9 @@ class _OnEpoch(Callback):
         self.fn(row)
 
 
-def _train_arm(pos: str, *, epochs, seed, out: Path, device: str, n_train, n_val, progress: bool,
-               on_epoch: Callable[[dict], None]) -> dict:
+def _train_arm(
+    pos: str, *, epochs, seed, out: Path, device: str, n_train, n_val, progress: bool, on_epoch: Callable[[dict], None]
+) -> dict:
     """One run of the demo: train vit_mini_x with `pos_embed=pos` into out/pos_{pos}/ (written to a
     temporary folder, moved into place when complete). Returns its per-epoch rows and training seconds;
     the final weights are its last checkpoint. Depends only on its arguments, so it gives the same
@@ -243,8 +284,17 @@ def _train_arm(pos: str, *, epochs, seed, out: Path, device: str, n_train, n_val
     run_dir = Path(out) / f"pos_{pos}"
     t0 = time.perf_counter()
     with temporary_folder(run_dir) as tmp:  # moved into place when complete
-        history = fit(model, train_loader, val_loader, recipe, device=device, out=tmp, progress=progress,
-                      desc=f"pos_embed={pos}", callbacks=[_OnEpoch(on_epoch)])
+        history = fit(
+            model,
+            train_loader,
+            val_loader,
+            recipe,
+            device=device,
+            out=tmp,
+            progress=progress,
+            desc=f"pos_embed={pos}",
+            callbacks=[_OnEpoch(on_epoch)],
+        )
         train_s = time.perf_counter() - t0
     return {"rows": history.rows, "train_s": train_s}
 
@@ -260,7 +310,10 @@ def _train_side_by_side(settings: dict, threads: int, report: Callable[[str, dic
     the time of one run. The parent prints every line."""
     bar = tqdm(total=len(RUNS) * settings["epochs"], desc="both runs", unit="epoch", disable=not progress, leave=False)
     try:
-        with multiprocessing.get_context("spawn").Manager() as manager, process_pool(len(RUNS), threads=threads) as pool:
+        with (
+            multiprocessing.get_context("spawn").Manager() as manager,
+            process_pool(len(RUNS), threads=threads) as pool,
+        ):
             messages = manager.Queue()
             futures = {pos: pool.submit(_arm_worker, pos, settings, messages) for pos, _ in RUNS}
             while not all(f.done() for f in futures.values()) or not messages.empty():
@@ -270,8 +323,10 @@ def _train_side_by_side(settings: dict, threads: int, report: Callable[[str, dic
                     for pos, future in futures.items():
                         if future.done() and future.exception() is not None:
                             e = future.exception()
-                            raise VitlabError(f"the pos_embed={pos} run failed: "
-                                              f"{e if isinstance(e, VitlabError) else f'{type(e).__name__}: {e}'}") from e
+                            raise VitlabError(
+                                f"the pos_embed={pos} run failed: "
+                                f"{e if isinstance(e, VitlabError) else f'{type(e).__name__}: {e}'}"
+                            ) from e
                     continue
                 bar.update()
                 report(pos, row)
@@ -285,13 +340,16 @@ def _train_side_by_side(settings: dict, threads: int, report: Callable[[str, dic
 def format_table(summary: dict) -> str:
     """The final table: validation accuracy with and without position embedding, and why."""
     runs = summary["runs"]
-    lines = [f"{'vit_mini_x on dataset X':<30}{'val acc':>9}{'best':>8}{'train loss':>12}"
-             f"{'boundary attn':>15}{'time':>8}"]
+    lines = [
+        f"{'vit_mini_x on dataset X':<30}{'val acc':>9}{'best':>8}{'train loss':>12}{'boundary attn':>15}{'time':>8}"
+    ]
     for pos in ("learned", "none"):
         r = runs[pos]
         b = r["boundary_attention"]
-        lines.append(f"{r['label']:<30}{r['final_val_acc']:>9.1%}{r['best_val_acc']:>8.1%}"
-                     f"{r['final_train_loss']:>12.4f}{b['share']:>9.1%} ({b['ratio']:.1f}x){r['train_time_s']:>6.0f} s")
+        lines.append(
+            f"{r['label']:<30}{r['final_val_acc']:>9.1%}{r['best_val_acc']:>8.1%}"
+            f"{r['final_train_loss']:>12.4f}{b['share']:>9.1%} ({b['ratio']:.1f}x){r['train_time_s']:>6.0f} s"
+        )
     drop = summary["accuracy_drop_without_pos_embed"]
     b = runs["learned"]["boundary_attention"]
     cols = "/".join(str(c) for c in b["columns"])
@@ -337,8 +395,16 @@ def write_curves_figure(histories: dict[str, list[dict]], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def write_attention_figure(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, path: Path, *,
-                           class_names, title: str, per_class: int = 2) -> Path:
+def write_attention_figure(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    path: Path,
+    *,
+    class_names,
+    title: str,
+    per_class: int = 2,
+) -> Path:
     """One row per validation image: the image, then the last layer's CLS attention of each head
     upsampled over it, then the mean over heads. Images are un-normalised ((x * 0.5) + 0.5, dataset X's
     convention); each heatmap is min-max scaled on its own (colour compares places, not heads), so
@@ -355,8 +421,10 @@ def write_attention_figure(model: nn.Module, images: torch.Tensor, labels: torch
     for row, i in enumerate(idx):
         image = enlarge(to_display(images[i], (0.5,) * 3, (0.5,) * 3), min_side=128)  # (H', W', 3) in [0, 1]
         tiles = [(image, f"{class_names[int(labels[i])]}\npred {class_names[int(preds[row])][0]}")]
-        tiles += [(overlay(image, maps[row, h], alpha=0.5), f"head {h}: peak {maps[row, h].max() * tokens:.1f}x")
-                  for h in range(heads)]
+        tiles += [
+            (overlay(image, maps[row, h], alpha=0.5), f"head {h}: peak {maps[row, h].max() * tokens:.1f}x")
+            for h in range(heads)
+        ]
         mean = maps[row].mean(0)
         tiles += [(overlay(image, mean, alpha=0.5), f"mean: peak {mean.max() * tokens:.1f}x")]
         for ax, (picture, label) in zip(axes[row], tiles):
@@ -368,5 +436,13 @@ def write_attention_figure(model: nn.Module, images: torch.Tensor, labels: torch
     return save_figure(fig, path)
 
 
-__all__ = ["run_demo", "last_layer_cls_attention", "format_table", "check_options", "pick_examples",
-           "write_curves_figure", "write_attention_figure", "WHY"]
+__all__ = [
+    "run_demo",
+    "last_layer_cls_attention",
+    "format_table",
+    "check_options",
+    "pick_examples",
+    "write_curves_figure",
+    "write_attention_figure",
+    "WHY",
+]

@@ -40,8 +40,10 @@ from vitlab.runtime import process_pool, resolve_device
 
 EXECUTORS = ("pool", "ray")
 RETRIES = 3  # Ray's max_retries: a task lost with its worker or its node is run again up to 3 times
-NO_RAY = ("executor ray needs Ray, which is not installed: install vitlab's cluster extra, "
-          "pip install -e '.[cluster]' (or: pip install -c constraints.txt ray)")
+NO_RAY = (
+    "executor ray needs Ray, which is not installed: install vitlab's cluster extra, "
+    "pip install -e '.[cluster]' (or: pip install -c constraints.txt ray)"
+)
 SOCKET_LIMIT = 107  # bytes in an AF_UNIX path on Linux; Ray's sockets are <temp>/session_<date>_<pid>/sockets/<name>
 
 
@@ -60,18 +62,26 @@ def check_executor(kind: str, address: str | None, workers: int | None, device: 
         raise VitlabError(f"executor must be one of {', '.join(EXECUTORS)}; found {kind!r}", arg="executor")
     check_range("workers", workers, low=1, integer=True, optional=True)
     if address is not None and kind != "ray":
-        raise VitlabError(f"address {address}: an address is a Ray cluster's; use it with executor ray, or drop it",
-                          arg="address")
+        raise VitlabError(
+            f"address {address}: an address is a Ray cluster's; use it with executor ray, or drop it", arg="address"
+        )
     if address is not None and workers is not None:
-        raise VitlabError(f"workers {workers}: a Ray cluster runs as many runs at once as it has CPUs (or GPUs); drop "
-                          "workers, or drop the address to start a Ray cluster of this machine with that many CPUs",
-                          arg="workers")
+        raise VitlabError(
+            f"workers {workers}: a Ray cluster runs as many runs at once as it has CPUs (or GPUs); drop "
+            "workers, or drop the address to start a Ray cluster of this machine with that many CPUs",
+            arg="workers",
+        )
     if address is not None and (":" not in address or not address.rsplit(":", 1)[1].isdigit()):
-        raise VitlabError(f"address must be the head node's HOST:PORT (as `ray start --head` prints it); found "
-                          f"{address!r}", arg="address")
+        raise VitlabError(
+            f"address must be the head node's HOST:PORT (as `ray start --head` prints it); found {address!r}",
+            arg="address",
+        )
     if kind == "ray" and str(device) not in ("auto", "cpu", "cuda"):
-        raise VitlabError(f"device {device}: with executor ray a run asks the cluster for a CPU or a whole GPU; "
-                          "use auto, cpu or cuda", arg="device")
+        raise VitlabError(
+            f"device {device}: with executor ray a run asks the cluster for a CPU or a whole GPU; "
+            "use auto, cpu or cuda",
+            arg="device",
+        )
     if kind == "ray":
         require_ray()
 
@@ -137,8 +147,9 @@ class RayExecutor(Executor):
                 # It reports no usage anywhere, and its processes share a token of their own (Ray would otherwise
                 # write one to ~/.ray/auth_token); variables the caller has set are kept.
                 _scoped_env(stack, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_TOKEN=secrets.token_hex(32))
-            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-                     **kwargs)
+            ray.init(
+                address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, **kwargs
+            )
             stack.callback(ray.shutdown)
         self.address = address
         resources = ray.cluster_resources()
@@ -146,12 +157,16 @@ class RayExecutor(Executor):
         self.cpus, self.gpus = int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
         use_gpu = self.gpus > 0 and device in ("auto", "cuda")
         if device == "cuda" and not use_gpu:
-            raise VitlabError(f"device cuda: the Ray cluster{f' at {address}' if address else ''} has no GPU "
-                              f"({self.cpus} CPUs on {self.nodes} node(s)); use cpu or auto", arg="device")
+            raise VitlabError(
+                f"device cuda: the Ray cluster{f' at {address}' if address else ''} has no GPU "
+                f"({self.cpus} CPUs on {self.nodes} node(s)); use cpu or auto",
+                arg="device",
+            )
         super().__init__(torch.device("cuda" if use_gpu else "cpu"))
         self.slots = max(1, self.gpus if use_gpu else self.cpus)
-        self.task = ray.remote(_on_node).options(num_cpus=0 if use_gpu else 1, num_gpus=1 if use_gpu else 0,
-                                                 max_retries=RETRIES, retry_exceptions=False)
+        self.task = ray.remote(_on_node).options(
+            num_cpus=0 if use_gpu else 1, num_gpus=1 if use_gpu else 0, max_retries=RETRIES, retry_exceptions=False
+        )
 
     def describe(self) -> str:
         where = f"the Ray cluster at {self.address}" if self.address else "a Ray cluster of this machine"
@@ -170,9 +185,12 @@ class RayExecutor(Executor):
                 except ray.exceptions.RayTaskError as e:  # fn raised: a user's mistake is its one line
                     raise (e.cause if isinstance(getattr(e, "cause", None), VitlabError) else e) from None
                 except ray.exceptions.RayError as e:  # lost, RETRIES times over
-                    raise VitlabError(f"executor ray: a run was lost {RETRIES + 1} times ({type(e).__name__}: "
-                                      f"{str(e).splitlines()[0]}); the runs that finished are kept: run the same "
-                                      "command again to go on", arg="executor") from e
+                    raise VitlabError(
+                        f"executor ray: a run was lost {RETRIES + 1} times ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0]}); the runs that finished are kept: run the same "
+                        "command again to go on",
+                        arg="executor",
+                    ) from e
                 yield i, value, node
         finally:
             for ref in pending:  # stopped early (an error, Ctrl-C): nothing left running for nobody
@@ -191,15 +209,19 @@ def _local_temp_dir() -> Path:
     socket paths fit there."""
     path = cache_root() / "ray"
     if len(str(path)) + len("/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store") > SOCKET_LIMIT:
-        raise VitlabError(f"executor ray: the cache folder {cache_root()} is too long a path for the sockets of a "
-                          f"local Ray cluster (at most {SOCKET_LIMIT} bytes); set VITLAB_CACHE to a shorter folder, "
-                          "or start a cluster with `ray start --head` and pass its address", arg="executor")
+        raise VitlabError(
+            f"executor ray: the cache folder {cache_root()} is too long a path for the sockets of a "
+            f"local Ray cluster (at most {SOCKET_LIMIT} bytes); set VITLAB_CACHE to a shorter folder, "
+            "or start a cluster with `ray start --head` and pass its address",
+            arg="executor",
+        )
     return path
 
 
 @contextlib.contextmanager
-def open_executor(kind: str, *, device: str | torch.device, workers: int | None = None, address: str | None = None,
-                  n_items: int) -> Iterator[Executor]:
+def open_executor(
+    kind: str, *, device: str | torch.device, workers: int | None = None, address: str | None = None, n_items: int
+) -> Iterator[Executor]:
     """An executor for `n_items` items: `pool` (`workers` processes, default one per core and at most 4; a
     single one, and any GPU, runs them in this process), or `ray` (the cluster at `address`, or one of this
     machine with `workers` CPUs). Closed (the pool's processes stopped, Ray left) when the block ends."""
@@ -213,5 +235,13 @@ def open_executor(kind: str, *, device: str | torch.device, workers: int | None 
         yield Executor(dev) if n == 1 else PoolExecutor(dev, n, stack)
 
 
-__all__ = ["EXECUTORS", "RETRIES", "Executor", "PoolExecutor", "RayExecutor", "check_executor", "open_executor",
-           "require_ray"]
+__all__ = [
+    "EXECUTORS",
+    "RETRIES",
+    "Executor",
+    "PoolExecutor",
+    "RayExecutor",
+    "check_executor",
+    "open_executor",
+    "require_ray",
+]

@@ -25,8 +25,16 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vitlab.errors import VitlabError, check_range
-from vitlab.fileio import (FILE_MODE, check_out_file, created_folders, remove_leftovers, tmp_prefix, umask, write_error,
-                           write_json)
+from vitlab.fileio import (
+    FILE_MODE,
+    check_out_file,
+    created_folders,
+    remove_leftovers,
+    tmp_prefix,
+    umask,
+    write_error,
+    write_json,
+)
 from vitlab.weights.checkpoint import model_meta
 
 ONNX_TOLERANCE = 1e-4  # max abs difference of the logits, ONNX Runtime vs PyTorch (fp32)
@@ -39,15 +47,18 @@ def check_export(out: str | Path, *, opset: int | None = None, force: bool = Fal
     place (vitlab.fileio.check_out_file: an existing file, or its .json, is replaced only with `force`)."""
     out = Path(out).expanduser()
     if out.suffix.lower() not in SUFFIXES:
-        raise VitlabError(f"out {out}: unknown export format {out.suffix!r}; expected a path ending in "
-                          f"{' or '.join(SUFFIXES)}", arg="out")
+        raise VitlabError(
+            f"out {out}: unknown export format {out.suffix!r}; expected a path ending in {' or '.join(SUFFIXES)}",
+            arg="out",
+        )
     check_range("opset", opset, low=MIN_OPSET, integer=True, optional=True)
     companions = [out.with_suffix(".json")] if out.suffix.lower() == ".safetensors" else []
     return check_out_file(out, force=force, companions=companions)
 
 
-def export_model(model: nn.Module, out: str | Path, *, check: bool = True, opset: int | None = None,
-                 force: bool = False) -> dict:
+def export_model(
+    model: nn.Module, out: str | Path, *, check: bool = True, opset: int | None = None, force: bool = False
+) -> dict:
     """Write `model` to `out` (format from the suffix). Returns a report: the files written and, for
     ONNX, the max abs difference to PyTorch measured by ONNX Runtime. An existing file is replaced only
     with `force`."""
@@ -135,9 +146,11 @@ def export_onnx(model: nn.Module, out: Path, *, check: bool = True, opset: int |
             raise VitlabError(f"ONNX export to {out} failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
         written = next((o.version for o in program.model_proto.opset_import if o.domain == ""), None)
         if opset is not None and written != opset:  # the exporter falls back to its own opset with a warning
-            raise VitlabError(f"opset {opset}: torch's ONNX exporter cannot convert this model to that opset (it fell "
-                              f"back to opset {written}); choose a lower one ({MIN_OPSET} or more), or leave opset out",
-                              arg="opset")
+            raise VitlabError(
+                f"opset {opset}: torch's ONNX exporter cannot convert this model to that opset (it fell "
+                f"back to opset {written}); choose a lower one ({MIN_OPSET} or more), or leave opset out",
+                arg="opset",
+            )
         program.save(str(tmp / out.name), external_data=big)
         if big:
             report["files"] += [str(out.parent / f.name) for f in tmp.iterdir() if f.name != out.name]
@@ -157,7 +170,9 @@ def check_onnx(model: nn.Module, path: str | Path, *, batch_size: int = 3, seed:
     try:
         import onnxruntime as ort
     except ImportError as e:
-        raise VitlabError("checking an ONNX export needs onnxruntime: pip install onnxruntime (or pass check=False)") from e
+        raise VitlabError(
+            "checking an ONNX export needs onnxruntime: pip install onnxruntime (or pass check=False)"
+        ) from e
     C, H, W = model.cfg.in_chans, *model.cfg.img_size
     x = torch.randn(batch_size, C, H, W, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
@@ -168,9 +183,19 @@ def check_onnx(model: nn.Module, path: str | Path, *, batch_size: int = 3, seed:
         raise VitlabError(f"ONNX export {path}: output shape {got.shape}, expected {expected.shape}")
     for who, out in (("PyTorch", expected), ("ONNX Runtime", got)):
         if not np.isfinite(out).all():
-            raise VitlabError(f"ONNX export {path}: {who}'s logits are not finite (NaN or infinity), so nothing can be "
-                              "checked; the model's weights overflow")
+            raise VitlabError(
+                f"ONNX export {path}: {who}'s logits are not finite (NaN or infinity), so nothing can be "
+                "checked; the model's weights overflow"
+            )
     return float(abs(got - expected).max())
 
 
-__all__ = ["check_export", "export_model", "export_safetensors", "export_onnx", "check_onnx", "export_config", "ONNX_TOLERANCE"]
+__all__ = [
+    "check_export",
+    "export_model",
+    "export_safetensors",
+    "export_onnx",
+    "check_onnx",
+    "export_config",
+    "ONNX_TOLERANCE",
+]

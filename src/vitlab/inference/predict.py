@@ -9,7 +9,7 @@ file) instead of `predictions`.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -28,7 +28,12 @@ def class_names(model: nn.Module) -> list[str] | None:
 
 @torch.no_grad()
 def predict_tensors(
-    model: nn.Module, images: torch.Tensor, *, topk: int = 5, device: torch.device | None = None, precision: str = "fp32"
+    model: nn.Module,
+    images: torch.Tensor,
+    *,
+    topk: int = 5,
+    device: torch.device | None = None,
+    precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, 3, H, W) preprocessed images -> (probabilities (B, k), class indices (B, k)), best first.
     `model`: the model, or anything called like it (an `InferenceRunner`, with `device`)."""
@@ -46,8 +51,9 @@ def finite_rows(values: torch.Tensor) -> list[bool]:
     return torch.isfinite(values).all(dim=-1).tolist()
 
 
-def check_options(*, topk: int = 5, batch_size: int = 16, device: str | torch.device | None = "auto",
-                  precision: str = "fp32") -> torch.device:
+def check_options(
+    *, topk: int = 5, batch_size: int = 16, device: str | torch.device | None = "auto", precision: str = "fp32"
+) -> torch.device:
     """predict_files' options, checkable before the model is loaded. Returns the device."""
     check_range("topk", topk, low=1, integer=True)
     check_range("batch_size", batch_size, low=1, integer=True)
@@ -96,8 +102,9 @@ def predict_files(
         )
     model = model.to(dev).eval()
     paths = [str(p) for p in paths]
-    runner = prepared or InferenceRunner(model, precision=precision, batch_size=batch_size, images=len(paths),
-                                         device=dev, fast=fast_path, log=log)
+    runner = prepared or InferenceRunner(
+        model, precision=precision, batch_size=batch_size, images=len(paths), device=dev, fast=fast_path, log=log
+    )
     transform = eval_transform(pcfg, img_size or model.cfg.img_size)
     names = class_names(model)
     results: dict[str, dict] = {}
@@ -112,9 +119,12 @@ def predict_files(
         probs, indices = predict_tensors(runner, batch, topk=topk, device=dev, precision=precision)
         for (path, _), p_row, i_row, finite in zip(good, probs.tolist(), indices.tolist(), finite_rows(probs)):
             if not finite:
-                results[path] = {"file": path, "error": f"{path}: the model's scores for this image are not finite "
-                                 f"(NaN or infinity): its weights ({pcfg.source}) overflow at {precision}; nothing to "
-                                 "report"}
+                results[path] = {
+                    "file": path,
+                    "error": f"{path}: the model's scores for this image are not finite "
+                    f"(NaN or infinity): its weights ({pcfg.source}) overflow at {precision}; nothing to "
+                    "report",
+                }
                 continue
             results[path] = {
                 "file": path,

@@ -22,12 +22,17 @@ def check_images(x, channels: int) -> None:
     found, not a convolution's error deep inside torch."""
     if not isinstance(x, torch.Tensor) or x.ndim != 4 or x.shape[1] != channels:
         found = f"a tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
-        fix = (" (one image: add the batch axis, x[None])" if isinstance(x, torch.Tensor) and x.ndim == 3
-               and x.shape[0] == channels else "")
+        fix = (
+            " (one image: add the batch axis, x[None])"
+            if isinstance(x, torch.Tensor) and x.ndim == 3 and x.shape[0] == channels
+            else ""
+        )
         raise VitlabError(f"the model takes a batch of images, a tensor (B, {channels}, H, W); found {found}{fix}")
     if not x.is_floating_point():
-        raise VitlabError(f"the model takes float images (preprocessed, e.g. by vitlab.data.preprocess.eval_transform); "
-                          f"found {x.dtype}")
+        raise VitlabError(
+            f"the model takes float images (preprocessed, e.g. by vitlab.data.preprocess.eval_transform); "
+            f"found {x.dtype}"
+        )
 
 
 def _stage(in_ch: int, out_ch: int, stride: int, blocks: int) -> nn.Sequential:
@@ -48,7 +53,9 @@ class ConvStem(nn.Module):
     def __init__(self, *, in_chans: int = 3, width: int = 64, downsample: int = 16):
         super().__init__()
         steps = int(math.log2(downsample))
-        self.stem = nn.Sequential(nn.Conv2d(in_chans, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_chans, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
+        )
         stages, ch = [], width
         for i in range(steps):
             out = width * min(2 ** (i + 1), 4)
@@ -77,21 +84,28 @@ class ResNetConfig:
         size = self.img_size
         if isinstance(size, int) and not isinstance(size, bool):
             size = (size, size)
-        if not (isinstance(size, (tuple, list)) and len(size) == 2
-                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 8 for v in size)):
-            raise VitlabError(f"img_size must be an int or (height, width) of at least 8 pixels; found {self.img_size!r}",
-                              arg="img_size")
+        if not (
+            isinstance(size, (tuple, list))
+            and len(size) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 8 for v in size)
+        ):
+            raise VitlabError(
+                f"img_size must be an int or (height, width) of at least 8 pixels; found {self.img_size!r}",
+                arg="img_size",
+            )
         object.__setattr__(self, "img_size", tuple(size))
         for name in ("num_classes", "in_chans", "width", "blocks"):
             check_range(name, getattr(self, name), low=0 if name == "num_classes" else 1, integer=True)
 
-    def replace(self, **overrides) -> "ResNetConfig":
+    def replace(self, **overrides) -> ResNetConfig:
         """A copy with some fields changed; an unknown field is an error that lists the valid ones."""
         known = {f.name for f in fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise VitlabError(f"the CNN baseline has no field(s) {unknown} (ViT-only options such as drop_path do "
-                              f"not apply to it); its fields: {sorted(known)}")
+            raise VitlabError(
+                f"the CNN baseline has no field(s) {unknown} (ViT-only options such as drop_path do "
+                f"not apply to it); its fields: {sorted(known)}"
+            )
         return ResNetConfig(**{**asdict(self), **overrides})
 
     def to_dict(self) -> dict:
@@ -112,7 +126,9 @@ class ResNetMini(nn.Module):
         cfg = (cfg or ResNetConfig()).replace(**overrides) if overrides else (cfg or ResNetConfig())
         self.cfg = cfg
         width, blocks, in_chans = cfg.width, cfg.blocks, cfg.in_chans
-        self.stem = nn.Sequential(nn.Conv2d(in_chans, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_chans, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
+        )
         self.layer1 = _stage(width, width, 1, blocks)
         self.layer2 = _stage(width, 2 * width, 2, blocks)
         self.layer3 = _stage(2 * width, 4 * width, 2, blocks)

@@ -24,7 +24,7 @@ from vitlab.errors import VitlabError, check_range
 from vitlab.models.cnn import ResNetMini
 from vitlab.models.registry import get_config, get_variant
 from vitlab.models.size import check_fits
-from vitlab.models.vit import ViTConfig, VisionTransformer
+from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.weights import checkpoint as ckpt_format
 from vitlab.weights.pretrained import diff_keys, load_checkpoint, plan_load
 
@@ -59,7 +59,8 @@ def create_model(
     check_fits(config, what=f"model {name}")  # counted from the config: nothing is allocated for a size that cannot fit
     model = VisionTransformer(config) if isinstance(config, ViTConfig) else ResNetMini(config)
     model.pretrained_cfg = variant.pretrained_cfg.replace(
-        architecture=name, input_size=(config.in_chans, *config.img_size), num_classes=config.num_classes)
+        architecture=name, input_size=(config.in_chans, *config.img_size), num_classes=config.num_classes
+    )
     return model
 
 
@@ -68,17 +69,24 @@ def check_source(name: str | None, pretrained, checkpoint) -> None:
     if pretrained is not None and checkpoint is not None:
         raise VitlabError("give pretrained weights (of any library) or a checkpoint (a vitlab run), not both")
     if name is None and pretrained is None and checkpoint is None:
-        raise VitlabError("model is required: name one of the models `vitlab info` lists, or give weights (pretrained "
-                          "or checkpoint) that say what the model is", arg="model")
+        raise VitlabError(
+            "model is required: name one of the models `vitlab info` lists, or give weights (pretrained "
+            "or checkpoint) that say what the model is",
+            arg="model",
+        )
 
 
 def _from_weights(name, source, label: str, num_classes, img_size, overrides) -> nn.Module:
     """A ViT from weights of any format (vitlab's own ViT checkpoints included)."""
     if name is not None and not get_variant(name).is_vit:
-        raise VitlabError(f"model {name!r} is a CNN baseline and has no pretrained weights; a vitlab checkpoint of it "
-                          "loads with checkpoint=", arg="model")
-    plan = plan_load(load_checkpoint(source), name, num_classes=num_classes, img_size=img_size, source=label,
-                     **overrides)
+        raise VitlabError(
+            f"model {name!r} is a CNN baseline and has no pretrained weights; a vitlab checkpoint of it "
+            "loads with checkpoint=",
+            arg="model",
+        )
+    plan = plan_load(
+        load_checkpoint(source), name, num_classes=num_classes, img_size=img_size, source=label, **overrides
+    )
     model = VisionTransformer(plan.config)
     model.load_state_dict(plan.state_dict, strict=plan.strict)
     model.pretrained_cfg = plan.pretrained_cfg
@@ -93,8 +101,11 @@ def _from_checkpoint(name, path: Path, num_classes, img_size, overrides) -> nn.M
         return _from_weights(name, folder, str(folder), num_classes, img_size, overrides)
     # The CNN baseline: its config rebuilds it exactly; only a new head can change.
     if name is not None and name != meta["pretrained_cfg"].architecture:
-        raise VitlabError(f"checkpoint {folder} holds a {meta['pretrained_cfg'].architecture or meta['kind']} "
-                          f"model, not {name!r}; drop the model name or give its checkpoint", arg="model")
+        raise VitlabError(
+            f"checkpoint {folder} holds a {meta['pretrained_cfg'].architecture or meta['kind']} "
+            f"model, not {name!r}; drop the model name or give its checkpoint",
+            arg="model",
+        )
     if img_size is not None:
         overrides["img_size"] = img_size
     config = ckpt_format.config_from_meta(meta, **overrides)
@@ -103,12 +114,15 @@ def _from_checkpoint(name, path: Path, num_classes, img_size, overrides) -> nn.M
     weights = ckpt_format.read_weights(folder)
     differences = diff_keys(model.state_dict(), weights)
     if differences:
-        raise VitlabError(f"checkpoint {folder}: its weights do not fit the {meta['kind']} model its config describes "
-                          f"({config.width} channels, {config.blocks} block(s) per stage, {config.num_classes} classes): "
-                          f"{differences}")
+        raise VitlabError(
+            f"checkpoint {folder}: its weights do not fit the {meta['kind']} model its config describes "
+            f"({config.width} channels, {config.blocks} block(s) per stage, {config.num_classes} classes): "
+            f"{differences}"
+        )
     model.load_state_dict(weights)
-    pcfg = meta["pretrained_cfg"].replace(source=str(folder), format="vitlab", head="loaded",
-                                          input_size=(model.cfg.in_chans, *model.cfg.img_size))
+    pcfg = meta["pretrained_cfg"].replace(
+        source=str(folder), format="vitlab", head="loaded", input_size=(model.cfg.in_chans, *model.cfg.img_size)
+    )
     if num_classes is not None and num_classes != model.num_classes:
         model.reset_classifier(num_classes)
         pcfg = pcfg.replace(num_classes=num_classes, label_names=None, head="new")

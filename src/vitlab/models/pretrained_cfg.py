@@ -33,29 +33,52 @@ PREPROCESSING = {
     "jax": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash", interpolation="bilinear"),
     # HF's ViTImageProcessor (transformers >= 5) resizes the uint8 tensor with torchvision (antialiased), not PIL.
     "hf": dict(
-        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash", interpolation="bilinear", resize_backend="tensor"
+        mean=(0.5, 0.5, 0.5),
+        std=(0.5, 0.5, 0.5),
+        crop_pct=1.0,
+        crop_mode="squash",
+        interpolation="bilinear",
+        resize_backend="tensor",
     ),
     # torchvision vit_b_16 IMAGENET1K_V1: resize 256 bilinear, centre crop 224 (224/256 = 0.875), ImageNet stats.
-    "torchvision": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, crop_mode="center", interpolation="bilinear"),
+    "torchvision": dict(
+        mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, crop_mode="center", interpolation="bilinear"
+    ),
     # DeiT and DeiT III in timm (deit_*.fb_in1k, deit3_*.fb_in1k): ImageNet stats, bicubic, centre crop 0.9.
     "deit": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.9, crop_mode="center", interpolation="bicubic"),
     # HF's DeiTImageProcessor as facebook/deit-* configure it: both sides to 256 (bicubic, on the tensor), centre
     # crop 224, ImageNet stats (the processor class's own default, 0.5, is not what DeiT was trained with).
-    "hf_deit": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, crop_mode="squash", interpolation="bicubic",
-                    resize_backend="tensor"),
+    "hf_deit": dict(
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+        crop_pct=0.875,
+        crop_mode="squash",
+        interpolation="bicubic",
+        resize_backend="tensor",
+    ),
     # DINO in timm (vit_*.dino): ImageNet stats, bicubic, centre crop 0.9.
     "dino": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.9, crop_mode="center", interpolation="bicubic"),
     # DINOv2 in timm (vit_*_dinov2.lvd142m): ImageNet stats, bicubic, no crop (the models run at 518).
     "dinov2": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=1.0, crop_mode="center", interpolation="bicubic"),
     # facebookresearch/dinov2's own eval transform (dinov2/data/transforms.py): short side 256 bicubic, crop 224.
-    "dinov2_repo": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, crop_mode="center", interpolation="bicubic"),
+    "dinov2_repo": dict(
+        mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, crop_mode="center", interpolation="bicubic"
+    ),
     # HF facebook/dinov2-*'s BitImageProcessor: short side 256 bicubic, centre crop 224, ImageNet stats (tensor).
-    "hf_dinov2": dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.875, crop_mode="center", interpolation="bicubic",
-                      resize_backend="tensor"),
+    "hf_dinov2": dict(
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+        crop_pct=0.875,
+        crop_mode="center",
+        interpolation="bicubic",
+        resize_backend="tensor",
+    ),
     # OpenAI CLIP's preprocess (clip.load): short side 224 bicubic, centre crop 224, CLIP's own mean/std.
     "clip": dict(mean=CLIP_MEAN, std=CLIP_STD, crop_pct=1.0, crop_mode="center", interpolation="bicubic"),
     # Alibaba-MIIL's ImageNet-21K ViT in timm (vit_base_patch16_224_miil): no normalisation, bilinear, crop 0.875.
-    "miil": dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), crop_pct=0.875, crop_mode="center", interpolation="bilinear"),
+    "miil": dict(
+        mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), crop_pct=0.875, crop_mode="center", interpolation="bilinear"
+    ),
 }
 
 
@@ -98,6 +121,7 @@ class PretrainedCfg:
 
     def _check(self) -> None:
         """Every field of the right type and range (a config.json is user input): one message naming it."""
+
         def fail(name: str, expected: str):
             raise VitlabError(f"pretrained_cfg {name} must be {expected}; found {getattr(self, name)!r}", arg=name)
 
@@ -116,14 +140,19 @@ class PretrainedCfg:
                 fail(name, "a list of 1 to 4 numbers" + (" > 0" if low is not None else "") + ", one per channel")
         if not _number(self.crop_pct, 0.0) or self.crop_pct > 1:
             fail("crop_pct", "a number in (0, 1]: the share of the resized image the centre crop keeps")
-        for name, choices in (("crop_mode", CROP_MODES), ("interpolation", INTERPOLATIONS),
-                              ("resize_backend", RESIZE_BACKENDS), ("head", HEAD_STATES)):
+        for name, choices in (
+            ("crop_mode", CROP_MODES),
+            ("interpolation", INTERPOLATIONS),
+            ("resize_backend", RESIZE_BACKENDS),
+            ("head", HEAD_STATES),
+        ):
             if getattr(self, name) not in choices:
                 fail(name, f"one of {', '.join(choices)}")
         if not _count(self.num_classes, 0):
             fail("num_classes", "an integer >= 0")
-        if self.label_names is not None and not (isinstance(self.label_names, tuple)
-                                                 and all(isinstance(n, str) for n in self.label_names)):
+        if self.label_names is not None and not (
+            isinstance(self.label_names, tuple) and all(isinstance(n, str) for n in self.label_names)
+        ):
             fail("label_names", "a list of strings or null")
         if not (isinstance(self.notes, tuple) and all(isinstance(n, str) for n in self.notes)):
             fail("notes", "a list of strings")
@@ -136,7 +165,7 @@ class PretrainedCfg:
     def in_chans(self) -> int:
         return int(self.input_size[0])
 
-    def replace(self, **changes) -> "PretrainedCfg":
+    def replace(self, **changes) -> PretrainedCfg:
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -144,11 +173,22 @@ class PretrainedCfg:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> "PretrainedCfg":
+    def from_dict(cls, data: dict | None) -> PretrainedCfg:
         """From `to_dict()` output, or the untyped dict older vitlab checkpoints stored; unknown keys
         are ignored and missing ones take the defaults."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in (data or {}).items() if k in known and v is not None})
 
 
-__all__ = ["PretrainedCfg", "HEAD_STATES", "CROP_MODES", "INTERPOLATIONS", "RESIZE_BACKENDS", "PREPROCESSING", "IMAGENET_MEAN", "IMAGENET_STD", "CLIP_MEAN", "CLIP_STD"]
+__all__ = [
+    "PretrainedCfg",
+    "HEAD_STATES",
+    "CROP_MODES",
+    "INTERPOLATIONS",
+    "RESIZE_BACKENDS",
+    "PREPROCESSING",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "CLIP_MEAN",
+    "CLIP_STD",
+]

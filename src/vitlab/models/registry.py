@@ -62,14 +62,22 @@ def _vit(size: str, patch: int, img: int) -> Variant:
     if img < 384:
         return Variant(config, source)
     # timm's ViTs at 384 (vit_base_patch16_384.augreg_in21k_ft_in1k, ...): the whole image, no crop
-    return Variant(config, source, PretrainedCfg(**{**PREPROCESSING["timm"], "crop_pct": 1.0}, input_size=(3, img, img)))
+    return Variant(
+        config, source, PretrainedCfg(**{**PREPROCESSING["timm"], "crop_pct": 1.0}, input_size=(3, img, img))
+    )
 
 
-def _member(size: str, patch: int, img: int, source: str, preprocessing: str, num_classes: int = 1000, **options) -> Variant:
+def _member(
+    size: str, patch: int, img: int, source: str, preprocessing: str, num_classes: int = 1000, **options
+) -> Variant:
     """A ViT of the family: a Table 1 (or DeiT) size with the family's options, and its source's preprocessing."""
     dim, depth, heads, _ = SIZES[size]
-    config = ViTConfig(img_size=img, patch_size=patch, dim=dim, depth=depth, heads=heads, num_classes=num_classes, **options)
-    return Variant(config, source, PretrainedCfg(**PREPROCESSING[preprocessing], input_size=(3, img, img), num_classes=num_classes))
+    config = ViTConfig(
+        img_size=img, patch_size=patch, dim=dim, depth=depth, heads=heads, num_classes=num_classes, **options
+    )
+    return Variant(
+        config, source, PretrainedCfg(**PREPROCESSING[preprocessing], input_size=(3, img, img), num_classes=num_classes)
+    )
 
 
 DEIT = "DeiT (Touvron et al. 2021), Table 1; timm deit_*"
@@ -85,28 +93,61 @@ TIMM_GAP_PREPROCESSING = PretrainedCfg(**{**PREPROCESSING["timm"], "crop_pct": 0
 
 FAMILY: dict[str, Variant] = {
     **{f"deit_{s}_patch16_224": _member(s, 16, 224, DEIT, "deit") for s in ("tiny", "small", "base")},
-    **{f"deit_{s}_distilled_patch16_224": _member(s, 16, 224, DEIT + ", distilled", "deit", dist_token=True)
-       for s in ("tiny", "small", "base")},
-    **{f"deit3_{s}_patch16_224": _member(s, 16, 224, DEIT3, "deit", layer_scale=1e-6, no_embed_class=True)
-       for s in ("small", "base")},
-    **{f"vit_{s}_patch{p}_224_dino": _member(s, p, 224, DINO, "dino", num_classes=0) for s in ("small", "base") for p in (16, 8)},
-    **{f"vit_{s}_patch14_dinov2": _member(s, 14, 518, DINOV2, "dinov2", num_classes=0, layer_scale=1e-5)
-       for s in ("small", "base", "large")},
-    **{f"vit_{s}_patch14_reg4_dinov2": _member(s, 14, 518, DINOV2_REG, "dinov2", num_classes=0, layer_scale=1e-5,
-                                               reg_tokens=4, no_embed_class=True) for s in ("small", "base", "large")},
-    **{f"vit_{s}_patch{p}_clip{q}_224": _member(s, p, 224, CLIP_QUICK if q else CLIP, "clip", num_classes=512 if s == "base" else 768,
-                                                act="quick_gelu" if q else "gelu", **CLIP_OPTIONS)
-       for s, p in (("base", 32), ("base", 16), ("large", 14)) for q in ("", "_quickgelu")},
-    "vit_base_patch16_224_miil": _member("base", 16, 224, "ImageNet-21K pre-training (Ridnik et al. 2021); timm "
-                                         "vit_base_patch16_224_miil", "miil", qkv_bias=False),
+    **{
+        f"deit_{s}_distilled_patch16_224": _member(s, 16, 224, DEIT + ", distilled", "deit", dist_token=True)
+        for s in ("tiny", "small", "base")
+    },
+    **{
+        f"deit3_{s}_patch16_224": _member(s, 16, 224, DEIT3, "deit", layer_scale=1e-6, no_embed_class=True)
+        for s in ("small", "base")
+    },
+    **{
+        f"vit_{s}_patch{p}_224_dino": _member(s, p, 224, DINO, "dino", num_classes=0)
+        for s in ("small", "base")
+        for p in (16, 8)
+    },
+    **{
+        f"vit_{s}_patch14_dinov2": _member(s, 14, 518, DINOV2, "dinov2", num_classes=0, layer_scale=1e-5)
+        for s in ("small", "base", "large")
+    },
+    **{
+        f"vit_{s}_patch14_reg4_dinov2": _member(
+            s, 14, 518, DINOV2_REG, "dinov2", num_classes=0, layer_scale=1e-5, reg_tokens=4, no_embed_class=True
+        )
+        for s in ("small", "base", "large")
+    },
+    **{
+        f"vit_{s}_patch{p}_clip{q}_224": _member(
+            s,
+            p,
+            224,
+            CLIP_QUICK if q else CLIP,
+            "clip",
+            num_classes=512 if s == "base" else 768,
+            act="quick_gelu" if q else "gelu",
+            **CLIP_OPTIONS,
+        )
+        for s, p in (("base", 32), ("base", 16), ("large", 14))
+        for q in ("", "_quickgelu")
+    },
+    "vit_base_patch16_224_miil": _member(
+        "base",
+        16,
+        224,
+        "ImageNet-21K pre-training (Ridnik et al. 2021); timm vit_base_patch16_224_miil",
+        "miil",
+        qkv_bias=False,
+    ),
     "vit_medium_patch16_gap_256": Variant(
         ViTConfig(**TIMM_GAP, fc_norm=False, qkv_bias=False, layer_scale=1e-6),
         "timm's ViT-Medium, the mean of the patch tokens after the final LayerNorm; timm vit_medium_patch16_gap_256",
-        TIMM_GAP_PREPROCESSING),
+        TIMM_GAP_PREPROCESSING,
+    ),
     "vit_medium_patch16_reg4_gap_256": Variant(
         ViTConfig(**TIMM_GAP, reg_tokens=4, no_embed_class=True, layer_scale=1e-5),
         "timm's ViT-Medium with registers (Darcet et al. 2023); timm vit_medium_patch16_reg4_gap_256",
-        TIMM_GAP_PREPROCESSING),
+        TIMM_GAP_PREPROCESSING,
+    ),
 }
 
 

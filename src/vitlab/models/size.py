@@ -44,13 +44,32 @@ def vit_parameters(cfg: ViTConfig) -> dict[str, int]:
     else:
         patch = C * P * P * D + (D if cfg.patch_bias else 0)
     tokens = D * (int(cfg.class_token) + int(cfg.dist_token) + cfg.reg_tokens)
-    positions = {"learned": (cfg.num_patches + cfg.num_pos_prefix_tokens) * D, "learned2d": (gh + gw) * (D // 2),
-                 "relative": L * cfg.heads * (2 * gh - 1) * (2 * gw - 1)}.get(cfg.pos_embed, 0)
-    block = (2 * D + 3 * D * D + (3 * D if cfg.qkv_bias else 0) + D * D + D + 2 * D + D * M + M + M * D + D
-             + (2 * D if cfg.layer_scale is not None else 0))
+    positions = {
+        "learned": (cfg.num_patches + cfg.num_pos_prefix_tokens) * D,
+        "learned2d": (gh + gw) * (D // 2),
+        "relative": L * cfg.heads * (2 * gh - 1) * (2 * gw - 1),
+    }.get(cfg.pos_embed, 0)
+    block = (
+        2 * D
+        + 3 * D * D
+        + (3 * D if cfg.qkv_bias else 0)
+        + D * D
+        + D
+        + 2 * D
+        + D * M
+        + M
+        + M * D
+        + D
+        + (2 * D if cfg.layer_scale is not None else 0)
+    )
     head = (cfg.pooled_dim * K + K if K else 0) + (D * K + K if K and cfg.use_dist_head else 0)
-    out = {"patch_embed": patch, "cls_token + pos_embed": tokens + positions, "blocks": L * block,
-           "norm": 2 * D + (2 * D if cfg.pre_norm else 0), "head": head}
+    out = {
+        "patch_embed": patch,
+        "cls_token + pos_embed": tokens + positions,
+        "blocks": L * block,
+        "norm": 2 * D + (2 * D if cfg.pre_norm else 0),
+        "head": head,
+    }
     out["total"] = sum(out.values())
     return out
 
@@ -193,38 +212,72 @@ def describe_size(cfg: ViTConfig | ResNetConfig) -> str:
     """The sizes that decide the cost, in a few words (for messages)."""
     if isinstance(cfg, ResNetConfig):
         return f"width {cfg.width}, {cfg.blocks} block(s) per stage, {cfg.img_size[0]}x{cfg.img_size[1]} images"
-    return (f"dim {cfg.dim}, depth {cfg.depth}, MLP {cfg.hidden_dim}, {cfg.num_patches:,} patches of "
-            f"{cfg.img_size[0]}x{cfg.img_size[1]} images")
+    return (
+        f"dim {cfg.dim}, depth {cfg.depth}, MLP {cfg.hidden_dim}, {cfg.num_patches:,} patches of "
+        f"{cfg.img_size[0]}x{cfg.img_size[1]} images"
+    )
 
 
 def check_memory(needed: int, what: str, *, arg: str | None = None, fix: str = "") -> None:
     """Refuse, in one line, work whose memory estimate exceeds this machine's memory."""
     have = machine_memory()
     if needed > have:
-        raise VitlabError(f"{what} would need about {format_bytes(needed)} of memory; this machine has "
-                          f"{format_bytes(have)}{fix}", arg=arg)
+        raise VitlabError(
+            f"{what} would need about {format_bytes(needed)} of memory; this machine has {format_bytes(have)}{fix}",
+            arg=arg,
+        )
 
 
-def check_fits(cfg: ViTConfig | ResNetConfig, *, what: str = "the model", batch_size: int | None = None,
-               training: bool = False, attention: bool = False, arg: str | None = None) -> None:
+def check_fits(
+    cfg: ViTConfig | ResNetConfig,
+    *,
+    what: str = "the model",
+    batch_size: int | None = None,
+    training: bool = False,
+    attention: bool = False,
+    arg: str | None = None,
+) -> None:
     """Refuse a model (and, with `batch_size`, a training step or a forward pass) that cannot fit this
     machine's memory, before anything is built. The message gives the estimate, what it is made of, and the
     machine's memory."""
     params = parameters(cfg)
     shape = f"{what} ({describe_size(cfg)}: {params:,} parameters)"
-    check_memory(params * BYTES_FP32, f"{shape}: its weights alone", arg=arg,
-                 fix="; choose smaller sizes (vitlab info shows what a model costs)")
+    check_memory(
+        params * BYTES_FP32,
+        f"{shape}: its weights alone",
+        arg=arg,
+        fix="; choose smaller sizes (vitlab info shows what a model costs)",
+    )
     if batch_size is None:
         return
     if training:
-        check_memory(training_bytes(cfg, batch_size), f"training {shape} at batch {batch_size:,}", arg=arg,
-                     fix="; lower the batch size or the image size")
+        check_memory(
+            training_bytes(cfg, batch_size),
+            f"training {shape} at batch {batch_size:,}",
+            arg=arg,
+            fix="; lower the batch size or the image size",
+        )
     else:
-        check_memory(inference_bytes(cfg, batch_size, attention=attention),
-                     f"running {shape} on {batch_size:,} image(s){' with its attention maps' if attention else ''}",
-                     arg=arg, fix="; lower the batch size or the image size")
+        check_memory(
+            inference_bytes(cfg, batch_size, attention=attention),
+            f"running {shape} on {batch_size:,} image(s){' with its attention maps' if attention else ''}",
+            arg=arg,
+            fix="; lower the batch size or the image size",
+        )
 
 
-__all__ = ["BYTES_FP32", "vit_parameters", "resnet_parameters", "parameters", "MemoryEstimate", "activation_elements",
-           "training_memory", "inference_bytes", "training_bytes", "format_bytes", "describe_size", "check_memory",
-           "check_fits"]
+__all__ = [
+    "BYTES_FP32",
+    "vit_parameters",
+    "resnet_parameters",
+    "parameters",
+    "MemoryEstimate",
+    "activation_elements",
+    "training_memory",
+    "inference_bytes",
+    "training_bytes",
+    "format_bytes",
+    "describe_size",
+    "check_memory",
+    "check_fits",
+]

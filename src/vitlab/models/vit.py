@@ -51,8 +51,8 @@ Prefix tokens come first, in the order [class, distillation, registers], then th
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -119,8 +119,14 @@ class ViTConfig:
         check_range("mlp_dim", self.mlp_dim, low=1, integer=True, optional=True)
         check_range("mlp_ratio", self.mlp_ratio, low=0, low_open=True)
         check_range("norm_eps", self.norm_eps, low=0, low_open=True, hint=" (LayerNorm divides by sqrt(var + eps))")
-        check_range("layer_scale", self.layer_scale, low=0, low_open=True, optional=True,
-                    hint=" (None: no LayerScale; else its initial gain)")
+        check_range(
+            "layer_scale",
+            self.layer_scale,
+            low=0,
+            low_open=True,
+            optional=True,
+            hint=" (None: no LayerScale; else its initial gain)",
+        )
         for name in ("dropout", "attn_dropout", "drop_path"):
             check_range(name, getattr(self, name), low=0, high=1, high_open=True)
         for name in ("qkv_bias", "class_token", "dist_token", "pre_norm", "patch_bias", "no_embed_class"):
@@ -137,12 +143,14 @@ class ViTConfig:
         if H % P or W % P:
             raise VitlabError(
                 f"img_size {H}x{W} is not divisible by patch_size {P}: "
-                f"expected a multiple of {P} (for example {max(P, H // P * P)})", arg="img_size"
+                f"expected a multiple of {P} (for example {max(P, H // P * P)})",
+                arg="img_size",
             )
         if self.dim % self.heads:
             raise VitlabError(
                 f"dim {self.dim} is not divisible by heads {self.heads}: "
-                f"each head gets dim/heads channels (try heads in {_divisors(self.dim)})", arg="dim"
+                f"each head gets dim/heads channels (try heads in {_divisors(self.dim)})",
+                arg="dim",
             )
         if self.pos_embed == "sincos2d" and self.dim % 4:
             raise VitlabError(f"pos_embed 'sincos2d' needs dim divisible by 4, found dim {self.dim}")
@@ -151,13 +159,17 @@ class ViTConfig:
         if self.pool in ("cls", "cls+mean") and not self.class_token:
             raise VitlabError(f"pool {self.pool!r} needs class_token=True; use pool='mean' without a class token")
         if self.dist_token and (not self.class_token or self.pool != "cls"):
-            raise VitlabError("dist_token needs class_token=True and pool='cls': DeiT's distillation token sits "
-                              f"after the class token; found class_token={self.class_token}, pool={self.pool!r}")
+            raise VitlabError(
+                "dist_token needs class_token=True and pool='cls': DeiT's distillation token sits "
+                f"after the class token; found class_token={self.class_token}, pool={self.pool!r}"
+            )
         if self.dist_head and not self.dist_token:
             raise VitlabError("dist_head needs dist_token=True: the second head reads the distillation token")
         if self.no_embed_class and self.pos_embed != "learned":
-            raise VitlabError(f"no_embed_class applies to the 1-D table (pos_embed 'learned'); pos_embed "
-                              f"{self.pos_embed!r} never gives the prefix tokens a position")
+            raise VitlabError(
+                f"no_embed_class applies to the 1-D table (pos_embed 'learned'); pos_embed "
+                f"{self.pos_embed!r} never gives the prefix tokens a position"
+            )
         if self.stem == "hybrid" and (P & (P - 1)):
             raise VitlabError(f"stem 'hybrid' downsamples by powers of 2: patch_size must be one, found {P}")
 
@@ -215,7 +227,7 @@ class ViTConfig:
         extras = [e for e in extras if e]
         return text + (f" ({', '.join(extras)})" if extras else "")
 
-    def replace(self, **overrides) -> "ViTConfig":
+    def replace(self, **overrides) -> ViTConfig:
         """A copy with some fields changed; an unknown field is an error that lists the valid ones."""
         known = {f.name for f in fields(self)}
         unknown = sorted(set(overrides) - known)
@@ -314,8 +326,16 @@ class PatchEmbed(nn.Module):
     (C, P, P), the order of the Conv2d kernel, so the two share weights (weight.reshape(D, -1)).
     """
 
-    def __init__(self, *, img_size: tuple[int, int], patch_size: int, in_chans: int, dim: int, mode: str = "conv",
-                 bias: bool = True):
+    def __init__(
+        self,
+        *,
+        img_size: tuple[int, int],
+        patch_size: int,
+        in_chans: int,
+        dim: int,
+        mode: str = "conv",
+        bias: bool = True,
+    ):
         super().__init__()
         self.img_size, self.patch_size, self.mode = img_size, patch_size, mode
         self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
@@ -387,7 +407,10 @@ class Attention(nn.Module):
         self.fused = True  # F.scaled_dot_product_attention unless the weights are wanted
 
     def forward(
-        self, x: torch.Tensor, bias: torch.Tensor | None = None, return_attention: bool = False,
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        return_attention: bool = False,
         queries: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`queries`: the output of the first `queries` tokens only (each still attends to all N)."""
@@ -462,7 +485,9 @@ class Block(nn.Module):
         super().__init__()
         scaled = cfg.layer_scale is not None
         self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
-        self.attn = Attention(cfg.dim, cfg.heads, qkv_bias=cfg.qkv_bias, attn_dropout=cfg.attn_dropout, dropout=cfg.dropout)
+        self.attn = Attention(
+            cfg.dim, cfg.heads, qkv_bias=cfg.qkv_bias, attn_dropout=cfg.attn_dropout, dropout=cfg.dropout
+        )
         self.ls1 = LayerScale(cfg.dim, cfg.layer_scale) if scaled else nn.Identity()
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.mlp = Mlp(cfg.dim, cfg.hidden_dim, dropout=cfg.dropout, act=cfg.act)
@@ -470,7 +495,10 @@ class Block(nn.Module):
         self.drop_path = StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
 
     def forward(
-        self, x: torch.Tensor, bias: torch.Tensor | None = None, return_attention: bool = False,
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        return_attention: bool = False,
         queries: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         y, attn = self.attn(self.norm1(x), bias, return_attention, queries)
@@ -509,7 +537,11 @@ class VisionTransformer(nn.Module):
             )
         else:
             self.patch_embed = PatchEmbed(
-                img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, dim=D, mode=cfg.patch_embed,
+                img_size=cfg.img_size,
+                patch_size=cfg.patch_size,
+                in_chans=cfg.in_chans,
+                dim=D,
+                mode=cfg.patch_embed,
                 bias=cfg.patch_bias,
             )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None  # x_class
@@ -518,7 +550,9 @@ class VisionTransformer(nn.Module):
         gh, gw = cfg.grid_size
         n_tokens = cfg.num_patches + cfg.num_pos_prefix_tokens
         self.pos_embed = self.pos_embed_row = self.pos_embed_col = self.rel_pos = None
-        if cfg.pos_embed == "learned":  # E_pos: one learned row per position, class token included (not with no_embed_class)
+        if (
+            cfg.pos_embed == "learned"
+        ):  # E_pos: one learned row per position, class token included (not with no_embed_class)
             self.pos_embed = nn.Parameter(torch.zeros(1, n_tokens, D))  # (1, p+N, D); (1, N, D) with no_embed_class
         elif cfg.pos_embed == "learned2d":  # Appendix D.4: X- and Y-embeddings of D/2 each, concatenated
             self.pos_embed_row = nn.Parameter(torch.zeros(1, gh, D // 2))
@@ -532,7 +566,9 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(cfg.dropout)
         self.norm_pre = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()  # CLIP: LN(z_0)
 
-        rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # stochastic depth grows with depth
+        rates = [
+            cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)
+        ]  # stochastic depth grows with depth
         self.blocks = nn.ModuleList(Block(cfg, rate) for rate in rates)
         self.norm = nn.Identity() if cfg.use_fc_norm else nn.LayerNorm(D, eps=cfg.norm_eps)  # Eq. 4's LN
         self.fc_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.use_fc_norm else nn.Identity()
@@ -624,7 +660,9 @@ class VisionTransformer(nn.Module):
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if prefix:
             x = torch.cat([*prefix, x], dim=1)  # (B, p+N, D)
-        if self.pos_embed is not None and not self.cfg.no_embed_class:  # the paper's 1-D table covers the class token too
+        if (
+            self.pos_embed is not None and not self.cfg.no_embed_class
+        ):  # the paper's 1-D table covers the class token too
             x = x + self.pos_embed
         return self.norm_pre(self.pos_drop(x))
 
@@ -657,7 +695,9 @@ class VisionTransformer(nn.Module):
         n_read = 2 if self.head_dist is not None else 1  # the tokens forward_head reads: class (and distillation)
         for i, block in enumerate(self.blocks):
             bias = self.rel_pos[i]().to(x.dtype) if self.rel_pos is not None else None  # (h, p+N, p+N)
-            queries = n_read if class_token_only and self.cls_token is not None and i == last and i not in wanted else None
+            queries = (
+                n_read if class_token_only and self.cls_token is not None and i == last and i not in wanted else None
+            )
             if self.grad_checkpointing and self.training and i not in wanted:
                 x, _ = checkpoint(block, x, bias, False, queries, use_reentrant=False)  # recompute in backward
             else:
@@ -702,7 +742,9 @@ class VisionTransformer(nn.Module):
         layers = {int(i) if int(i) >= 0 else len(self.blocks) + int(i) for i in return_attention}
         bad = sorted(i for i in layers if not 0 <= i < len(self.blocks))
         if bad:
-            raise VitlabError(f"return_attention asks for layer(s) {bad}; this model has layers 0..{len(self.blocks) - 1}")
+            raise VitlabError(
+                f"return_attention asks for layer(s) {bad}; this model has layers 0..{len(self.blocks) - 1}"
+            )
         return layers
 
     # --- fine-tuning helpers (timm's API) ---------------------------------------------------------

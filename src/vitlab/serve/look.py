@@ -48,8 +48,15 @@ def predict(loaded: LoadedModel, paths: list[str | Path], *, topk: int = 5) -> l
     """`vitlab predict`'s results for each file, in order: {"file": name, "predictions": [{"rank",
     "index", "label", "prob"}, ...]} or {"file": name, "error": message}. A model without a trained
     head is a VitlabError (predictions would be meaningless)."""
-    results = predict_files(loaded.model, paths, topk=topk, device=loaded.device, precision=loaded.precision,
-                            batch_size=16, prepared=loaded.for_topk())
+    results = predict_files(
+        loaded.model,
+        paths,
+        topk=topk,
+        device=loaded.device,
+        precision=loaded.precision,
+        batch_size=16,
+        prepared=loaded.for_topk(),
+    )
     for r, path in zip(results, paths):
         r["file"] = Path(path).name
         if "error" in r:
@@ -127,15 +134,19 @@ def attention_overlay(
     except VitlabError as e:
         raise VitlabError(_named(str(e), path)) from e
     layers = {"last": -1, "all": "all"}.get(str(layer), layer)
-    maps, rows, cols = A.explain(model, x, method=method, layers=layers, head=head, discard_ratio=discard_ratio,
-                                 start_layer=start_layer)  # (1, R, C, gh, gw)
-    picture, final = plots.final_overlay(plots.display_image(x[0], model.pretrained_cfg), maps[0], alpha=alpha,
-                                         mode=upsample)
+    maps, rows, cols = A.explain(
+        model, x, method=method, layers=layers, head=head, discard_ratio=discard_ratio, start_layer=start_layer
+    )  # (1, R, C, gh, gw)
+    picture, final = plots.final_overlay(
+        plots.display_image(x[0], model.pretrained_cfg), maps[0], alpha=alpha, mode=upsample
+    )
     gh, gw = model.cfg.grid_size
     peak = int(final.argmax())
     what = cols[-1] if len(cols) == 1 else "mean of heads"
-    caption = (f"{rows[-1]}, {what}: peak at patch (row {peak // gw}, col {peak % gw}) of {gh}x{gw}, "
-               f"weight {float(final.max()):.3f}")
+    caption = (
+        f"{rows[-1]}, {what}: peak at patch (row {peak // gw}, col {peak % gw}) of {gh}x{gw}, "
+        f"weight {float(final.max()):.3f}"
+    )
     return Overlay(picture, caption)
 
 
@@ -158,8 +169,9 @@ def figure7(loaded: LoadedModel, images: list[Image.Image | str | Path], out_dir
 # Token norms (Darcet et al. 2023)
 
 
-def token_norms(loaded: LoadedModel, images: list[Image.Image | str | Path], out_dir: str | Path, *,
-                ratio: float = NORM_RATIO) -> dict:
+def token_norms(
+    loaded: LoadedModel, images: list[Image.Image | str | Path], out_dir: str | Path, *, ratio: float = NORM_RATIO
+) -> dict:
     """`vitlab inspect --norm-ratio R`'s token-norm map of the model over `images`, written to `out_dir`
     (token_norms.png of the first image, token_norms.csv over all): the summary of
     `plots.write_token_norms` plus "lines", the text `vitlab inspect` prints, and "n_images"."""
@@ -174,13 +186,28 @@ def token_norms(loaded: LoadedModel, images: list[Image.Image | str | Path], out
 
 def token_norm_markdown(summary: dict) -> str:
     """What the token-norm map shows, in a sentence, then `vitlab inspect`'s lines about it."""
-    explain = (f"**Token norms** (Darcet et al. 2023, *Vision Transformers Need Registers*): the norm of every "
-               f"token after each block, on the patch grid for the first image, the prefix tokens (class, "
-               f"distillation, registers) beside it; patches above {summary['ratio']:g} x their layer's median "
-               f"are outlined in red. Large ViTs trained long store global information in a few background "
-               f"patches, which stand out here.")
+    explain = (
+        f"**Token norms** (Darcet et al. 2023, *Vision Transformers Need Registers*): the norm of every "
+        f"token after each block, on the patch grid for the first image, the prefix tokens (class, "
+        f"distillation, registers) beside it; patches above {summary['ratio']:g} x their layer's median "
+        f"are outlined in red. Large ViTs trained long store global information in a few background "
+        f"patches, which stand out here."
+    )
     return explain + "\n\n" + "\n".join(f"- {line.strip()}" for line in summary["lines"])
 
 
-__all__ = ["METHODS", "UPSAMPLING", "NORM_RATIO", "predict", "format_prob", "topk_html", "error_html", "summary_rows",
-           "Overlay", "attention_overlay", "figure7", "token_norms", "token_norm_markdown"]
+__all__ = [
+    "METHODS",
+    "UPSAMPLING",
+    "NORM_RATIO",
+    "predict",
+    "format_prob",
+    "topk_html",
+    "error_html",
+    "summary_rows",
+    "Overlay",
+    "attention_overlay",
+    "figure7",
+    "token_norms",
+    "token_norm_markdown",
+]

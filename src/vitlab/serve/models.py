@@ -27,9 +27,9 @@ import shlex
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -63,16 +63,20 @@ class ModelSource:
         check_range("img_size", self.img_size, low=1, integer=True, optional=True)
 
     @classmethod
-    def of(cls, kind: str, value: str, *, img_size: int | None = None) -> "ModelSource":
+    def of(cls, kind: str, value: str, *, img_size: int | None = None) -> ModelSource:
         """The source that the flag `--<kind> <value>` names (kind: checkpoint, pretrained or model)."""
         value = (value or "").strip()
         if kind not in KINDS:
             raise VitlabError(f"kind must be one of {', '.join(KINDS)}; found {kind!r}", arg="kind")
         if not value:
-            raise VitlabError(f"--{kind} needs a value: "
-                              + {"checkpoint": "a run folder, a last.json/best.json, or a checkpoint folder",
-                                 "pretrained": "a weights file or folder, or a hub id",
-                                 "model": "a model name that `vitlab info` lists"}[kind])
+            raise VitlabError(
+                f"--{kind} needs a value: "
+                + {
+                    "checkpoint": "a run folder, a last.json/best.json, or a checkpoint folder",
+                    "pretrained": "a weights file or folder, or a hub id",
+                    "model": "a model name that `vitlab info` lists",
+                }[kind]
+            )
         return cls(**{kind: value}, img_size=img_size)
 
     @property
@@ -105,7 +109,9 @@ class ModelSource:
                 return None
             if self.kind == "checkpoint":
                 path = Path(self.checkpoint).expanduser()
-                files = [path] if path.suffix == ".safetensors" else [ckpt.resolve_checkpoint(path) / "model.safetensors"]
+                files = (
+                    [path] if path.suffix == ".safetensors" else [ckpt.resolve_checkpoint(path) / "model.safetensors"]
+                )
             elif is_hub_id(self.pretrained):
                 return None
             else:
@@ -134,8 +140,9 @@ class LoadedModel:
         """Ready the top-k's copy (`serving_model`); the page keeps answering with the model as built until
         then, and for good if readying fails (the reason is shown as its path)."""
         try:
-            self.served, self.path = serving_model(self.model, precision=self.precision, device=self.device,
-                                                   fast=self.fast_path)
+            self.served, self.path = serving_model(
+                self.model, precision=self.precision, device=self.device, fast=self.fast_path
+            )
         except Exception as e:  # a kernel this machine lacks: the model as built still answers
             self.path = f"the model as built (readying a faster copy failed: {type(e).__name__}: {e})"
         finally:
@@ -154,8 +161,10 @@ class LoadedModel:
         pcfg = self.model.pretrained_cfg
         cfg = self.model.cfg
         if self.is_vit:
-            shape = (f"ViT, {cfg.depth} layers x {cfg.heads} heads, D={cfg.dim}, patch {cfg.patch_size}, "
-                     f"{cfg.grid_size[0]}x{cfg.grid_size[1]} patches")
+            shape = (
+                f"ViT, {cfg.depth} layers x {cfg.heads} heads, D={cfg.dim}, patch {cfg.patch_size}, "
+                f"{cfg.grid_size[0]}x{cfg.grid_size[1]} patches"
+            )
         else:
             shape = "CNN baseline (no attention maps)"
         lines = [
@@ -194,14 +203,24 @@ def default_memory_limit() -> int:
 class ModelStore:
     """The loaded models, one copy each, keyed by their source's label; safe to use from many threads."""
 
-    def __init__(self, *, device: str | torch.device = "auto", precision: str = "fp32", capacity: int = 3,
-                 fast_path: str = "auto", memory_limit: int | None = None, loadable: tuple[str, ...] = KINDS):
+    def __init__(
+        self,
+        *,
+        device: str | torch.device = "auto",
+        precision: str = "fp32",
+        capacity: int = 3,
+        fast_path: str = "auto",
+        memory_limit: int | None = None,
+        loadable: tuple[str, ...] = KINDS,
+    ):
         check_range("capacity", capacity, low=1, integer=True)
         check_range("memory_limit", memory_limit, low=1, integer=True, optional=True)
         unknown = [k for k in loadable if k not in KINDS]
         if unknown:
-            raise VitlabError(f"loadable must name kinds among {', '.join(KINDS)}; found {', '.join(map(str, unknown))}",
-                              arg="loadable")
+            raise VitlabError(
+                f"loadable must name kinds among {', '.join(KINDS)}; found {', '.join(map(str, unknown))}",
+                arg="loadable",
+            )
         self.device = resolve_device(device)
         self.precision = check_precision(precision)
         self.fast_path = check_fast_path(fast_path)
@@ -216,8 +235,10 @@ class ModelStore:
         """The page's load box: `--<kind> <value>`, if this page lets visitors load that kind of source."""
         if kind not in self.loadable:
             allowed = ", ".join(f"--{k}" for k in self.loadable) or "no other models"
-            raise VitlabError(f"this page does not load models given by --{kind} (it was started with "
-                              f"--page-load {','.join(self.loadable) or 'none'}: {allowed}); choose one from the list")
+            raise VitlabError(
+                f"this page does not load models given by --{kind} (it was started with "
+                f"--page-load {','.join(self.loadable) or 'none'}: {allowed}); choose one from the list"
+            )
         return self.load(ModelSource.of(kind, value))
 
     def memory_used(self) -> int:
@@ -231,9 +252,11 @@ class ModelStore:
     def _make_room(self, key: str, need: int) -> None:
         """Drop the models used longest ago until `need` more bytes fit the limit; refuse what never fits."""
         if need > self.memory_limit:
-            raise VitlabError(f"{key} needs about {format_bytes(need)} (its weights, and the copy readied for the "
-                              f"top-k), more than the {format_bytes(self.memory_limit)} this page keeps for models "
-                              "(vitlab serve --max-model-memory GB); choose a smaller model")
+            raise VitlabError(
+                f"{key} needs about {format_bytes(need)} (its weights, and the copy readied for the "
+                f"top-k), more than the {format_bytes(self.memory_limit)} this page keeps for models "
+                "(vitlab serve --max-model-memory GB); choose a smaller model"
+            )
         dropped = False
         while self._loaded and self.memory_used() + need > self.memory_limit:
             self._loaded.popitem(last=False)
@@ -255,8 +278,9 @@ class ModelStore:
         """The model listed under `key`, loaded on first use."""
         source = self._sources.get(key)
         if source is None:
-            raise VitlabError(f"model {key!r} is not one the page knows; choose one from the list or load it first",
-                              arg="model")
+            raise VitlabError(
+                f"model {key!r} is not one the page knows; choose one from the list or load it first", arg="model"
+            )
         return self._get(key, source)
 
     def keys(self) -> list[str]:
@@ -283,8 +307,14 @@ class ModelStore:
                 _give_back_memory()
                 raise
             model = model.to(self.device).eval().requires_grad_(False)
-            loaded = LoadedModel(source=source, model=model, device=self.device, precision=self.precision,
-                                 notes=[str(w.message) for w in caught], fast_path=self.fast_path)
+            loaded = LoadedModel(
+                source=source,
+                model=model,
+                device=self.device,
+                precision=self.precision,
+                notes=[str(w.message) for w in caught],
+                fast_path=self.fast_path,
+            )
             threading.Thread(target=loaded.warm_up, name=f"vitlab-warm-up {key}", daemon=True).start()
             self._sources.setdefault(key, source)
             self._loaded[key] = loaded

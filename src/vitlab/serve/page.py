@@ -30,11 +30,13 @@ from PIL import Image
 from vitlab.data.photos import sample_photos
 from vitlab.errors import VitlabError
 from vitlab.serve import look, runs
-from vitlab.serve.models import KINDS, ModelSource, ModelStore, run_sources
+from vitlab.serve.models import KINDS, ModelStore, run_sources
 from vitlab.weights.checkpoint import find_runs
 
-NO_GRADIO = ("vitlab serve needs Gradio, which is not installed: pip install -e '.[serve]' in a clone "
-             "(make demo and make test install it)")
+NO_GRADIO = (
+    "vitlab serve needs Gradio, which is not installed: pip install -e '.[serve]' in a clone "
+    "(make demo and make test install it)"
+)
 
 CSS = """
 .vl-topk { display: flex; flex-direction: column; gap: 6px; padding: 4px 2px; }
@@ -73,8 +75,9 @@ def require_gradio():
 def theme():
     """Gradio's default look with the system's fonts: nothing is fetched from a font service."""
     gr = require_gradio()
-    return gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
-                             font_mono=["ui-monospace", "Consolas", "monospace"])
+    return gr.themes.Default(
+        font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "Consolas", "monospace"]
+    )
 
 
 def save_samples(folder: Path) -> list[Path]:
@@ -138,8 +141,15 @@ def build_page(
         try:
             info, layer, head, start = model_panel(key)
         except VitlabError as e:
-            return (gr.update(value=current), current, gr.update(), gr.update(), gr.update(), gr.update(),
-                    look.error_html(e.for_cli()))
+            return (
+                gr.update(value=current),
+                current,
+                gr.update(),
+                gr.update(),
+                gr.update(),
+                gr.update(),
+                look.error_html(e.for_cli()),
+            )
         return gr.update(), key, info, layer, head, start, ""
 
     def load_model(kind, value, current):
@@ -155,8 +165,12 @@ def build_page(
     def on_page_load(current):
         choices = store.keys()
         if current is None:
-            return gr.update(choices=choices), current, "No model loaded yet: choose one above, or load one.", *(
-                [gr.update()] * 3)
+            return (
+                gr.update(choices=choices),
+                current,
+                "No model loaded yet: choose one above, or load one.",
+                *([gr.update()] * 3),
+            )
         try:
             info, layer, head, start = model_panel(current)
         except VitlabError as e:
@@ -204,11 +218,20 @@ def build_page(
             return None, "", None, "", ""
         path = paths[index]
         out = []
-        for method, kwargs in (("cls", dict(head=head)), ("rollout", dict(head=fusion, start_layer=int(start),
-                                                                          discard_ratio=float(discard)))):
+        for method, kwargs in (
+            ("cls", dict(head=head)),
+            ("rollout", dict(head=fusion, start_layer=int(start), discard_ratio=float(discard))),
+        ):
             try:
-                o = look.attention_overlay(store.get(key), path, method=method, layer=int(layer), alpha=float(alpha),
-                                           upsample=upsample, **kwargs)
+                o = look.attention_overlay(
+                    store.get(key),
+                    path,
+                    method=method,
+                    layer=int(layer),
+                    alpha=float(alpha),
+                    upsample=upsample,
+                    **kwargs,
+                )
                 out += [o.picture, o.caption]
             except VitlabError as e:
                 out += [None, f"error: {e.for_cli()}"]
@@ -242,12 +265,19 @@ def build_page(
         except VitlabError as e:
             return look.error_html(e.for_cli()), None, None, None, "", None
         files = {Path(f).name: str(f) for f in summary["files"] + norms["files"]}
-        text = (f"Figure 7 of `{key}` (the paper's Section 4.5), as `vitlab inspect {key} --out DIR` draws it; "
-                f"(c) averages over {summary['n_images']} bundled photos.\n\n"
-                + "\n".join(f"- {line}" for line in summary["lines"]))
-        return (text, files.get("fig7a_patch_embedding_pcs.png"), files.get("fig7b_position_embedding_similarity.png"),
-                files.get("fig7c_mean_attention_distance.png"), look.token_norm_markdown(norms),
-                files.get("token_norms.png"))
+        text = (
+            f"Figure 7 of `{key}` (the paper's Section 4.5), as `vitlab inspect {key} --out DIR` draws it; "
+            f"(c) averages over {summary['n_images']} bundled photos.\n\n"
+            + "\n".join(f"- {line}" for line in summary["lines"])
+        )
+        return (
+            text,
+            files.get("fig7a_patch_embedding_pcs.png"),
+            files.get("fig7b_position_embedding_similarity.png"),
+            files.get("fig7c_mean_attention_distance.png"),
+            look.token_norm_markdown(norms),
+            files.get("token_norms.png"),
+        )
 
     def inside_if_shown(key, tab):
         return inside(key) if tab == "inside" else ("", None, None, None, "", None)
@@ -258,8 +288,10 @@ def build_page(
         if found:
             text = f"{len(found)} run(s) under `{runs_dir}`. Each one is also in the Model list above."
         else:
-            text = (f"No training runs under `{runs_dir}` yet. `make demo` makes two (runs/demo/pos_learned and "
-                    "pos_none); `vitlab train` and `vitlab finetune` make one each with `--out runs/NAME`.")
+            text = (
+                f"No training runs under `{runs_dir}` yet. `make demo` makes two (runs/demo/pos_learned and "
+                "pos_none); `vitlab train` and `vitlab finetune` make one each with `--out runs/NAME`."
+            )
         a = names[0] if names else None
         b = names[1] if len(names) > 1 else None
         return text, gr.update(choices=names, value=a), gr.update(choices=names, value=b)
@@ -277,8 +309,11 @@ def build_page(
         for path in (runs.curves_image(run, work_dir / "curves"), run.image("confusion.png")):
             # Handed over as pixels: the page serves no file from the runs folder (it holds weights too).
             pictures.append(gr.update(value=_picture(path), visible=True) if path else hidden)
-        table = (gr.update(value={"headers": run.per_class[0], "data": runs.per_class_rows(run)}, visible=True)
-                 if len(run.per_class) > 1 else hidden)
+        table = (
+            gr.update(value={"headers": run.per_class[0], "data": runs.per_class_rows(run)}, visible=True)
+            if len(run.per_class) > 1
+            else hidden
+        )
         return runs.run_markdown(run), *pictures, table
 
     def report_overview():
@@ -287,7 +322,8 @@ def build_page(
         if not names:
             return gr.update(choices=[], value=None), (
                 f"No `vitlab reproduce` report under `{runs_dir}`. `vitlab reproduce --out {runs_dir}/reproduce` "
-                "makes one (`--quick` in minutes).")
+                "makes one (`--quick` in minutes)."
+            )
         return gr.update(choices=names, value=names[0]), gr.update()
 
     def show_report(name):
@@ -315,33 +351,59 @@ def build_page(
         gr.Markdown("## vitlab: what the Vision Transformer predicts, and where it looks")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
-                model_list = gr.Dropdown(choices=keys, value=model, label="Model", elem_id="model",
-                                         info="the model given to `vitlab serve`, the runs found, and those loaded here")
+                model_list = gr.Dropdown(
+                    choices=keys,
+                    value=model,
+                    label="Model",
+                    elem_id="model",
+                    info="the model given to `vitlab serve`, the runs found, and those loaded here",
+                )
                 model_info = gr.Markdown(elem_id="model-info")
                 model_error = gr.HTML(elem_id="model-error")
             with gr.Column(scale=2):
                 with gr.Accordion("Load another model", open=model is None):
-                    kind = gr.Radio(list(KINDS), value="checkpoint", label="as", elem_id="load-kind",
-                                    info="checkpoint: a vitlab run; pretrained: timm, Hugging Face, torchvision or JAX "
-                                         "weights (file, folder or hub id); model: a registered name, random weights")
-                    value = gr.Textbox(label="path, hub id or name", elem_id="load-value",
-                                       placeholder="runs/demo/pos_learned")
+                    kind = gr.Radio(
+                        list(KINDS),
+                        value="checkpoint",
+                        label="as",
+                        elem_id="load-kind",
+                        info="checkpoint: a vitlab run; pretrained: timm, Hugging Face, torchvision or JAX "
+                        "weights (file, folder or hub id); model: a registered name, random weights",
+                    )
+                    value = gr.Textbox(
+                        label="path, hub id or name", elem_id="load-value", placeholder="runs/demo/pos_learned"
+                    )
                     load = gr.Button("Load", elem_id="load")
 
         with gr.Tabs():
             with gr.Tab("Predict and look", id="predict") as predict_tab:
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=2):
-                        files = gr.File(file_count="multiple", label="Images: drop one or more here, or click",
-                                        elem_id="images", height=140)
-                        sample_gallery = gr.Gallery(value=[(str(p), p.stem) for p in samples], label="or a sample photo",
-                                                    columns=4, object_fit="cover", allow_preview=False,
-                                                    interactive=False, buttons=[], elem_id="samples")
+                        files = gr.File(
+                            file_count="multiple",
+                            label="Images: drop one or more here, or click",
+                            elem_id="images",
+                            height=140,
+                        )
+                        sample_gallery = gr.Gallery(
+                            value=[(str(p), p.stem) for p in samples],
+                            label="or a sample photo",
+                            columns=4,
+                            object_fit="cover",
+                            allow_preview=False,
+                            interactive=False,
+                            buttons=[],
+                            elem_id="samples",
+                        )
                     with gr.Column(scale=3):
                         which = gr.Dropdown(label="image shown", choices=[], visible=False, elem_id="which")
                         topk = gr.HTML(elem_id="topk", label="top-5")
-                        table = gr.Dataframe(headers=["image", "probability", "top-1 class"], visible=False,
-                                             interactive=False, elem_id="table")
+                        table = gr.Dataframe(
+                            headers=["image", "probability", "top-1 class"],
+                            visible=False,
+                            interactive=False,
+                            elem_id="table",
+                        )
                 with gr.Row():
                     with gr.Column():
                         cls_picture = picture(label="class-token attention", elem_id="overlay-cls", height=360)
@@ -353,14 +415,25 @@ def build_page(
                     layer = gr.Slider(0, 1, value=1, step=1, label="layer (0 = first)", elem_id="layer")
                     head = gr.Dropdown(HEAD_CHOICES, value="mean", label="head (or fused heads)", elem_id="head")
                     alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="heatmap opacity", elem_id="alpha")
-                    upsample = gr.Radio(list(look.UPSAMPLING), value="bilinear", label="upsampling",
-                                        info="nearest shows the patches", elem_id="upsample")
+                    upsample = gr.Radio(
+                        list(look.UPSAMPLING),
+                        value="bilinear",
+                        label="upsampling",
+                        info="nearest shows the patches",
+                        elem_id="upsample",
+                    )
                 with gr.Accordion("Rollout settings", open=False):
                     with gr.Row():
                         start = gr.Slider(0, 1, value=0, step=1, label="first layer rolled out", elem_id="start")
                         fusion = gr.Radio(HEAD_CHOICES, value="mean", label="head fusion", elem_id="fusion")
-                        discard = gr.Slider(0, 0.9, value=0.0, step=0.05, elem_id="discard",
-                                            label="discard ratio (lowest share of each row zeroed)")
+                        discard = gr.Slider(
+                            0,
+                            0.9,
+                            value=0.0,
+                            step=0.05,
+                            elem_id="discard",
+                            label="discard ratio (lowest share of each row zeroed)",
+                        )
                 commands = gr.Markdown(elem_id="commands")
 
             with gr.Tab("Inside (Figure 7)", id="inside") as inside_tab:
@@ -385,10 +458,15 @@ def build_page(
                             summary = gr.Markdown(elem_id=f"run-{side}-summary")
                             # The run's own figures carry their titles.
                             curves = picture(show_label=False, visible=False, elem_id=f"run-{side}-curves")
-                            confusion = picture(show_label=False, visible=False, height=480,
-                                                elem_id=f"run-{side}-confusion")
-                            per_class = gr.Dataframe(label="per-class accuracy", visible=False, interactive=False,
-                                                     elem_id=f"run-{side}-per-class")
+                            confusion = picture(
+                                show_label=False, visible=False, height=480, elem_id=f"run-{side}-confusion"
+                            )
+                            per_class = gr.Dataframe(
+                                label="per-class accuracy",
+                                visible=False,
+                                interactive=False,
+                                elem_id=f"run-{side}-per-class",
+                            )
                             sides.append((choice, summary, curves, confusion, per_class))
 
             with gr.Tab("Reproduce report", id="report") as report_tab:
@@ -407,26 +485,45 @@ def build_page(
         on_model = dict(concurrency_id="model", concurrency_limit=1)
 
         page.load(on_page_load, [current], model_outputs, **on_model).then(
-            runs_overview, None, [runs_text, sides[0][0], sides[1][0]]).then(
-            report_overview, None, [report_choice, report_text])
-        (model_list.input(choose_model, [model_list, current], [model_list, current, model_info, layer, head, start,
-                                                                model_error], **on_model)
-         .then(repredict, [current, paths], predict_outputs, **on_model)
-         .then(overlays, attention_inputs, attention_outputs, **on_model)
-         .then(inside_if_shown, [current, shown_tab], inside_outputs, concurrency_id="figure7"))
-        (load.click(load_model, [kind, value, current], [model_list, current, model_info, model_error, layer, head, start],
-                    api_name="load_model", **on_model)
-         .then(repredict, [current, paths], predict_outputs, **on_model)
-         .then(overlays, attention_inputs, attention_outputs, **on_model)
-         .then(inside_if_shown, [current, shown_tab], inside_outputs, concurrency_id="figure7"))
+            runs_overview, None, [runs_text, sides[0][0], sides[1][0]]
+        ).then(report_overview, None, [report_choice, report_text])
+        (
+            model_list.input(
+                choose_model,
+                [model_list, current],
+                [model_list, current, model_info, layer, head, start, model_error],
+                **on_model,
+            )
+            .then(repredict, [current, paths], predict_outputs, **on_model)
+            .then(overlays, attention_inputs, attention_outputs, **on_model)
+            .then(inside_if_shown, [current, shown_tab], inside_outputs, concurrency_id="figure7")
+        )
+        (
+            load.click(
+                load_model,
+                [kind, value, current],
+                [model_list, current, model_info, model_error, layer, head, start],
+                api_name="load_model",
+                **on_model,
+            )
+            .then(repredict, [current, paths], predict_outputs, **on_model)
+            .then(overlays, attention_inputs, attention_outputs, **on_model)
+            .then(inside_if_shown, [current, shown_tab], inside_outputs, concurrency_id="figure7")
+        )
         files.upload(predict, [current, files, paths, results], predict_outputs, api_name="predict", **on_model).then(
-            overlays, attention_inputs, attention_outputs, **on_model)
+            overlays, attention_inputs, attention_outputs, **on_model
+        )
         files.delete(predict, [current, files, paths, results], predict_outputs, **on_model).then(
-            overlays, attention_inputs, attention_outputs, **on_model)
-        files.clear(lambda: ([], [], gr.update(choices=[], value=None, visible=False), "", gr.update(visible=False)),
-                    None, predict_outputs).then(lambda: (None, "", None, "", ""), None, attention_outputs)
+            overlays, attention_inputs, attention_outputs, **on_model
+        )
+        files.clear(
+            lambda: ([], [], gr.update(choices=[], value=None, visible=False), "", gr.update(visible=False)),
+            None,
+            predict_outputs,
+        ).then(lambda: (None, "", None, "", ""), None, attention_outputs)
         sample_gallery.select(pick_sample, [current], [files, *predict_outputs], **on_model).then(
-            overlays, attention_inputs, attention_outputs, **on_model)
+            overlays, attention_inputs, attention_outputs, **on_model
+        )
         which.input(show, [which, results], topk).then(overlays, attention_inputs, attention_outputs, **on_model)
         for control in (layer, alpha, start, discard):
             control.release(overlays, attention_inputs, attention_outputs, trigger_mode="always_last", **on_model)
@@ -437,7 +534,8 @@ def build_page(
             tab.select(lambda name=name: name, None, shown_tab)
         runs_tab.select(runs_overview, None, [runs_text, sides[0][0], sides[1][0]])
         rescan.click(runs_overview, None, [runs_text, sides[0][0], sides[1][0]]).then(
-            lambda: gr.update(choices=store.keys()), None, model_list)
+            lambda: gr.update(choices=store.keys()), None, model_list
+        )
         for choice, *outputs in sides:
             choice.change(show_run, [choice], outputs)
         report_tab.select(report_overview, None, [report_choice, report_text])

@@ -109,16 +109,22 @@ def run_markdown(run: Run) -> str:
         lines.append(f"model **{s['model']}** on `{s.get('data', '?')}`")
     if isinstance(s.get("images"), dict):
         im = s["images"]
-        lines.append(f"images: {im.get('train', '?')} train, {im.get('val', '?')} val"
-                     + (f", {im['skipped']} skipped" if im.get("skipped") else ""))
+        lines.append(
+            f"images: {im.get('train', '?')} train, {im.get('val', '?')} val"
+            + (f", {im['skipped']} skipped" if im.get("skipped") else "")
+        )
     best = s.get("best") if isinstance(s.get("best"), dict) else run.best
     if best:
-        lines.append(f"best epoch {_fmt(best.get('epoch'))}: val acc **{_fmt(best.get('val_acc'), pct=True)}**"
-                     + (f", val loss {_fmt(best.get('val_loss'))}" if "val_loss" in best else ""))
+        lines.append(
+            f"best epoch {_fmt(best.get('epoch'))}: val acc **{_fmt(best.get('val_acc'), pct=True)}**"
+            + (f", val loss {_fmt(best.get('val_loss'))}" if "val_loss" in best else "")
+        )
     if run.metrics:
         final = run.metrics[-1]
-        lines.append(f"last epoch {_fmt(final.get('epoch'))}: train acc {_fmt(final.get('train_acc'), pct=True)}, "
-                     f"val acc {_fmt(final.get('val_acc'), pct=True)}, val loss {_fmt(final.get('val_loss'))}")
+        lines.append(
+            f"last epoch {_fmt(final.get('epoch'))}: train acc {_fmt(final.get('train_acc'), pct=True)}, "
+            f"val acc {_fmt(final.get('val_acc'), pct=True)}, val loss {_fmt(final.get('val_loss'))}"
+        )
     elif run.last:
         lines.append(f"last checkpoint: epoch {_fmt(run.last.get('epoch'))}")
     if isinstance(s.get("time_s"), (int, float)):
@@ -195,5 +201,14 @@ def report_markdown(folder: str | Path) -> str:
     return _IMAGE.sub(embed, (folder / "report.md").read_text(errors="replace"))
 
 
-__all__ = ["Run", "run_name", "read_run", "list_runs", "run_markdown", "per_class_rows", "curves_image", "find_reports",
-           "report_markdown"]
+__all__ = [
+    "Run",
+    "run_name",
+    "read_run",
+    "list_runs",
+    "run_markdown",
+    "per_class_rows",
+    "curves_image",
+    "find_reports",
+    "report_markdown",
+]

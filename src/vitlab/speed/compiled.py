@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

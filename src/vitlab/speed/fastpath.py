@@ -16,8 +16,8 @@ and a training run records it (`summary.json`, its checkpoints).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 import torch
 from torch import nn
@@ -49,17 +49,34 @@ def flops_per_image(model: nn.Module) -> float:
     return 2.0 * weights * n + 4.0 * cfg.depth * n * n * cfg.dim
 
 
-def choose_plan(model: nn.Module, *, fast: str, mode: str, precision: str, batch_size: int, items: int,
-                device: torch.device, log: Callable[[str], None] | None = None) -> Plan:
+def choose_plan(
+    model: nn.Module,
+    *,
+    fast: str,
+    mode: str,
+    precision: str,
+    batch_size: int,
+    items: int,
+    device: torch.device,
+    log: Callable[[str], None] | None = None,
+) -> Plan:
     """The plan of a run of `items` images (inference) or training steps (train) of `batch_size` images."""
     check_fast_path(fast)
     if fast == "off":
         return replace(AS_BUILT, source="--fast-path off")
-    plan = plan_by_rules(this_machine(), mode=mode, precision=precision, batch_size=batch_size,
-                         flops_per_item=flops_per_image(model), items=items, device_type=device.type)
+    plan = plan_by_rules(
+        this_machine(),
+        mode=mode,
+        precision=precision,
+        batch_size=batch_size,
+        flops_per_item=flops_per_image(model),
+        items=items,
+        device_type=device.type,
+    )
     if fast == "tuned" and is_vit_on_cpu(model):
-        plan = (T.known(model, mode=mode, precision=precision, batch_size=batch_size)
-                or T.tune(model, mode=mode, precision=precision, batch_size=batch_size, default=plan, log=log))
+        plan = T.known(model, mode=mode, precision=precision, batch_size=batch_size) or T.tune(
+            model, mode=mode, precision=precision, batch_size=batch_size, default=plan, log=log
+        )
     elif fast == "compile":
         plan = replace(plan, compile=True, source=f"{plan.source}; compiled as asked")
     elif fast == "eager":
@@ -72,11 +89,29 @@ class InferenceRunner:
     of `batch_size` (call it like the model, under the caller's autocast and inference mode). `method`:
     what a call runs (the model's forward, or e.g. its forward_features). `model` itself is left as it is."""
 
-    def __init__(self, model: nn.Module, *, precision: str, batch_size: int, images: int, device: torch.device,
-                 fast: str = "auto", method: str = "forward", log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        precision: str,
+        batch_size: int,
+        images: int,
+        device: torch.device,
+        fast: str = "auto",
+        method: str = "forward",
+        log: Callable[[str], None] | None = None,
+    ):
         batch_size = max(1, min(batch_size, images))
-        self.plan = choose_plan(model, fast=fast, mode="inference", precision=precision, batch_size=batch_size,
-                                items=images, device=device, log=log)
+        self.plan = choose_plan(
+            model,
+            fast=fast,
+            mode="inference",
+            precision=precision,
+            batch_size=batch_size,
+            items=images,
+            device=device,
+            log=log,
+        )
         self.fn = inference_fn(model, self.plan, precision=precision, batch_size=batch_size, method=method)
 
     def __call__(self, x: torch.Tensor, *args, **kwargs):
@@ -86,8 +121,9 @@ class InferenceRunner:
         return self.plan.describe()
 
 
-def serving_model(model: nn.Module, *, precision: str, device: torch.device,
-                  fast: str = "auto") -> tuple[Callable, str]:
+def serving_model(
+    model: nn.Module, *, precision: str, device: torch.device, fast: str = "auto"
+) -> tuple[Callable, str]:
     """What answers a server's requests, one image at a time, and its path in words; `model` is left as it
     is (the attention maps need it so). How long a server runs is not known, so the rules do not compile
     it; `compile` (or a tuned plan that compiles) compiles here and now, for a batch of one."""

@@ -55,12 +55,15 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", linear.bias.detach().to(dtype) if linear.bias is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, self.post_op, [],
-                                                  self.algorithm)
+        return torch.ops.mkldnn._linear_pointwise(
+            x.to(self.dtype), self.packed_weight, self.bias, self.post_op, [], self.algorithm
+        )
 
     def extra_repr(self) -> str:
         fused = f", then GELU ({self.algorithm})" if self.post_op == "gelu" else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.dtype}, packed for oneDNN{fused}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, {self.dtype}, packed for oneDNN{fused}"
+        )
 
 
 def _gelu_after(parent: nn.Module, name: str) -> str | None:

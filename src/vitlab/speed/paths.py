@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
-import torch
 from torch import nn
 
 from vitlab.models.vit import VisionTransformer
@@ -39,8 +38,7 @@ def usable(plan: Plan, model: nn.Module, precision: str, mode: str = "inference"
     return plan
 
 
-def inference_fn(model: nn.Module, plan: Plan, *, precision: str, batch_size: int,
-                 method: str = "forward") -> Callable:
+def inference_fn(model: nn.Module, plan: Plan, *, precision: str, batch_size: int, method: str = "forward") -> Callable:
     """`model.<method>` on `plan`'s path, for batches of `batch_size`: the model itself when the plan changes
     nothing, else a copy with the plan's attention kernel and products, compiled (with freezing) if it says
     so, run `plan.pieces` images at a time (a copy is in eval mode; the model itself is called as it is). Call
@@ -49,8 +47,7 @@ def inference_fn(model: nn.Module, plan: Plan, *, precision: str, batch_size: in
     if plan == Plan(source=plan.source):
         return getattr(model, method)
     rows = (plan.pieces or batch_size) * tokens(model)
-    ready = (onednn.packed_copy(model, precision, rows) if plan.products == "onednn"
-             else copy.deepcopy(model).eval())
+    ready = onednn.packed_copy(model, precision, rows) if plan.products == "onednn" else copy.deepcopy(model).eval()
     if isinstance(ready, VisionTransformer):
         ready.set_fused_attention(plan.attention == "fused")
     fn = CompiledModel(ready, mode="inference", method=method) if plan.compile else getattr(ready, method)

@@ -66,14 +66,20 @@ class Plan:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
+    def from_dict(cls, d: dict) -> Plan:
         """A plan read back from a run's files (checked: a damaged one is refused by the caller)."""
         names = {f.name for f in fields(cls)}
         if not isinstance(d, dict) or set(d) - names:
             raise ValueError(f"not a plan: {d!r}")
         plan = cls(**d)
-        if (plan.attention not in ATTENTION or plan.products not in PRODUCTS or not isinstance(plan.compile, bool)
-                or not isinstance(plan.pieces, int) or plan.pieces < 0 or not isinstance(plan.source, str)):
+        if (
+            plan.attention not in ATTENTION
+            or plan.products not in PRODUCTS
+            or not isinstance(plan.compile, bool)
+            or not isinstance(plan.pieces, int)
+            or plan.pieces < 0
+            or not isinstance(plan.source, str)
+        ):
             raise ValueError(f"not a plan: {d!r}")
         return plan
 
@@ -96,8 +102,15 @@ class Rule:
     pieces: int = 0  # with compile, at batches above it
 
     def matches(self, machine: Machine, mode: str, precision: str) -> bool:
-        return all(want in ("*", have) for want, have in ((self.vendor, machine.vendor), (self.kind, machine.kind),
-                                                          (self.mode, mode), (self.precision, precision)))
+        return all(
+            want in ("*", have)
+            for want, have in (
+                (self.vendor, machine.vendor),
+                (self.kind, machine.kind),
+                (self.mode, mode),
+                (self.precision, precision),
+            )
+        )
 
 
 # The first row that matches decides. Figures behind each row: docs/speed.md.
@@ -116,8 +129,16 @@ RULES = (
 )
 
 
-def plan_by_rules(machine: Machine, *, mode: str, precision: str, batch_size: int, flops_per_item: float,
-                  items: int, device_type: str = "cpu") -> Plan:
+def plan_by_rules(
+    machine: Machine,
+    *,
+    mode: str,
+    precision: str,
+    batch_size: int,
+    flops_per_item: float,
+    items: int,
+    device_type: str = "cpu",
+) -> Plan:
     """The plan RULES give for a run of `items` images (inference) or training steps of `batch_size`
     images, of a model of `flops_per_item` forward FLOPs per image, on `machine`."""
     if mode not in MODES:
@@ -134,5 +155,15 @@ def plan_by_rules(machine: Machine, *, mode: str, precision: str, batch_size: in
     return Plan(attention=rule.attention, products=rule.products, compile=compile_, pieces=pieces, source=source)
 
 
-__all__ = ["Plan", "AS_BUILT", "Rule", "RULES", "plan_by_rules", "ATTENTION", "PRODUCTS", "MODES", "SMALL_FLOPS",
-           "COMPILE_FLOPS"]
+__all__ = [
+    "Plan",
+    "AS_BUILT",
+    "Rule",
+    "RULES",
+    "plan_by_rules",
+    "ATTENTION",
+    "PRODUCTS",
+    "MODES",
+    "SMALL_FLOPS",
+    "COMPILE_FLOPS",
+]

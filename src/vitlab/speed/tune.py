@@ -26,9 +26,9 @@ import json
 import statistics
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -51,8 +51,14 @@ VERSION = 1
 _LOCK = threading.Lock()  # the file's readers and writers in this process (a server's threads)
 
 
-def race(fns: dict[str, Callable[[], None]], *, warmup: int = 1, repeats: int = 5, min_repeat_s: float = 0.0,
-         clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+def race(
+    fns: dict[str, Callable[[], None]],
+    *,
+    warmup: int = 1,
+    repeats: int = 5,
+    min_repeat_s: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, list[float]]:
     """Seconds per call of each function, interleaved: every repeat runs each once, the order rotating between
     repeats. With `min_repeat_s`, a repeat calls a function as many times as its last warm-up call says it
     takes to last that long. Returns {name: [seconds per call, one per repeat]}."""
@@ -65,7 +71,7 @@ def race(fns: dict[str, Callable[[], None]], *, warmup: int = 1, repeats: int = 
             calls[name] = max(1, round(min_repeat_s / max(clock() - t0, 1e-9)))
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             t0 = clock()
             for _ in range(calls[name]):
                 fns[name]()
@@ -133,8 +139,9 @@ def remember(model: nn.Module, *, mode: str, precision: str, batch_size: int, pl
         write_json(path, {"version": VERSION, "cpu": this_machine().cpu, "entries": entries}, indent=1)
 
 
-def _step(model: nn.Module, plan: Plan, mode: str, precision: str, x: torch.Tensor,
-          y: torch.Tensor) -> tuple[Callable[[], None], contextlib.ExitStack]:
+def _step(
+    model: nn.Module, plan: Plan, mode: str, precision: str, x: torch.Tensor, y: torch.Tensor
+) -> tuple[Callable[[], None], contextlib.ExitStack]:
     """One call of `plan`'s path on a copy of `model`: a forward pass, or a training step's forward and
     backward; and the context that must stay open while it runs."""
     device, stack = x.device, contextlib.ExitStack()
@@ -158,8 +165,16 @@ def _step(model: nn.Module, plan: Plan, mode: str, precision: str, x: torch.Tens
     return train_step, stack
 
 
-def tune(model: nn.Module, *, mode: str, precision: str, batch_size: int, default: Plan, repeats: int = 5,
-         log: Callable[[str], None] | None = None) -> Plan:
+def tune(
+    model: nn.Module,
+    *,
+    mode: str,
+    precision: str,
+    batch_size: int,
+    default: Plan,
+    repeats: int = 5,
+    log: Callable[[str], None] | None = None,
+) -> Plan:
     """Time the candidate plans of `model` here (see the module docstring), keep the fastest in the tuning
     file, and return it. `default` is the rules' plan, which a candidate must beat by `MARGIN`."""
     say = log or (lambda line: None)
@@ -203,10 +218,19 @@ def tune(model: nn.Module, *, mode: str, precision: str, batch_size: int, defaul
     if base.describe() not in seconds:
         measure([base])
     chosen = fastest if seconds[fastest.describe()] < (1 - MARGIN) * seconds[base.describe()] else base
-    remember(model, mode=mode, precision=precision, batch_size=batch_size, plan=chosen, seconds_per_image=seconds,
-             rules=default.to_dict())
-    say(f"tuning: {chosen.describe()} ({1 / seconds[chosen.describe()]:.2f} images/s; the rules' plan "
-        f"{1 / seconds[base.describe()]:.2f})")
+    remember(
+        model,
+        mode=mode,
+        precision=precision,
+        batch_size=batch_size,
+        plan=chosen,
+        seconds_per_image=seconds,
+        rules=default.to_dict(),
+    )
+    say(
+        f"tuning: {chosen.describe()} ({1 / seconds[chosen.describe()]:.2f} images/s; the rules' plan "
+        f"{1 / seconds[base.describe()]:.2f})"
+    )
     return chosen
 
 

@@ -6,5 +6,16 @@ from vitlab.train.engine import Callback, History, TensorLoader, evaluate, fit, 
 from vitlab.train.recipe import RECIPES, Recipe, get_recipe
 from vitlab.train.run import TrainJob, run
 
-__all__ = ["Callback", "History", "TensorLoader", "evaluate", "fit", "train_one_epoch", "RECIPES", "Recipe",
-           "get_recipe", "TrainJob", "run"]
+__all__ = [
+    "Callback",
+    "History",
+    "TensorLoader",
+    "evaluate",
+    "fit",
+    "train_one_epoch",
+    "RECIPES",
+    "Recipe",
+    "get_recipe",
+    "TrainJob",
+    "run",
+]

@@ -3,8 +3,8 @@ and TensorBoard scalars. (The demo prints its own lines; experiments print nothi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from vitlab.train.engine import Callback, History
 
@@ -22,9 +22,11 @@ class EpochPrinter(Callback):
     def on_epoch_end(self, row: dict) -> None:
         ema = f" val_acc_ema {row['val_acc_ema']:.4f}" if "val_acc_ema" in row else ""
         stage = f" [stage {row['stage']}]" if self.staged else ""
-        self.say(f"epoch {row['epoch']:>3}/{self.epochs}{stage} lr {row['lr']:.2e} "
-                 f"train_loss {row['train_loss']:.4f} train_acc {row['train_acc']:.4f} "
-                 f"val_loss {row['val_loss']:.4f} val_acc {row['val_acc']:.4f}{ema} ({row['time_s']:.1f}s)")
+        self.say(
+            f"epoch {row['epoch']:>3}/{self.epochs}{stage} lr {row['lr']:.2e} "
+            f"train_loss {row['train_loss']:.4f} train_acc {row['train_acc']:.4f} "
+            f"val_loss {row['val_loss']:.4f} val_acc {row['val_acc']:.4f}{ema} ({row['time_s']:.1f}s)"
+        )
 
 
 class TensorBoardLogger(Callback):
@@ -40,8 +42,9 @@ class TensorBoardLogger(Callback):
             from torch.utils.tensorboard import SummaryWriter  # slow to import: only when a run writes events
 
             # purge_step drops events a killed run wrote after its last checkpoint
-            self.writer = SummaryWriter(str(self.out / "tensorboard"),
-                                        purge_step=self.start_epoch + 1 if self.start_epoch else None)
+            self.writer = SummaryWriter(
+                str(self.out / "tensorboard"), purge_step=self.start_epoch + 1 if self.start_epoch else None
+            )
         for key in self.KEYS:
             if key in row:
                 self.writer.add_scalar(key.replace("_", "/", 1) if key != "lr" else "lr", row[key], row["epoch"])

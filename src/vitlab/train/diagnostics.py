@@ -76,35 +76,41 @@ def diagnose(rows: list[dict], *, warmup_epochs: float, num_classes: int, stage_
         best_after = min(losses[first_after + 1 :])
         stuck_at_chance = min(losses) > 0.95 * chance_loss
         if best_after > 0.95 * ref or stuck_at_chance:
-            out.append(Finding(
-                "training loss is not falling after warmup",
-                f"train loss {ref:.3f} after warmup, best later {best_after:.3f}; chance level is {chance_loss:.3f}",
-                "Try another --lr (10x smaller if it jumped around, 3-10x larger if it crawled), check the "
-                "inputs are normalised (mean/std of the weights' pretrained_cfg), and that augmentation keeps "
-                "the labels true (--no-hflip where a mirror image is another class)",
-            ))
+            out.append(
+                Finding(
+                    "training loss is not falling after warmup",
+                    f"train loss {ref:.3f} after warmup, best later {best_after:.3f}; chance level is {chance_loss:.3f}",
+                    "Try another --lr (10x smaller if it jumped around, 3-10x larger if it crawled), check the "
+                    "inputs are normalised (mean/std of the weights' pretrained_cfg), and that augmentation keeps "
+                    "the labels true (--no-hflip where a mirror image is another class)",
+                )
+            )
     # 2. Validation oscillating: the last epochs' val accuracy goes up and down by large steps.
-    tail = [r["val_acc"] for r in rows[max(first_after, len(rows) - 6):]]
+    tail = [r["val_acc"] for r in rows[max(first_after, len(rows) - 6) :]]
     if len(tail) >= 4:
         steps = [b - a for a, b in zip(tail, tail[1:])]
         reversals = sum(1 for a, b in zip(steps, steps[1:]) if a * b < 0 and min(abs(a), abs(b)) > 0.02)
         swing = sum(abs(s) for s in steps) / len(steps)
         if reversals >= 2 and swing > 0.05:
-            out.append(Finding(
-                "validation accuracy oscillates",
-                f"mean change {swing:.3f} per epoch with {reversals} reversals over the last {len(tail)} epochs",
-                "Use stronger augmentation (--mixup 0.8 --cutmix 1.0, --auto-augment rand) and a smaller --lr; "
-                "with little data, consider the CNN baseline",
-            ))
+            out.append(
+                Finding(
+                    "validation accuracy oscillates",
+                    f"mean change {swing:.3f} per epoch with {reversals} reversals over the last {len(tail)} epochs",
+                    "Use stronger augmentation (--mixup 0.8 --cutmix 1.0, --auto-augment rand) and a smaller --lr; "
+                    "with little data, consider the CNN baseline",
+                )
+            )
     # 3. Overfitting: train accuracy far above validation accuracy at the end.
     last = rows[-1]
     if last["train_acc"] - last["val_acc"] > 0.15 and last["train_acc"] > 0.5:
-        out.append(Finding(
-            "training accuracy is far above validation accuracy (overfitting)",
-            f"train {last['train_acc']:.3f} vs val {last['val_acc']:.3f} in the last epoch",
-            "Add augmentation (MixUp/CutMix, random crops), --drop-path 0.1, --weight-decay, fewer --epochs, "
-            "or fine-tune pretrained weights instead of training from scratch",
-        ))
+        out.append(
+            Finding(
+                "training accuracy is far above validation accuracy (overfitting)",
+                f"train {last['train_acc']:.3f} vs val {last['val_acc']:.3f} in the last epoch",
+                "Add augmentation (MixUp/CutMix, random crops), --drop-path 0.1, --weight-decay, fewer --epochs, "
+                "or fine-tune pretrained weights instead of training from scratch",
+            )
+        )
     return out
 
 

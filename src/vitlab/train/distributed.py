@@ -29,8 +29,9 @@ cost is small next to training at this scale).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -84,8 +85,9 @@ def setup(device: str = "auto") -> DistInfo:
         dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
     elif dev.type == "mps":
-        raise VitlabError("device mps: multi-process training on MPS is not supported by torch.distributed; "
-                          "use cpu", arg="device")
+        raise VitlabError(
+            "device mps: multi-process training on MPS is not supported by torch.distributed; use cpu", arg="device"
+        )
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev)
@@ -148,5 +150,15 @@ def cleanup(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["DistInfo", "setup", "single_process", "wrap", "all_mean", "all_gather_object", "on_main", "barrier",
-           "cleanup", "launched_by_torchrun"]
+__all__ = [
+    "DistInfo",
+    "setup",
+    "single_process",
+    "wrap",
+    "all_mean",
+    "all_gather_object",
+    "on_main",
+    "barrier",
+    "cleanup",
+    "launched_by_torchrun",
+]

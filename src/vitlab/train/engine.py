@@ -27,16 +27,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
-
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from tqdm.auto import tqdm
 
 from vitlab.data.transforms import mix_transform
 from vitlab.errors import VitlabError, check_range
@@ -59,8 +58,16 @@ class TensorLoader:
     exactly the batches an uninterrupted run would.
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, shuffle: bool = False,
-                 drop_last: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        batch_size: int,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        seed: int = 0,
+    ):
         if len(x) != len(y):
             raise VitlabError(f"images and labels differ in length: {len(x)} vs {len(y)}")
         check_range("batch_size", batch_size, low=1, integer=True)
@@ -141,8 +148,9 @@ def train_one_epoch(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable, *, device: torch.device, precision: str = "fp32",
-             num_classes: int | None = None) -> dict:
+def evaluate(
+    model: nn.Module, loader: Iterable, *, device: torch.device, precision: str = "fp32", num_classes: int | None = None
+) -> dict:
     """Loss and accuracy over `loader`; with `num_classes`, also the confusion matrix (true x predicted)."""
     model.eval()
     total_loss = torch.zeros((), device=device)
@@ -163,7 +171,6 @@ def evaluate(model: nn.Module, loader: Iterable, *, device: torch.device, precis
     if confusion is not None:
         out["confusion"] = confusion.cpu()
     return out
-
 
 
 @dataclass
@@ -221,13 +228,18 @@ def check_run_folder(out: Path | None, resume: bool, force: bool = False) -> Non
     resuming needs one with a run (its last.json). Either way the folder must be writable
     (vitlab.fileio.check_out_folder)."""
     if resume and (out is None or not (out / "last.json").exists()):
-        raise VitlabError(f"resume: no checkpoint to resume from in {out} (expected {out}/last.json); "
-                          "start a new run instead", arg="resume")
+        raise VitlabError(
+            f"resume: no checkpoint to resume from in {out} (expected {out}/last.json); start a new run instead",
+            arg="resume",
+        )
     if out is None:
         return
     if not resume and (out / "last.json").exists():
-        raise VitlabError(f"out {out} already holds a run (last.json); resume it (resume=True), or choose a new folder",
-                          arg="out", also=("resume",))
+        raise VitlabError(
+            f"out {out} already holds a run (last.json); resume it (resume=True), or choose a new folder",
+            arg="out",
+            also=("resume",),
+        )
     check_out_folder(out, kind="run", force=force or resume)
 
 
@@ -237,8 +249,10 @@ def _kept(out: Path) -> str:
         pointer = ckpt.read_pointer(out / "last.json")
     except VitlabError:
         return "no complete checkpoint was written"
-    return (f"{out / 'last.json'} still points at {pointer['checkpoint']}, the last complete checkpoint: resume from it "
-            "once there is room")
+    return (
+        f"{out / 'last.json'} still points at {pointer['checkpoint']}, the last complete checkpoint: resume from it "
+        "once there is room"
+    )
 
 
 def set_stage(model: nn.Module, ids: dict[str, int], threshold: int) -> int:
@@ -291,8 +305,11 @@ def fit(
     """
     check_loaders(train_loader, val_loader)
     if not isinstance(recipe, Recipe):
-        raise VitlabError(f"recipe must be a vitlab.train.Recipe (e.g. RECIPES['scratch'].replace(epochs=5)); found "
-                          f"{type(recipe).__name__}", arg="recipe")
+        raise VitlabError(
+            f"recipe must be a vitlab.train.Recipe (e.g. RECIPES['scratch'].replace(epochs=5)); found "
+            f"{type(recipe).__name__}",
+            arg="recipe",
+        )
     dist = dist or distributed.single_process(device)
     dev = dist.device
     out = Path(out).expanduser() if out is not None else None
@@ -305,15 +322,31 @@ def fit(
     model.to(dev)
     check_fast_path(fast_path)
     steps = math.ceil(len(train_loader) / recipe.grad_accum) * recipe.epochs
-    plan = choose_plan(model, fast=fast_path, mode="train", precision=recipe.precision, batch_size=recipe.batch_size,
-                       items=steps, device=dev, log=say)
+    plan = choose_plan(
+        model,
+        fast=fast_path,
+        mode="train",
+        precision=recipe.precision,
+        batch_size=recipe.batch_size,
+        items=steps,
+        device=dev,
+        log=say,
+    )
     ids, L = layer_ids(model)
     K = recipe.freeze_epochs
     thresholds = (L + 2, freeze_threshold(recipe.unfreeze, L))  # stage 1: the head only; stage 2: `unfreeze`
     optimizer, scheduler, lr_steps = _optimizer(model, recipe, steps=math.ceil(len(train_loader) / recipe.grad_accum))
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(recipe.ema), use_buffers=True) if recipe.ema else None
-    mix = mix_transform(num_classes=model.head.out_features, mixup=recipe.mixup, cutmix=recipe.cutmix,
-                        switch_prob=recipe.mix_switch_prob) if recipe.mixes else None
+    mix = (
+        mix_transform(
+            num_classes=model.head.out_features,
+            mixup=recipe.mixup,
+            cutmix=recipe.cutmix,
+            switch_prob=recipe.mix_switch_prob,
+        )
+        if recipe.mixes
+        else None
+    )
     identity = dict(identity or {})
 
     start = 0
@@ -324,7 +357,9 @@ def fit(
             say(f"fast path: the run's own, as it was started ({saved.describe()})")
         plan = saved or plan
     if dist.world_size > 1 and plan.compile:
-        plan = Plan(plan.attention, plan.products, False, plan.pieces, f"{plan.source}; not compiled: several processes")
+        plan = Plan(
+            plan.attention, plan.products, False, plan.pieces, f"{plan.source}; not compiled: several processes"
+        )
     say(f"fast path: {plan.describe()}")
     history = History(ema=ema, lr_steps=lr_steps, plan=plan)
     if resume:
@@ -335,8 +370,14 @@ def fit(
 
     with paths.training(model, plan, precision=recipe.precision) as trained:  # the model's own kernels back after
         current, wrapped = None, model
-        bar = tqdm(range(start, recipe.epochs), desc=desc, initial=start, total=recipe.epochs, leave=False,
-                   disable=not (progress and dist.is_main))
+        bar = tqdm(
+            range(start, recipe.epochs),
+            desc=desc,
+            initial=start,
+            total=recipe.epochs,
+            leave=False,
+            disable=not (progress and dist.is_main),
+        )
         for epoch in bar:
             stage = 1 if epoch < K else (2 if K else 1)
             threshold = thresholds[0] if epoch < K else thresholds[1]
@@ -349,20 +390,38 @@ def fit(
             _set_epoch(epoch, train_loader, val_loader)
             t0 = time.perf_counter()
             net = trained if wrapped is model else wrapped  # (the compiled graph is for one process)
-            stats = train_one_epoch(net, train_loader, optimizer, _AfterStep(scheduler, ema, model), device=dev,
-                                    clip_grad=recipe.clip_grad, label_smoothing=recipe.label_smoothing,
-                                    precision=recipe.precision, grad_accum=recipe.grad_accum, batch_transform=mix,
-                                    progress=f"epoch {epoch + 1}" if progress and dist.is_main else False)
+            stats = train_one_epoch(
+                net,
+                train_loader,
+                optimizer,
+                _AfterStep(scheduler, ema, model),
+                device=dev,
+                clip_grad=recipe.clip_grad,
+                label_smoothing=recipe.label_smoothing,
+                precision=recipe.precision,
+                grad_accum=recipe.grad_accum,
+                batch_transform=mix,
+                progress=f"epoch {epoch + 1}" if progress and dist.is_main else False,
+            )
             stats.pop("lr")
             stats = distributed.all_mean(stats, dist)
             if not math.isfinite(stats["train_loss"]):
-                kept = str(ckpt.resolve_checkpoint(out / "last.json")) if out is not None and (out / "last.json").exists() else None
+                kept = (
+                    str(ckpt.resolve_checkpoint(out / "last.json"))
+                    if out is not None and (out / "last.json").exists()
+                    else None
+                )
                 finding = diagnostics.nan_loss(epoch + 1, stats["train_loss"], kept)
                 say(str(finding))
                 raise VitlabError(f"training stopped: {finding.evidence}")
             row = {"epoch": epoch + 1, "stage": stage, "lr": max(g["lr"] for g in optimizer.param_groups), **stats}
-            row.update({k: v for k, v in evaluate(model, val_loader, device=dev, precision=recipe.precision).items()
-                        if k != "confusion"})
+            row.update(
+                {
+                    k: v
+                    for k, v in evaluate(model, val_loader, device=dev, precision=recipe.precision).items()
+                    if k != "confusion"
+                }
+            )
             if ema is not None:
                 e = evaluate(ema.module, val_loader, device=dev, precision=recipe.precision)
                 row.update(val_loss_ema=e["val_loss"], val_acc_ema=e["val_acc"])
@@ -378,8 +437,14 @@ def fit(
                         write_csv(out / "metrics.csv", history.rows)
                         if save:
                             name = f"epoch_{epoch + 1:04d}"
-                            ckpt.save_checkpoint(out, name, model, _state(epoch, optimizer, scheduler, ema, history.rows,
-                                                                          recipe, identity, rng, dist, plan))
+                            ckpt.save_checkpoint(
+                                out,
+                                name,
+                                model,
+                                _state(
+                                    epoch, optimizer, scheduler, ema, history.rows, recipe, identity, rng, dist, plan
+                                ),
+                            )
                             if row["val_acc"] > best:
                                 best = row["val_acc"]
                                 ckpt.mark_best(out, name, {"epoch": epoch + 1, "val_acc": best})
@@ -400,11 +465,17 @@ def check_loaders(train_loader, val_loader) -> None:
         try:
             n = len(loader)
         except TypeError:
-            raise VitlabError(f"{arg} must be an iterable of (images, labels) batches with a length (a DataLoader, a "
-                              f"vitlab TensorLoader); found a {type(loader).__name__}", arg=arg) from None
+            raise VitlabError(
+                f"{arg} must be an iterable of (images, labels) batches with a length (a DataLoader, a "
+                f"vitlab TensorLoader); found a {type(loader).__name__}",
+                arg=arg,
+            ) from None
         if n == 0:
-            raise VitlabError(f"{arg} has no batches: {'no images to train on' if arg == 'train_loader' else 'nothing to validate on'} "
-                              "(an empty dataset, or fewer images than a batch with drop_last)", arg=arg)
+            raise VitlabError(
+                f"{arg} has no batches: {'no images to train on' if arg == 'train_loader' else 'nothing to validate on'} "
+                "(an empty dataset, or fewer images than a batch with drop_last)",
+                arg=arg,
+            )
 
 
 def _optimizer(model: nn.Module, recipe: Recipe, *, steps: int):
@@ -414,8 +485,12 @@ def _optimizer(model: nn.Module, recipe: Recipe, *, steps: int):
     groups = layer_decay_groups(model, lr=recipe.lr, weight_decay=recipe.weight_decay, layer_decay=recipe.layer_decay)
     optimizer = build_optimizer(groups, lr=recipe.lr, weight_decay=recipe.weight_decay)
     stages = schedule(recipe, steps)
-    scheduler = staged_warmup_cosine(optimizer, stage_steps=[s.steps for s in stages],
-                                     warmup_steps=[s.warmup_steps for s in stages], min_lr_ratio=recipe.min_lr_ratio)
+    scheduler = staged_warmup_cosine(
+        optimizer,
+        stage_steps=[s.steps for s in stages],
+        warmup_steps=[s.warmup_steps for s in stages],
+        min_lr_ratio=recipe.min_lr_ratio,
+    )
     total = sum(s.steps for s in stages)  # the head's lr at optimizer step k, drawn at epoch (k + 1) / steps
     lr_steps = ([(k + 1) / steps for k in range(total)], [recipe.lr * scheduler.lr_lambdas[0](k) for k in range(total)])
     return optimizer, scheduler, lr_steps
@@ -442,8 +517,9 @@ def _gather_rng(dist: DistInfo) -> list[torch.Tensor]:
     return distributed.all_gather_object(torch.get_rng_state(), dist)
 
 
-def _state(epoch, optimizer, scheduler, ema, rows, recipe: Recipe, identity: dict, rng, dist: DistInfo,
-           plan: Plan) -> dict:
+def _state(
+    epoch, optimizer, scheduler, ema, rows, recipe: Recipe, identity: dict, rng, dist: DistInfo, plan: Plan
+) -> dict:
     state = {
         "version": STATE_VERSION,
         "epoch": epoch + 1,
@@ -478,27 +554,42 @@ def check_state(state: dict, path: Path, *, recipe: Recipe, pointer_epoch: int |
     field resume reads, of the type and in the range `fit` writes it. Returns the epoch it ends. A state.pt
     is a file from disk like any other: a field that fails is one VitlabError naming the file and the field,
     and the run's files are left as they are."""
+
     def bad(field: str, expected: str, found) -> VitlabError:
         shown = f"a {type(found).__name__}" if isinstance(found, (torch.Tensor, dict, list)) else repr(found)
-        return VitlabError(f"resume: {path} is not a training state vitlab can continue: its {field} should be "
-                           f"{expected}; found {shown}. Resume from an earlier checkpoint or start a new run",
-                           arg="resume")
+        return VitlabError(
+            f"resume: {path} is not a training state vitlab can continue: its {field} should be "
+            f"{expected}; found {shown}. Resume from an earlier checkpoint or start a new run",
+            arg="resume",
+        )
 
     if state.get("version") != STATE_VERSION:
-        raise VitlabError(f"resume: {path} was written by an earlier vitlab (state version {state.get('version', 1)}, "
-                          f"this one reads {STATE_VERSION}); its weights still load as a checkpoint (fine-tune from "
-                          "it), but the run cannot be resumed", arg="resume")
+        raise VitlabError(
+            f"resume: {path} was written by an earlier vitlab (state version {state.get('version', 1)}, "
+            f"this one reads {STATE_VERSION}); its weights still load as a checkpoint (fine-tune from "
+            "it), but the run cannot be resumed",
+            arg="resume",
+        )
     missing = [k for k in STATE_KEYS + (("ema",) if ema else ()) if k not in state]
     if missing:
-        raise VitlabError(f"resume: {path} is not a complete training state (it lacks {', '.join(missing)}); resume "
-                          "from an earlier checkpoint or start a new run", arg="resume")
+        raise VitlabError(
+            f"resume: {path} is not a complete training state (it lacks {', '.join(missing)}); resume "
+            "from an earlier checkpoint or start a new run",
+            arg="resume",
+        )
     epoch = state["epoch"]
     if not _integer(epoch) or not 1 <= epoch <= recipe.epochs:
         raise bad("epoch", f"a whole number of epochs done, 1 .. {recipe.epochs} (the run's epochs)", epoch)
     if pointer_epoch is not None and pointer_epoch != epoch:
         raise bad("epoch", f"{pointer_epoch}, the epoch last.json says this checkpoint ends", epoch)
-    for name, kind in (("recipe", dict), ("identity", dict), ("optimizer", dict), ("scheduler", dict),
-                       ("history", list), ("rng_cpu", list)):
+    for name, kind in (
+        ("recipe", dict),
+        ("identity", dict),
+        ("optimizer", dict),
+        ("scheduler", dict),
+        ("history", list),
+        ("rng_cpu", list),
+    ):
         if not isinstance(state.get(name, {} if name == "identity" else None), kind):
             raise bad(name, f"a {kind.__name__}", state.get(name))
     rows = state["history"]
@@ -515,16 +606,24 @@ def check_state(state: dict, path: Path, *, recipe: Recipe, pointer_epoch: int |
     size = torch.get_rng_state().shape
     rng = state["rng_cpu"]
     if not rng or not all(isinstance(r, torch.Tensor) and r.dtype == torch.uint8 and r.shape == size for r in rng):
-        raise bad("rng_cpu", f"one CPU random-generator state per process (uint8 tensors of {size[0]} bytes)",
-                  rng[0] if rng else rng)
-    if "rng_cuda" in state and not (isinstance(state["rng_cuda"], torch.Tensor) and state["rng_cuda"].dtype == torch.uint8):
+        raise bad(
+            "rng_cpu",
+            f"one CPU random-generator state per process (uint8 tensors of {size[0]} bytes)",
+            rng[0] if rng else rng,
+        )
+    if "rng_cuda" in state and not (
+        isinstance(state["rng_cuda"], torch.Tensor) and state["rng_cuda"].dtype == torch.uint8
+    ):
         raise bad("rng_cuda", "a CUDA random-generator state (a uint8 tensor)", state["rng_cuda"])
     world = state.get("world_size", len(rng))
     if not _integer(world) or world != len(rng):
         raise bad("world_size", f"the number of processes that saved it ({len(rng)} random states)", world)
     groups = state["optimizer"].get("param_groups")
-    if not isinstance(groups, list) or not isinstance(state["optimizer"].get("state"), dict) or not all(
-            isinstance(g, dict) and _number(g.get("lr")) and g["lr"] >= 0 for g in groups):
+    if (
+        not isinstance(groups, list)
+        or not isinstance(state["optimizer"].get("state"), dict)
+        or not all(isinstance(g, dict) and _number(g.get("lr")) and g["lr"] >= 0 for g in groups)
+    ):
         raise bad("optimizer", "AdamW's state_dict (param_groups with a learning rate each, and state)", groups)
     last = state["scheduler"].get("last_epoch")
     if not _integer(last) or last < 0:
@@ -535,8 +634,9 @@ def check_state(state: dict, path: Path, *, recipe: Recipe, pointer_epoch: int |
         try:
             Plan.from_dict(state["plan"])
         except (ValueError, TypeError):
-            raise bad("plan", "the fast path the run trained on (attention, products, compile, pieces, source)",
-                      state["plan"]) from None
+            raise bad(
+                "plan", "the fast path the run trained on (attention, products, compile, pieces, source)", state["plan"]
+            ) from None
     return epoch
 
 
@@ -548,8 +648,9 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identity: dict,
-             dist: DistInfo) -> tuple[int, list[dict], Plan | None]:
+def _restore(
+    out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identity: dict, dist: DistInfo
+) -> tuple[int, list[dict], Plan | None]:
     """Load the training state of `out`'s last checkpoint; returns its epoch, its metrics rows and the plan the
     run trained on (None for a state from before plans were kept). Rank 0 reads it from its `out` and hands
     it to the other processes, whose machines need not see that folder; every field is checked (check_state)
@@ -561,8 +662,11 @@ def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identi
         theirs = state.get("identity") if isinstance(state.get("identity"), dict) else {}
         diff += [f"{k} {theirs.get(k)!r} -> {v!r}" for k, v in identity.items() if theirs.get(k) != v]
         if diff:
-            raise VitlabError(f"resume {out}: the run being resumed was made with other settings ({'; '.join(diff)}); "
-                              "resume with the same ones, or start a new run in another folder", arg="resume")
+            raise VitlabError(
+                f"resume {out}: the run being resumed was made with other settings ({'; '.join(diff)}); "
+                "resume with the same ones, or start a new run in another folder",
+                arg="resume",
+            )
     epoch = check_state(state, folder / "state.pt", recipe=recipe, pointer_epoch=pointer_epoch, ema=ema is not None)
     try:  # what the schema cannot see (shapes against this model) is a message too, not a traceback
         model.load_state_dict(weights)
@@ -574,8 +678,11 @@ def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identi
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         if isinstance(e, VitlabError):
             raise
-        raise VitlabError(f"resume: {folder} does not fit this run ({type(e).__name__}: {str(e).splitlines()[0]}); "
-                          "resume from an earlier checkpoint or start a new run", arg="resume") from e
+        raise VitlabError(
+            f"resume: {folder} does not fit this run ({type(e).__name__}: {str(e).splitlines()[0]}); "
+            "resume from an earlier checkpoint or start a new run",
+            arg="resume",
+        ) from e
     rows = [dict(r) for r in state["history"]]
     rng = state["rng_cpu"]
     if len(rng) == dist.world_size:
@@ -583,8 +690,10 @@ def _restore(out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identi
     else:
         seed_everything(recipe.seed + 7919 * epoch + dist.rank)
         if dist.is_main:
-            print(f"note: the run was saved with {len(rng)} process(es) and resumes with {dist.world_size}; "
-                  "random augmentation continues with a new stream (not bitwise the original)")
+            print(
+                f"note: the run was saved with {len(rng)} process(es) and resumes with {dist.world_size}; "
+                "random augmentation continues with a new stream (not bitwise the original)"
+            )
     if "rng_cuda" in state and dist.device.type == "cuda":
         torch.cuda.set_rng_state(state["rng_cuda"], dist.device)
     return epoch, rows, plan

@@ -7,7 +7,7 @@ embeddings are not decayed (their "size" is not what overfits), as in timm, DeiT
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -25,10 +25,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         if not p.requires_grad:
             continue
         (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def build_optimizer(
@@ -83,10 +80,14 @@ def freeze_threshold(unfreeze: str, num_layers: int) -> int:
     if unfreeze.startswith("last:") and unfreeze[5:].isdigit():
         n = int(unfreeze[5:])
         if n > num_layers:
-            raise VitlabError(f"unfreeze last:{n}: the model has only {num_layers} blocks; use last:{num_layers} or all",
-                              arg="unfreeze")
+            raise VitlabError(
+                f"unfreeze last:{n}: the model has only {num_layers} blocks; use last:{num_layers} or all",
+                arg="unfreeze",
+            )
         return num_layers + 1 - n
-    raise VitlabError(f"unfreeze must be all, head or last:N (N = number of blocks); found {unfreeze!r}", arg="unfreeze")
+    raise VitlabError(
+        f"unfreeze must be all, head or last:N (N = number of blocks); found {unfreeze!r}", arg="unfreeze"
+    )
 
 
 def layer_decay_groups(model: nn.Module, *, lr: float, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
@@ -103,16 +104,28 @@ def layer_decay_groups(model: nn.Module, *, lr: float, weight_decay: float, laye
         lid = ids[name]
         decay = not (p.ndim <= 1 or name in skip)
         scale = layer_decay ** (L + 1 - min(lid, L + 1))
-        g = groups.setdefault((lid, decay), {"params": [], "param_names": [], "layer_id": lid, "lr_scale": scale,
-                                             "lr": lr * scale, "weight_decay": weight_decay if decay else 0.0})
+        g = groups.setdefault(
+            (lid, decay),
+            {
+                "params": [],
+                "param_names": [],
+                "layer_id": lid,
+                "lr_scale": scale,
+                "lr": lr * scale,
+                "weight_decay": weight_decay if decay else 0.0,
+            },
+        )
         g["params"].append(p)
         g["param_names"].append(name)
     return [groups[k] for k in sorted(groups)]
 
 
 def staged_warmup_cosine(
-    optimizer: torch.optim.Optimizer, *, stage_steps: list[int], warmup_steps: int | Sequence[int],
-    min_lr_ratio: float = 0.0
+    optimizer: torch.optim.Optimizer,
+    *,
+    stage_steps: list[int],
+    warmup_steps: int | Sequence[int],
+    min_lr_ratio: float = 0.0,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Warmup then cosine within each stage (stage_steps = optimizer steps per stage).
 

@@ -60,8 +60,12 @@ class Recipe:
     # augmentation and regularisation
     augment: bool | None = None  # random crops etc.; False: training images are preprocessed like validation ones;
     #                              None: on from AUG_MIN_EPOCHS epochs
-    hflip: bool | None = None  # None: on for folders and Fashion-MNIST, off for digits and X (a flip changes their class)
-    crop_scale: float | None = None  # RandomResizedCrop keeps between this and all of the image area; None: by image side
+    hflip: bool | None = (
+        None  # None: on for folders and Fashion-MNIST, off for digits and X (a flip changes their class)
+    )
+    crop_scale: float | None = (
+        None  # RandomResizedCrop keeps between this and all of the image area; None: by image side
+    )
     color_jitter: float = 0.0
     auto_augment: str = "none"  # "rand" (RandAugment), "trivial" (TrivialAugmentWide) or "none"
     reprob: float = 0.0  # RandomErasing probability
@@ -83,33 +87,47 @@ class Recipe:
         check_range("grad_accum", self.grad_accum, low=1, integer=True)
         check_precision(self.precision)
         check_seed(self.seed)
-        check_range("freeze_epochs", self.freeze_epochs, low=0, high=self.epochs, integer=True,
-                    hint=f" (at most epochs = {self.epochs})")
+        check_range(
+            "freeze_epochs",
+            self.freeze_epochs,
+            low=0,
+            high=self.epochs,
+            integer=True,
+            hint=f" (at most epochs = {self.epochs})",
+        )
         check_range("layer_decay", self.layer_decay, low=0, high=1, low_open=True)
-        if not isinstance(self.unfreeze, str) or not (self.unfreeze in ("all", "head") or (self.unfreeze.startswith("last:") and self.unfreeze[5:].isdigit()
-                                                      and int(self.unfreeze[5:]) >= 1)):
-            raise VitlabError(f"unfreeze must be all, head or last:N (N >= 1 blocks); found {self.unfreeze!r}",
-                              arg="unfreeze")
+        if not isinstance(self.unfreeze, str) or not (
+            self.unfreeze in ("all", "head")
+            or (self.unfreeze.startswith("last:") and self.unfreeze[5:].isdigit() and int(self.unfreeze[5:]) >= 1)
+        ):
+            raise VitlabError(
+                f"unfreeze must be all, head or last:N (N >= 1 blocks); found {self.unfreeze!r}", arg="unfreeze"
+            )
         if not isinstance(self.init, str) or self.init not in INITS:
             raise VitlabError(f"init must be one of {', '.join(INITS)}; found {self.init!r}", arg="init")
         check_range("head_init", self.head_init, low=0)
         check_range("crop_scale", self.crop_scale, low=0, high=1, low_open=True, optional=True)
         check_range("color_jitter", self.color_jitter, low=0)
         if self.augment is not None and not isinstance(self.augment, bool):
-            raise VitlabError(f"augment must be True, False or None (by the run's length); found {self.augment!r}",
-                              arg="augment")
+            raise VitlabError(
+                f"augment must be True, False or None (by the run's length); found {self.augment!r}", arg="augment"
+            )
         if self.hflip is not None and not isinstance(self.hflip, bool):
-            raise VitlabError(f"hflip must be True, False or None (the dataset's default); found {self.hflip!r}", arg="hflip")
+            raise VitlabError(
+                f"hflip must be True, False or None (the dataset's default); found {self.hflip!r}", arg="hflip"
+            )
         if not isinstance(self.auto_augment, str) or self.auto_augment not in AUTO_AUGMENTS:
-            raise VitlabError(f"auto_augment must be one of {', '.join(AUTO_AUGMENTS)}; found {self.auto_augment!r}",
-                              arg="auto_augment")
+            raise VitlabError(
+                f"auto_augment must be one of {', '.join(AUTO_AUGMENTS)}; found {self.auto_augment!r}",
+                arg="auto_augment",
+            )
         check_range("reprob", self.reprob, low=0, high=1)
         check_range("mixup", self.mixup, low=0)
         check_range("cutmix", self.cutmix, low=0)
         check_range("mix_switch_prob", self.mix_switch_prob, low=0, high=1)
         check_range("ema", self.ema, low=0, high=1, low_open=True, high_open=True, optional=True)
 
-    def replace(self, **changes) -> "Recipe":
+    def replace(self, **changes) -> Recipe:
         """A copy with some fields changed (None values are ignored); an unknown field is an error."""
         known = {f.name for f in fields(self)}
         unknown = sorted(set(changes) - known)
@@ -120,12 +138,14 @@ class Recipe:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def resolve(self, *, img_size: int, flips: bool | None = None) -> "Recipe":
+    def resolve(self, *, img_size: int, flips: bool | None = None) -> Recipe:
         """This recipe with its auto augmentation fields chosen (augment, crop_scale; see the module
         docstring) for a model input of `img_size` pixels (its shorter side), and hflip set to `flips` (whether
         a mirror image keeps its class) where it is None. Fields already set are kept; a None warmup stays
         None (it is counted in steps, by `schedule`)."""
-        augment = self.augment if self.augment is not None else self.epochs >= AUG_MIN_EPOCHS or bool(self.asked_augmentation)
+        augment = (
+            self.augment if self.augment is not None else self.epochs >= AUG_MIN_EPOCHS or bool(self.asked_augmentation)
+        )
         crop = self.crop_scale if self.crop_scale is not None else auto_crop_scale(int(img_size))
         hflip = self.hflip if self.hflip is not None else flips
         return replace(self, augment=augment, crop_scale=crop, hflip=hflip)
@@ -134,9 +154,13 @@ class Recipe:
     def asked_augmentation(self) -> list[str]:
         """The per-image augmentation options set to something other than their default (off or auto):
         with augment None (auto) they turn augmentation on whatever the run's length."""
-        asked = [("crop_scale", self.crop_scale is not None), ("hflip", self.hflip is True),
-                 ("color_jitter", self.color_jitter > 0), ("auto_augment", self.auto_augment != "none"),
-                 ("reprob", self.reprob > 0)]
+        asked = [
+            ("crop_scale", self.crop_scale is not None),
+            ("hflip", self.hflip is True),
+            ("color_jitter", self.color_jitter > 0),
+            ("auto_augment", self.auto_augment != "none"),
+            ("reprob", self.reprob > 0),
+        ]
         return [name for name, on in asked if on]
 
     @property
@@ -149,8 +173,9 @@ RECIPES: dict[str, Recipe] = {
     # The mini experiment: AdamW, lr 3e-3, batch 32, 60 epochs; a warmup of 1/12 of the run (5 epochs of 60),
     # cosine, clipping at 1. The images are tensors already (dataset X), with no augmentation; the model as
     # create_model builds it.
-    "mini": Recipe(epochs=60, batch_size=32, lr=3e-3, warmup_fraction=1 / 12, augment=False, init="trunc_normal",
-                   head_init=0.0),
+    "mini": Recipe(
+        epochs=60, batch_size=32, lr=3e-3, warmup_fraction=1 / 12, augment=False, init="trunc_normal", head_init=0.0
+    ),
     # From random weights: the original release's initialisation with a small random head, a warmup of a
     # tenth of the run, augmentation only in runs long enough for it to pay, its crops milder for small
     # images (docs/recipe.md: each choice against the others on Fashion-MNIST, 3 to 50 epochs).
@@ -211,14 +236,24 @@ def schedule(recipe: Recipe, steps_per_epoch: int) -> list[Stage]:
         stages.append(Stage(n, steps, warm))
     return stages
 
+
 def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
         raise VitlabError(f"unknown recipe {name!r}; expected one of {', '.join(RECIPES)}", arg="recipe")
     return RECIPES[name]
 
 
-def in_force(recipe: Recipe, *, img_size: int, flips: bool, steps_per_epoch: int, world_size: int = 1,
-             weights: str | None = None, drop_path: float = 0.0, own_init: str | None = None) -> dict:
+def in_force(
+    recipe: Recipe,
+    *,
+    img_size: int,
+    flips: bool,
+    steps_per_epoch: int,
+    world_size: int = 1,
+    weights: str | None = None,
+    drop_path: float = 0.0,
+    own_init: str | None = None,
+) -> dict:
     """The recipe a run trains with, as it prints it and records it in summary.json ("recipe"): every auto
     field chosen (for a model input of `img_size` pixels and `steps_per_epoch` optimizer steps per epoch),
     the schedule in steps, and a note for each option that the run's length makes pointless or contradicts.
@@ -236,24 +271,37 @@ def in_force(recipe: Recipe, *, img_size: int, flips: bool, steps_per_epoch: int
     if recipe.warmup_epochs is None:
         auto.append(f"warmup {recipe.warmup_fraction:.3g} of each stage's steps")
     if recipe.augment is None:
-        why = (f"the run has {r.epochs} epochs, at least {AUG_MIN_EPOCHS}" if r.epochs >= AUG_MIN_EPOCHS else
-               f"asked by {', '.join(recipe.asked_augmentation)}" if recipe.asked_augmentation else
-               f"the run has {r.epochs} epochs, fewer than {AUG_MIN_EPOCHS}: it learns faster on the images as they are")
+        why = (
+            f"the run has {r.epochs} epochs, at least {AUG_MIN_EPOCHS}"
+            if r.epochs >= AUG_MIN_EPOCHS
+            else f"asked by {', '.join(recipe.asked_augmentation)}"
+            if recipe.asked_augmentation
+            else f"the run has {r.epochs} epochs, fewer than {AUG_MIN_EPOCHS}: it learns faster on the images as they are"
+        )
         auto.append(f"augmentation {'on' if r.augment else 'off'}: {why}")
     if recipe.crop_scale is None and r.augment:
         auto.append(f"crop scale {r.crop_scale:g} for {img_size} px images")
     if r.augment:
-        parts = ([f"random resized crop (scale {r.crop_scale:g}-1)"] if r.crop_scale < 1 else []) + (["flip"] if hflip else [])
+        parts = ([f"random resized crop (scale {r.crop_scale:g}-1)"] if r.crop_scale < 1 else []) + (
+            ["flip"] if hflip else []
+        )
         parts += [f"colour jitter {r.color_jitter:g}"] if r.color_jitter > 0 else []
-        parts += [{"rand": "RandAugment", "trivial": "TrivialAugmentWide"}[r.auto_augment]] if r.auto_augment != "none" else []
+        parts += (
+            [{"rand": "RandAugment", "trivial": "TrivialAugmentWide"}[r.auto_augment]]
+            if r.auto_augment != "none"
+            else []
+        )
         parts += [f"random erasing p={r.reprob:g}"] if r.reprob > 0 else []
         augmentation = ", ".join(parts) or "none"
     else:
         augmentation = "none"
     mixing = [f"MixUp {r.mixup:g}"] * (r.mixup > 0) + [f"CutMix {r.cutmix:g}"] * (r.cutmix > 0)
-    regularisation = (f"weight decay {r.weight_decay:g}, label smoothing {r.label_smoothing:g}, drop path {drop_path:g}, "
-                      + (" + ".join(mixing) if mixing else "no MixUp/CutMix") + ", "
-                      + (f"EMA {r.ema:g}" if r.ema else "no EMA"))
+    regularisation = (
+        f"weight decay {r.weight_decay:g}, label smoothing {r.label_smoothing:g}, drop path {drop_path:g}, "
+        + (" + ".join(mixing) if mixing else "no MixUp/CutMix")
+        + ", "
+        + (f"EMA {r.ema:g}" if r.ema else "no EMA")
+    )
     if weights is None and own_init is not None:
         init = own_init
     elif weights is None:
@@ -270,8 +318,10 @@ def in_force(recipe: Recipe, *, img_size: int, flips: bool, steps_per_epoch: int
         "epochs": r.epochs,
         "steps_per_epoch": steps_per_epoch,
         "steps": steps,
-        "stages": [{"epochs": s.epochs, "steps": s.steps, "warmup_steps": s.warmup_steps, "decay_steps": s.decay_steps}
-                   for s in stages],
+        "stages": [
+            {"epochs": s.epochs, "steps": s.steps, "warmup_steps": s.warmup_steps, "decay_steps": s.decay_steps}
+            for s in stages
+        ],
         "decay": "cosine to 0" if r.min_lr_ratio == 0 else f"cosine to {r.min_lr_ratio:g} x lr",
         "layer_decay": r.layer_decay,
         "init": init,
@@ -292,11 +342,14 @@ def describe(record: dict) -> list[str]:
         s = stages[0]
         plan = f"{s['warmup_steps']} warmup steps, then {record['decay']} over {s['decay_steps']}"
     else:
-        plan = "; ".join(f"stage {i + 1}: {s['warmup_steps']} warmup steps, then {record['decay']} over {s['decay_steps']}"
-                         for i, s in enumerate(stages))
+        plan = "; ".join(
+            f"stage {i + 1}: {s['warmup_steps']} warmup steps, then {record['decay']} over {s['decay_steps']}"
+            for i, s in enumerate(stages)
+        )
     lines = [
         f"recipe: AdamW lr {record['lr']:g}, weight decay {record['weight_decay']:g}, batch {record['batch']}, "
-        f"gradient clipping {record['clip_grad']:g}" + (f", layer decay {record['layer_decay']:g}" if record["layer_decay"] != 1 else "")
+        f"gradient clipping {record['clip_grad']:g}"
+        + (f", layer decay {record['layer_decay']:g}" if record["layer_decay"] != 1 else "")
         + f", {record['precision']}",
         f"  schedule: {record['steps']} steps ({record['epochs']} epochs x {spe}): {plan}",
         f"  init: {record['init']}",
@@ -317,25 +370,45 @@ def _notes(given: Recipe, r: Recipe, stages: list[Stage], steps: int) -> list[st
             where = f"the {s.epochs}-epoch run" if len(stages) == 1 else f"stage {i + 1} ({s.epochs} epochs)"
             asked = round(given.warmup_epochs * s.steps / s.epochs)
             if s.warmup_steps >= s.steps:
-                notes.append(f"--warmup-epochs {given.warmup_epochs:g} covers {where} ({s.warmup_steps} warmup steps of "
-                             f"{s.steps}): the learning rate rises to the end and never decays; without the flag the "
-                             f"warmup is {given.warmup_fraction:.3g} of it ({math.floor(round(given.warmup_fraction * s.steps, 6))} steps)")
+                notes.append(
+                    f"--warmup-epochs {given.warmup_epochs:g} covers {where} ({s.warmup_steps} warmup steps of "
+                    f"{s.steps}): the learning rate rises to the end and never decays; without the flag the "
+                    f"warmup is {given.warmup_fraction:.3g} of it ({math.floor(round(given.warmup_fraction * s.steps, 6))} steps)"
+                )
             elif s.warmup_steps < asked:
-                notes.append(f"--warmup-epochs {given.warmup_epochs:g} is cut to half of {where}: {s.warmup_steps} "
-                             f"warmup steps of {s.steps}")
+                notes.append(
+                    f"--warmup-epochs {given.warmup_epochs:g} is cut to half of {where}: {s.warmup_steps} "
+                    f"warmup steps of {s.steps}"
+                )
     if r.freeze_epochs >= r.epochs and r.unfreeze != "head":
-        notes.append(f"--freeze-epochs {r.freeze_epochs} is the whole {r.epochs}-epoch run: only the head trains, and "
-                     f"--unfreeze {r.unfreeze} never starts")
+        notes.append(
+            f"--freeze-epochs {r.freeze_epochs} is the whole {r.epochs}-epoch run: only the head trains, and "
+            f"--unfreeze {r.unfreeze} never starts"
+        )
     if r.ema and steps < 1 / (1 - r.ema):
-        notes.append(f"--ema {r.ema:g} averages over about {round(1 / (1 - r.ema)):,} steps, more than the run's "
-                     f"{steps:,}: the averaged weights stay close to the initial ones")
+        notes.append(
+            f"--ema {r.ema:g} averages over about {round(1 / (1 - r.ema)):,} steps, more than the run's "
+            f"{steps:,}: the averaged weights stay close to the initial ones"
+        )
     if not r.augment:
         unused = [name for name in given.asked_augmentation if name != "hflip" or given.hflip]
         if unused:
-            notes.append(f"{', '.join('--' + n.replace('_', '-') for n in unused)} "
-                         f"{'has' if len(unused) == 1 else 'have'} no effect: augmentation is off (--no-aug)")
+            notes.append(
+                f"{', '.join('--' + n.replace('_', '-') for n in unused)} "
+                f"{'has' if len(unused) == 1 else 'have'} no effect: augmentation is off (--no-aug)"
+            )
     return notes
 
 
-__all__ = ["Recipe", "RECIPES", "get_recipe", "AUTO_AUGMENTS", "AUG_MIN_EPOCHS", "auto_crop_scale",
-           "Stage", "schedule", "in_force", "describe"]
+__all__ = [
+    "Recipe",
+    "RECIPES",
+    "get_recipe",
+    "AUTO_AUGMENTS",
+    "AUG_MIN_EPOCHS",
+    "auto_crop_scale",
+    "Stage",
+    "schedule",
+    "in_force",
+    "describe",
+]

@@ -20,8 +20,14 @@ from vitlab.train.engine import History, evaluate
 from vitlab.weights import checkpoint as ckpt
 
 
-def plot_curves(rows: list[dict], path: str | Path, *, freeze_epochs: int = 0, title: str = "",
-                lr_steps: tuple[list[float], list[float]] | None = None) -> Path:
+def plot_curves(
+    rows: list[dict],
+    path: str | Path,
+    *,
+    freeze_epochs: int = 0,
+    title: str = "",
+    lr_steps: tuple[list[float], list[float]] | None = None,
+) -> Path:
     """Loss, accuracy and learning rate against epochs completed (a metric at x = e was measured at the
     end of epoch e); a dashed line where stage 2 (unfreezing) begins.
 
@@ -71,8 +77,15 @@ def plot_confusion(confusion: torch.Tensor, classes: list[str], path: str | Path
         for i in range(n):
             for j in range(n):
                 if cm[i, j]:
-                    ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=8,
-                            color="white" if share[i, j] > 0.5 else "black")
+                    ax.text(
+                        j,
+                        i,
+                        str(cm[i, j]),
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white" if share[i, j] > 0.5 else "black",
+                    )
     ax.set(xlabel="predicted class", ylabel="true class", title=title or "confusion matrix (validation)")
     fig.tight_layout()
     return save_figure(fig, path)
@@ -87,8 +100,22 @@ def write_per_class(path: str | Path, classes: list[str], accuracy: list[float |
     return atomic_write(path, lambda tmp: Path(tmp).write_text(buf.getvalue()))
 
 
-def finish_run(out: Path, *, model, history: History, scan, val_loader, recipe, in_force: dict, name: str,
-               from_scratch: bool, world_size: int, elapsed: float, settings: dict, say) -> dict:
+def finish_run(
+    out: Path,
+    *,
+    model,
+    history: History,
+    scan,
+    val_loader,
+    recipe,
+    in_force: dict,
+    name: str,
+    from_scratch: bool,
+    world_size: int,
+    elapsed: float,
+    settings: dict,
+    say,
+) -> dict:
     """The end of a run in `out`: the best checkpoint evaluated (confusion matrix, per-class accuracy),
     the curves, the EMA weights, the diagnostics; printed, and written to summary.json with the recipe
     in force (`vitlab.train.recipe.in_force`: what the run printed at its start)."""
@@ -103,10 +130,15 @@ def finish_run(out: Path, *, model, history: History, scan, val_loader, recipe, 
     files = {
         "metrics": "metrics.csv",
         "tensorboard": "tensorboard/",
-        "confusion": plot_confusion(confusion, scan.classes, out / "confusion.png",
-                                    title=f"{name}, best epoch {best_ptr['epoch']}: val acc {ev['val_acc']:.3f}").name,
-        "curves": plot_curves(rows, out / "curves.png", freeze_epochs=recipe.freeze_epochs, title=name,
-                              lr_steps=history.lr_steps).name,
+        "confusion": plot_confusion(
+            confusion,
+            scan.classes,
+            out / "confusion.png",
+            title=f"{name}, best epoch {best_ptr['epoch']}: val acc {ev['val_acc']:.3f}",
+        ).name,
+        "curves": plot_curves(
+            rows, out / "curves.png", freeze_epochs=recipe.freeze_epochs, title=name, lr_steps=history.lr_steps
+        ).name,
         "per_class": write_per_class(out / "per_class_accuracy.csv", scan.classes, per_class, counts).name,
         "best": "best.json",
         "last": "last.json",
@@ -115,8 +147,9 @@ def finish_run(out: Path, *, model, history: History, scan, val_loader, recipe, 
         files["ema"] = ckpt.save_weights(out / "ema", history.ema.module).name + "/"
     stage_start = recipe.freeze_epochs if recipe.freeze_epochs < recipe.epochs else 0
     warmup_epochs = in_force["stages"][-1]["warmup_steps"] / in_force["steps_per_epoch"]  # the last stage's
-    findings = diagnostics.diagnose(rows, warmup_epochs=warmup_epochs, num_classes=len(scan.classes),
-                                    stage_start=stage_start)
+    findings = diagnostics.diagnose(
+        rows, warmup_epochs=warmup_epochs, num_classes=len(scan.classes), stage_start=stage_start
+    )
     early = diagnostics.tiny_from_scratch(len(scan.train), name) if from_scratch else None
     summary = {
         "model": name,
@@ -138,10 +171,15 @@ def finish_run(out: Path, *, model, history: History, scan, val_loader, recipe, 
     }
     write_json(out / "summary.json", summary)
     width = max(5, *(len(c) for c in scan.classes))
-    lines = [f"best epoch {best_ptr['epoch']}: val acc {ev['val_acc']:.4f} (val loss {ev['val_loss']:.4f})"
-             + (f"; EMA val acc (last epoch) {rows[-1]['val_acc_ema']:.4f}" if history.ema is not None else ""),
-             f"  {'class':<{width}}  {'acc':>6}  {'n':>5}"]
-    lines += [f"  {c:<{width}}  {'-' if a is None else f'{a:.3f}':>6}  {n:>5}" for c, a, n in zip(scan.classes, per_class, counts)]
+    lines = [
+        f"best epoch {best_ptr['epoch']}: val acc {ev['val_acc']:.4f} (val loss {ev['val_loss']:.4f})"
+        + (f"; EMA val acc (last epoch) {rows[-1]['val_acc_ema']:.4f}" if history.ema is not None else ""),
+        f"  {'class':<{width}}  {'acc':>6}  {'n':>5}",
+    ]
+    lines += [
+        f"  {c:<{width}}  {'-' if a is None else f'{a:.3f}':>6}  {n:>5}"
+        for c, a, n in zip(scan.classes, per_class, counts)
+    ]
     say("\n".join(lines))
     for f in findings:
         say(str(f))

@@ -60,7 +60,9 @@ class TrainJob:
     pretrained: str | None = None
     checkpoint: str | None = None
     img_size: int | None = None
-    crop_pct: float | None = None  # eval resize to size / crop_pct, centre crop; None: 1 from random weights, else the weights'
+    crop_pct: float | None = (
+        None  # eval resize to size / crop_pct, centre crop; None: 1 from random weights, else the weights'
+    )
     drop_path: float = 0.0  # stochastic depth of the last block (ViTs)
     recipe: Recipe = field(default_factory=lambda: RECIPES["scratch"])
     # where and how it runs (nothing here changes the numbers)
@@ -69,20 +71,36 @@ class TrainJob:
     force: bool = False  # write a new run into a non-empty folder that holds no vitlab run
     device: str = "auto"
     workers: int | None = None  # data-loading processes (default: 0 on CPU, up to 8 on GPU)
-    fast_path: str = "auto"  # vitlab.speed.fastpath: auto | tuned | compile | eager | off (float rounding aside, the same numbers)
+    fast_path: str = (
+        "auto"  # vitlab.speed.fastpath: auto | tuned | compile | eager | off (float rounding aside, the same numbers)
+    )
 
     def check(self) -> None:
         if (self.data is None) == (self.dataset is None):
-            raise VitlabError(f"give exactly one of data (an image folder) or dataset ({' | '.join(BUNDLED)})", arg="data")
+            raise VitlabError(
+                f"give exactly one of data (an image folder) or dataset ({' | '.join(BUNDLED)})", arg="data"
+            )
         info = bundled(self.dataset) if self.dataset is not None else None
         n_train = info.n_train if info is not None else None
-        check_range("train_size", self.train_size, low=1, high=n_train, integer=True, optional=True,
-                    hint=f" (there are {n_train:,} training images in {self.dataset})" if n_train else "")
+        check_range(
+            "train_size",
+            self.train_size,
+            low=1,
+            high=n_train,
+            integer=True,
+            optional=True,
+            hint=f" (there are {n_train:,} training images in {self.dataset})" if n_train else "",
+        )
         if self.root is not None and self.dataset != "fashion-mnist":
-            raise VitlabError(f"root {self.root}: only the fashion-mnist dataset is read from files; drop root", arg="root")
+            raise VitlabError(
+                f"root {self.root}: only the fashion-mnist dataset is read from files; drop root", arg="root"
+            )
         if self.val_split is not None and info is not None and info.own_val:
-            raise VitlabError(f"val_split {self.val_split:g}: the {self.dataset} dataset has its own validation split; "
-                              "drop val_split", arg="val_split")
+            raise VitlabError(
+                f"val_split {self.val_split:g}: the {self.dataset} dataset has its own validation split; "
+                "drop val_split",
+                arg="val_split",
+            )
         check_source(self.model, self.pretrained, self.checkpoint)
         exported = self.checkpoint is not None and str(self.checkpoint).endswith(".safetensors")
         if self.checkpoint is not None and not exported:
@@ -96,10 +114,18 @@ class TrainJob:
 
     def identity(self, data_fingerprint: str) -> dict:
         """What a resumed run must share with the run it resumes, besides the recipe."""
-        return {"data": data_fingerprint, "dataset": self.dataset, "train_size": self.train_size,
-                "val_split": self.val_split, "model": self.model,
-                "pretrained": self.pretrained, "checkpoint": self.checkpoint, "img_size": self.img_size,
-                "crop_pct": self.crop_pct, "drop_path": self.drop_path}
+        return {
+            "data": data_fingerprint,
+            "dataset": self.dataset,
+            "train_size": self.train_size,
+            "val_split": self.val_split,
+            "model": self.model,
+            "pretrained": self.pretrained,
+            "checkpoint": self.checkpoint,
+            "img_size": self.img_size,
+            "crop_pct": self.crop_pct,
+            "drop_path": self.drop_path,
+        }
 
 
 def run(job: TrainJob, *, progress: bool | None = None) -> dict:
@@ -121,9 +147,15 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     shape = {}
     if info is not None and from_scratch:  # a model for the images as they are: their size, their channels
         shape = {"img_size": job.img_size or info.img_size, "in_chans": info.channels}
-    model = create_model(job.model, pretrained=job.pretrained, checkpoint=job.checkpoint, num_classes=len(names),
-                         img_size=shape.get("img_size", job.img_size), in_chans=shape.get("in_chans"),
-                         drop_path=job.drop_path if job.drop_path > 0 else None)
+    model = create_model(
+        job.model,
+        pretrained=job.pretrained,
+        checkpoint=job.checkpoint,
+        num_classes=len(names),
+        img_size=shape.get("img_size", job.img_size),
+        in_chans=shape.get("in_chans"),
+        drop_path=job.drop_path if job.drop_path > 0 else None,
+    )
     if not from_scratch:  # pre-trained weights: a new zero-initialised head for these classes (paper Section 3.2)
         model.reset_classifier(len(names))
     elif isinstance(model, VisionTransformer) and (recipe.init, recipe.head_init) != ("trunc_normal", 0.0):
@@ -136,17 +168,26 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     if crop_pct is not None:
         model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=crop_pct)
     if info is not None:
-        data = load_data(dataset=job.dataset, root=job.root, train_size=job.train_size, val_split=job.val_split,
-                         seed=recipe.seed, img_size=model.cfg.img_size)
+        data = load_data(
+            dataset=job.dataset,
+            root=job.root,
+            train_size=job.train_size,
+            val_split=job.val_split,
+            seed=recipe.seed,
+            img_size=model.cfg.img_size,
+        )
         say(data.scan.report())
     scan = data.scan
     data_print = fingerprint(scan)
     prints = distributed.all_gather_object(data_print, dist)  # every machine reads its own copy of the data
     if len(set(prints)) > 1:
         others = [r for r, p in enumerate(prints) if p != prints[0]]
-        raise VitlabError(f"data {job.data or job.dataset}: process(es) {others} read other images or classes than "
-                          "rank 0 (another folder at that path on their machine, or a different copy); every machine "
-                          "needs the same data at the same path", arg="data")
+        raise VitlabError(
+            f"data {job.data or job.dataset}: process(es) {others} read other images or classes than "
+            "rank 0 (another folder at that path on their machine, or a different copy); every machine "
+            "needs the same data at the same path",
+            arg="data",
+        )
     name = job.model or model.pretrained_cfg.architecture or type(model).__name__
     recipe = _batch_for(recipe, len(scan.train), dist, say)
     job = replace(job, recipe=recipe)
@@ -159,19 +200,30 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     recipe = given.resolve(img_size=min(model.cfg.img_size), flips=data.flips)  # the auto augmentation fields chosen
     train_loader, val_loader = make_loaders(data, model, recipe, dist=dist, workers=job.workers)
     if isinstance(train_loader, MemoryLoader):
-        say(f"data in memory as uint8 tensors; augmentation per batch on {dist.device}: {train_loader.transform.describe()}")
+        say(
+            f"data in memory as uint8 tensors; augmentation per batch on {dist.device}: {train_loader.transform.describe()}"
+        )
 
     K = recipe.freeze_epochs
     stages = f"{K} head-only, then unfreeze {recipe.unfreeze}" if K else f"unfreeze {recipe.unfreeze}"
     accum = f" x {recipe.grad_accum} accumulation" if recipe.grad_accum > 1 else ""
-    say(f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters, {len(names)} classes; {recipe.epochs} "
+    say(
+        f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters, {len(names)} classes; {recipe.epochs} "
         f"epochs ({stages}), global batch {recipe.batch_size * dist.world_size * recipe.grad_accum} = "
-        f"{recipe.batch_size} x {dist.world_size} process(es){accum}, {dist.device}, {recipe.precision}")
+        f"{recipe.batch_size} x {dist.world_size} process(es){accum}, {dist.device}, {recipe.precision}"
+    )
     weights = None if from_scratch else ("pretrained" if job.pretrained else "checkpoint")
     own_init = None if isinstance(model, VisionTransformer) else "PyTorch's defaults (the recipe's init is a ViT's)"
-    used = in_force(given, img_size=min(model.cfg.img_size), flips=data.flips, world_size=dist.world_size,
-                    steps_per_epoch=math.ceil(len(train_loader) / recipe.grad_accum), weights=weights,
-                    drop_path=job.drop_path, own_init=own_init)
+    used = in_force(
+        given,
+        img_size=min(model.cfg.img_size),
+        flips=data.flips,
+        world_size=dist.world_size,
+        steps_per_epoch=math.ceil(len(train_loader) / recipe.grad_accum),
+        weights=weights,
+        drop_path=job.drop_path,
+        own_init=own_init,
+    )
     for line in describe(used):
         say(line)
     start = int(ckpt.read_pointer(out / "last.json").get("epoch") or 0) if job.resume and dist.is_main else 0
@@ -179,15 +231,39 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     if dist.is_main:
         mark_folder(out, "run")
         callbacks.append(TensorBoardLogger(out, start_epoch=start))
-    history = fit(model, train_loader, val_loader, recipe, dist=dist, out=out, resume=job.resume,
-                  identity=job.identity(data_print), callbacks=callbacks, log=say, progress=show, desc="epochs",
-                  fast_path=job.fast_path)
+    history = fit(
+        model,
+        train_loader,
+        val_loader,
+        recipe,
+        dist=dist,
+        out=out,
+        resume=job.resume,
+        identity=job.identity(data_print),
+        callbacks=callbacks,
+        log=say,
+        progress=show,
+        desc="epochs",
+        fast_path=job.fast_path,
+    )
 
     summary = {}
     if dist.is_main:
-        summary = report.finish_run(out, model=model, history=history, scan=scan, val_loader=val_loader, recipe=recipe,
-                                    in_force=used, name=name, from_scratch=from_scratch, world_size=dist.world_size,
-                                    elapsed=time.perf_counter() - t_start, settings=_settings(job), say=say)
+        summary = report.finish_run(
+            out,
+            model=model,
+            history=history,
+            scan=scan,
+            val_loader=val_loader,
+            recipe=recipe,
+            in_force=used,
+            name=name,
+            from_scratch=from_scratch,
+            world_size=dist.world_size,
+            elapsed=time.perf_counter() - t_start,
+            settings=_settings(job),
+            say=say,
+        )
     distributed.barrier(dist)
     distributed.cleanup(dist)
     return summary
@@ -200,14 +276,17 @@ def _batch_for(recipe: Recipe, n_train: int, dist, say) -> Recipe:
     if recipe.batch_size <= share:
         return recipe
     each = f" ({share:,} per process of {dist.world_size})" if dist.world_size > 1 else ""
-    say(f"note: batch size {recipe.batch_size:,} is more than the {n_train:,} training images{each}; training with "
-        f"batch {share:,}, one step per epoch")
+    say(
+        f"note: batch size {recipe.batch_size:,} is more than the {n_train:,} training images{each}; training with "
+        f"batch {share:,}, one step per epoch"
+    )
     return recipe.replace(batch_size=share)
 
 
 def _folder(job: TrainJob, dist, say, show: bool) -> RunData:
-    data = load_data(data=job.data, train_size=job.train_size, val_split=job.val_split, seed=job.recipe.seed,
-                     progress=show)
+    data = load_data(
+        data=job.data, train_size=job.train_size, val_split=job.val_split, seed=job.recipe.seed, progress=show
+    )
     if dist.is_main:
         if data.scan.warning():
             print(data.scan.warning(), file=sys.stderr)

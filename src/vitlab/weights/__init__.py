@@ -13,6 +13,17 @@ from vitlab.weights.pretrained import (
     resample_pos_embed,
 )
 
-__all__ = ["PREPROCESSING", "Checkpoint", "PretrainedWarning", "convert_state_dict", "detect_format",
-           "imagenet_class_names", "infer_config", "load_checkpoint", "plan_load", "read_checkpoint",
-           "resample_pos_embed", "resolve_source"]
+__all__ = [
+    "PREPROCESSING",
+    "Checkpoint",
+    "PretrainedWarning",
+    "convert_state_dict",
+    "detect_format",
+    "imagenet_class_names",
+    "infer_config",
+    "load_checkpoint",
+    "plan_load",
+    "read_checkpoint",
+    "resample_pos_embed",
+    "resolve_source",
+]

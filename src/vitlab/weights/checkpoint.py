@@ -38,7 +38,7 @@ from vitlab.errors import VitlabError
 from vitlab.fileio import ordinary_permissions, temporary_folder, write_error, write_json
 from vitlab.models.cnn import ResNetConfig, ResNetMini
 from vitlab.models.pretrained_cfg import PretrainedCfg
-from vitlab.models.vit import ViTConfig, VisionTransformer
+from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.weights.formats import check_tensors, refused_global
 
 VERSION = 2
@@ -109,15 +109,19 @@ def read_pointer(path: str | Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise VitlabError(f"checkpoint pointer {path} is not readable JSON ({type(e).__name__}); expected "
-                          '{"checkpoint": "checkpoints/epoch_NNNN", ...} as vitlab writes it') from e
+        raise VitlabError(
+            f"checkpoint pointer {path} is not readable JSON ({type(e).__name__}); expected "
+            '{"checkpoint": "checkpoints/epoch_NNNN", ...} as vitlab writes it'
+        ) from e
     target = data.get("checkpoint") if isinstance(data, dict) else None
     if not isinstance(target, str) or not target or Path(target).is_absolute() or ".." in Path(target).parts:
-        raise VitlabError(f"checkpoint pointer {path} should be a JSON object whose \"checkpoint\" names a folder "
-                          f"inside the run (e.g. checkpoints/epoch_0003); found {json.dumps(data)[:120]}")
+        raise VitlabError(
+            f'checkpoint pointer {path} should be a JSON object whose "checkpoint" names a folder '
+            f"inside the run (e.g. checkpoints/epoch_0003); found {json.dumps(data)[:120]}"
+        )
     epoch = data.get("epoch")
     if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0):
-        raise VitlabError(f"checkpoint pointer {path} should give \"epoch\" as a whole number >= 0; found {epoch!r}")
+        raise VitlabError(f'checkpoint pointer {path} should give "epoch" as a whole number >= 0; found {epoch!r}')
     return data
 
 
@@ -138,7 +142,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
     what = "does not exist" if not path.exists() else "holds no vitlab checkpoint"
     raise VitlabError(
         f"checkpoint {path} {what}: expected a checkpoint folder (model.safetensors + config.json), "
-        "a run folder with last.json, or a last.json/best.json pointer", arg="checkpoint"
+        "a run folder with last.json, or a last.json/best.json pointer",
+        arg="checkpoint",
     )
 
 
@@ -150,8 +155,10 @@ def read_meta(folder: str | Path) -> dict:
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise VitlabError(f"checkpoint config {path} is not readable JSON ({type(e).__name__}); "
-                          'expected {"kind": "vit", "config": {...}} as vitlab writes it') from e
+        raise VitlabError(
+            f"checkpoint config {path} is not readable JSON ({type(e).__name__}); "
+            'expected {"kind": "vit", "config": {...}} as vitlab writes it'
+        ) from e
     meta = check_meta(meta, path)
     pcfg = meta.get("pretrained_cfg")
     meta["pretrained_cfg"] = PretrainedCfg.from_dict(pcfg if isinstance(pcfg, dict) else {})
@@ -166,16 +173,24 @@ def check_meta(meta, path: str | Path) -> dict:
     the field; nothing is built from it."""
     if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
         found = meta.get("kind") if isinstance(meta, dict) else type(meta).__name__
-        raise VitlabError(f"checkpoint config {path} has model kind {found!r}; expected one of "
-                          f"{', '.join(KINDS)} with a \"config\" object (is it a vitlab checkpoint?)")
+        raise VitlabError(
+            f"checkpoint config {path} has model kind {found!r}; expected one of "
+            f'{", ".join(KINDS)} with a "config" object (is it a vitlab checkpoint?)'
+        )
     if not isinstance(meta.get("config"), dict):
         found = type(meta.get("config")).__name__ if "config" in meta else "nothing"
-        raise VitlabError(f"checkpoint config {path}: \"config\" should be an object of {meta['kind']} fields; found "
-                          f"{found} (is it damaged? re-export it, or give its checkpoint folder)")
+        raise VitlabError(
+            f'checkpoint config {path}: "config" should be an object of {meta["kind"]} fields; found '
+            f"{found} (is it damaged? re-export it, or give its checkpoint folder)"
+        )
     version = meta.get("version")
-    if version is not None and (not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION):
-        raise VitlabError(f"checkpoint config {path} has version {version!r}; this vitlab reads versions 1..{VERSION} "
-                          "(a newer vitlab wrote it?)")
+    if version is not None and (
+        not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION
+    ):
+        raise VitlabError(
+            f"checkpoint config {path} has version {version!r}; this vitlab reads versions 1..{VERSION} "
+            "(a newer vitlab wrote it?)"
+        )
     pcfg = meta.get("pretrained_cfg")
     try:
         config_from_meta(meta)
@@ -183,7 +198,9 @@ def check_meta(meta, path: str | Path) -> dict:
             raise VitlabError(f"pretrained_cfg must be an object of preprocessing fields; found {type(pcfg).__name__}")
         PretrainedCfg.from_dict(pcfg)
     except VitlabError as e:  # the file's field, not a command-line flag of the same name
-        raise VitlabError(f"checkpoint config {path}: {e} (is it damaged? re-export it, or give its checkpoint folder)") from e
+        raise VitlabError(
+            f"checkpoint config {path}: {e} (is it damaged? re-export it, or give its checkpoint folder)"
+        ) from e
     return meta
 
 
@@ -222,13 +239,19 @@ def read_state(folder: str | Path) -> dict:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if not refused_global(e):
-            raise VitlabError(f"{path} is truncated or not a training state (not a torch file); "
-                              "resume from an earlier checkpoint or start a new run") from e
-        raise VitlabError(f"refused {path}: it holds objects other than tensors and plain containers, which could "
-                          f"run code (torch.load(weights_only=True) said: {refused_global(e)})") from e
+            raise VitlabError(
+                f"{path} is truncated or not a training state (not a torch file); "
+                "resume from an earlier checkpoint or start a new run"
+            ) from e
+        raise VitlabError(
+            f"refused {path}: it holds objects other than tensors and plain containers, which could "
+            f"run code (torch.load(weights_only=True) said: {refused_global(e)})"
+        ) from e
     except (OSError, RuntimeError, EOFError, zipfile.BadZipFile) as e:
-        raise VitlabError(f"{path} is truncated or not a training state ({type(e).__name__}); "
-                          "resume from an earlier checkpoint or start a new run") from e
+        raise VitlabError(
+            f"{path} is truncated or not a training state ({type(e).__name__}); "
+            "resume from an earlier checkpoint or start a new run"
+        ) from e
     if not isinstance(state, dict):
         raise VitlabError(f"{path} should hold a dict of training state; found {type(state).__name__}")
     return state
@@ -270,5 +293,20 @@ def _prune(out_dir: Path, keep: int) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-__all__ = ["VERSION", "KINDS", "unwrap", "model_meta", "save_weights", "save_checkpoint", "mark_best", "read_pointer",
-           "resolve_checkpoint", "read_meta", "check_meta", "build_from_meta", "read_weights", "read_state", "find_runs"]
+__all__ = [
+    "VERSION",
+    "KINDS",
+    "unwrap",
+    "model_meta",
+    "save_weights",
+    "save_checkpoint",
+    "mark_best",
+    "read_pointer",
+    "resolve_checkpoint",
+    "read_meta",
+    "check_meta",
+    "build_from_meta",
+    "read_weights",
+    "read_state",
+    "find_runs",
+]

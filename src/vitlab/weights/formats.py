@@ -72,8 +72,10 @@ def read_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
         raise
     except pickle.UnpicklingError as e:
         if not refused_global(e):
-            raise VitlabError(f"could not read weights file {path}: it is not a torch file (truncated, or another "
-                              "format with a .pth/.bin name)") from e
+            raise VitlabError(
+                f"could not read weights file {path}: it is not a torch file (truncated, or another "
+                "format with a .pth/.bin name)"
+            ) from e
         raise VitlabError(
             f"refused to load {path}: it holds pickled objects other than tensors, which could run code "
             f"(torch.load(weights_only=True) said: {refused_global(e)}); "
@@ -98,14 +100,18 @@ def check_tensors(tensors: dict[str, torch.Tensor], path) -> dict[str, torch.Ten
         if not t.is_floating_point():
             if name.endswith(INTEGER_BUFFERS) and not t.dtype == torch.bool:
                 continue
-            raise VitlabError(f"{path}: tensor {name} holds {str(t.dtype).removeprefix('torch.')} values; weights are "
-                              "floating-point numbers (is the file damaged, or not a model's weights?)")
+            raise VitlabError(
+                f"{path}: tensor {name} holds {str(t.dtype).removeprefix('torch.')} values; weights are "
+                "floating-point numbers (is the file damaged, or not a model's weights?)"
+            )
         finite = torch.isfinite(t)
         if not bool(finite.all()):
             nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
             what = " and ".join(w for w in (f"{nan:,} NaN" if nan else "", f"{inf:,} infinite" if inf else "") if w)
-            raise VitlabError(f"{path}: tensor {name} holds {what} value(s) of {t.numel():,}; a model with them gives NaN "
-                              "for every image (a run that diverged saved them?): use an earlier checkpoint")
+            raise VitlabError(
+                f"{path}: tensor {name} holds {what} value(s) of {t.numel():,}; a model with them gives NaN "
+                "for every image (a run that diverged saved them?): use an earlier checkpoint"
+            )
     return tensors
 
 
@@ -174,7 +180,12 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict, di
 
 
 def _weights_in_dir(folder: Path) -> Path:
-    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "open_clip_pytorch_model.bin"):
+    for name in (
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+        "open_clip_pytorch_model.bin",
+    ):
         if (folder / name).is_file():
             return folder / name
     found = sorted(p for p in folder.iterdir() if p.suffix.lower() in WEIGHT_SUFFIXES)
@@ -234,9 +245,11 @@ def download_from_hub(repo_id: str, *, cache_dir: str | Path | None = None) -> P
     try:  # before any file or network access: "../../etc/passwd" is no repository
         validate_repo_id(repo_id)
     except HFValidationError as e:
-        raise VitlabError(f"pretrained hub id {repo_id!r} is not a Hugging Face repository name: expected org/name "
-                          "of letters, digits, '-', '_' and '.', such as hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k",
-                          arg="pretrained") from e
+        raise VitlabError(
+            f"pretrained hub id {repo_id!r} is not a Hugging Face repository name: expected org/name "
+            "of letters, digits, '-', '_' and '.', such as hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k",
+            arg="pretrained",
+        ) from e
     cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
     try:
         return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
@@ -252,7 +265,9 @@ def download_from_hub(repo_id: str, *, cache_dir: str | Path | None = None) -> P
         if not (folder / "model.safetensors").is_file():
             folder = Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=["*.json", "pytorch_model.bin"]))
     except Exception as e:  # network, authentication, missing repository
-        raise VitlabError(f"could not download hub id {repo_id!r} into the cache {cache}: {type(e).__name__}: {e}") from e
+        raise VitlabError(
+            f"could not download hub id {repo_id!r} into the cache {cache}: {type(e).__name__}: {e}"
+        ) from e
     return folder
 
 
@@ -282,13 +297,20 @@ def detect_format(keys) -> str:
     )
 
 
-def convert_state_dict(state_dict: dict[str, torch.Tensor], fmt: str | None = None) -> tuple[dict[str, torch.Tensor], list[str]]:
+def convert_state_dict(
+    state_dict: dict[str, torch.Tensor], fmt: str | None = None
+) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Rename a checkpoint's tensors to vitlab's (timm's) names. Returns (state dict, notes on dropped parts)."""
     fmt = fmt or detect_format(state_dict)
     if fmt == "vitlab":
         return dict(state_dict), []
-    converters = {"timm": _convert_timm, "dinov2": _convert_dinov2, "hf": _convert_hf, "torchvision": _convert_torchvision,
-                  "jax": _convert_jax}
+    converters = {
+        "timm": _convert_timm,
+        "dinov2": _convert_dinov2,
+        "hf": _convert_hf,
+        "torchvision": _convert_torchvision,
+        "jax": _convert_jax,
+    }
     return converters[fmt](state_dict)
 
 
@@ -420,10 +442,15 @@ def _convert_torchvision(sd: dict) -> tuple[dict, list[str]]:
         "heads.head.bias": "head.bias",
     }
     block_rules = {
-        "ln_1": "norm1", "ln_2": "norm2",
-        "self_attention.in_proj_weight": "attn.qkv.weight", "self_attention.in_proj_bias": "attn.qkv.bias",
+        "ln_1": "norm1",
+        "ln_2": "norm2",
+        "self_attention.in_proj_weight": "attn.qkv.weight",
+        "self_attention.in_proj_bias": "attn.qkv.bias",
         "self_attention.out_proj": "attn.proj",
-        "mlp.0": "mlp.fc1", "mlp.3": "mlp.fc2", "mlp.linear_1": "mlp.fc1", "mlp.linear_2": "mlp.fc2",
+        "mlp.0": "mlp.fc1",
+        "mlp.3": "mlp.fc2",
+        "mlp.linear_1": "mlp.fc1",
+        "mlp.linear_2": "mlp.fc2",
     }
     pre_logits = any(k.startswith("heads.pre_logits") for k in sd)
     for key, value in sd.items():
@@ -469,10 +496,15 @@ def _convert_jax(sd: dict) -> tuple[dict, list[str]]:
     stacked = "Transformer/encoderblock/LayerNorm_0/scale" in w  # big_vision's scanned layers: a leading depth axis
     if stacked:
         depth = w["Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
-        blocks = [{k.split("/", 2)[2]: v[i] for k, v in w.items() if k.startswith("Transformer/encoderblock/")} for i in range(depth)]
+        blocks = [
+            {k.split("/", 2)[2]: v[i] for k, v in w.items() if k.startswith("Transformer/encoderblock/")}
+            for i in range(depth)
+        ]
     else:
         idx = sorted({int(m.group(1)) for k in w if (m := re.match(r"Transformer/encoderblock_(\d+)/", k))})
-        blocks = [{k.split("/", 2)[2]: v for k, v in w.items() if k.startswith(f"Transformer/encoderblock_{i}/")} for i in idx]
+        blocks = [
+            {k.split("/", 2)[2]: v for k, v in w.items() if k.startswith(f"Transformer/encoderblock_{i}/")} for i in idx
+        ]
     for i, b in enumerate(blocks):
         lns = sorted({k.split("/")[0] for k in b if k.startswith("LayerNorm_")}, key=lambda s: int(s.split("_")[1]))
         mha = next(k.split("/")[0] for k in b if k.startswith("MultiHeadDotProductAttention_"))
@@ -504,5 +536,18 @@ def _convert_jax(sd: dict) -> tuple[dict, list[str]]:
     return out, notes
 
 
-__all__ = ["FORMATS", "HF_PREFIXES", "WEIGHT_SUFFIXES", "INTEGER_BUFFERS", "check_tensors", "read_weights_file", "read_json", "read_checkpoint", "is_hub_id",
-           "resolve_source", "download_from_hub", "detect_format", "convert_state_dict"]
+__all__ = [
+    "FORMATS",
+    "HF_PREFIXES",
+    "WEIGHT_SUFFIXES",
+    "INTEGER_BUFFERS",
+    "check_tensors",
+    "read_weights_file",
+    "read_json",
+    "read_checkpoint",
+    "is_hub_id",
+    "resolve_source",
+    "download_from_hub",
+    "detect_format",
+    "convert_state_dict",
+]

@@ -46,14 +46,32 @@ from vitlab.errors import VitlabError
 from vitlab.models.pretrained_cfg import PREPROCESSING, PretrainedCfg
 from vitlab.models.registry import VARIANTS, get_config
 from vitlab.models.size import check_fits
-from vitlab.models.vit import ACTS, ViTConfig, VisionTransformer
+from vitlab.models.vit import ACTS, VisionTransformer, ViTConfig
 from vitlab.weights.checkpoint import check_meta
 from vitlab.weights.formats import check_tensors, convert_state_dict, detect_format, read_checkpoint, resolve_source
 
 # The ViTConfig fields a checkpoint fixes; a named model that disagrees on any of them cannot load it.
-STRUCTURAL_FIELDS = ("patch_size", "in_chans", "dim", "depth", "heads", "mlp_dim", "qkv_bias", "class_token", "pool",
-                     "fc_norm", "pos_embed", "dist_token", "dist_head", "reg_tokens", "layer_scale", "no_embed_class",
-                     "pre_norm", "patch_bias", "act")
+STRUCTURAL_FIELDS = (
+    "patch_size",
+    "in_chans",
+    "dim",
+    "depth",
+    "heads",
+    "mlp_dim",
+    "qkv_bias",
+    "class_token",
+    "pool",
+    "fc_norm",
+    "pos_embed",
+    "dist_token",
+    "dist_head",
+    "reg_tokens",
+    "layer_scale",
+    "no_embed_class",
+    "pre_norm",
+    "patch_bias",
+    "act",
+)
 PREPROCESSING_FIELDS = ("mean", "std", "crop_pct", "crop_mode", "interpolation", "resize_backend")
 LAYER_SCALE_INIT = 1e-5  # the initial gain of an inferred LayerScale (DINOv2's); the loaded gammas replace it
 
@@ -62,7 +80,9 @@ def _structural(cfg: ViTConfig, f: str):
     """A ViTConfig's value of a STRUCTURAL_FIELDS entry, with the defaults resolved (LayerScale: on/off)."""
     if f == "layer_scale":
         return cfg.layer_scale is not None
-    return {"mlp_dim": cfg.hidden_dim, "fc_norm": cfg.use_fc_norm, "dist_head": cfg.use_dist_head}.get(f, getattr(cfg, f, None))
+    return {"mlp_dim": cfg.hidden_dim, "fc_norm": cfg.use_fc_norm, "dist_head": cfg.use_dist_head}.get(
+        f, getattr(cfg, f, None)
+    )
 
 
 def _inferred(inferred: dict, f: str):
@@ -114,10 +134,16 @@ class LoadPlan:
 
 OUT_OF_SCOPE = (
     # (the feature, as its papers name it; the keys that show it, in any layout)
-    ("an attention-pooling head (MAP, as in SigLIP and big_vision's 'map' classifier)", r"(^|[./])(attn_pool|MAPHead_\d+)[./]"),
+    (
+        "an attention-pooling head (MAP, as in SigLIP and big_vision's 'map' classifier)",
+        r"(^|[./])(attn_pool|MAPHead_\d+)[./]",
+    ),
     ("windowed attention in stages (Swin)", r"^layers\.\d+\.blocks\.\d+\."),
     ("windowed attention with decomposed relative positions (ViTDet, SAM)", r"attn\.rel_pos_[hw]$"),
-    ("relative position biases (BEiT, ViT-relpos)", r"relative_position_(bias_table|index)|rel_pos_bias\.|attn\.rel_pos\.mlp"),
+    (
+        "relative position biases (BEiT, ViT-relpos)",
+        r"relative_position_(bias_table|index)|rel_pos_bias\.|attn\.rel_pos\.mlp",
+    ),
     ("a SwiGLU MLP (DINOv2 ViT-g, EVA-02)", r"mlp\.(w12|w3|fc1_g|fc1_x|gate_proj|up_proj|weights_in|weights_out)\."),
     ("BEiT/EVA-style attention (separate q and v biases)", r"attn\.(q_bias|v_bias)$"),
     ("query-key normalisation (QK-norm)", r"attn\.(q_norm|k_norm)\."),
@@ -137,11 +163,18 @@ def refuse_out_of_scope(keys, config: dict, path) -> None:
         shown = [k for k in keys if re.search(pattern, k)]
         if shown:
             _refuse(path, feature, shown)
-    has_table = any(re.search(r"(^|\.)(pos_embed|position_embeddings|pos_embedding)", k) or k.endswith("posembed_input/pos_embedding")
-                    for k in keys)
+    has_table = any(
+        re.search(r"(^|\.)(pos_embed|position_embeddings|pos_embedding)", k)
+        or k.endswith("posembed_input/pos_embedding")
+        for k in keys
+    )
     layer_scale_v1 = [k for k in keys if re.fullmatch(r"blocks\.\d+\.gamma_[12]", k)]
     if layer_scale_v1 and not has_table:  # timm's Eva / RoPE-ViT: LayerScale named gamma_1 and no position table
-        _refuse(path, "rotary position embeddings (RoPE-ViT, EVA-02): no position table, and timm Eva's gamma_1", layer_scale_v1)
+        _refuse(
+            path,
+            "rotary position embeddings (RoPE-ViT, EVA-02): no position table, and timm Eva's gamma_1",
+            layer_scale_v1,
+        )
     pool = config.get("global_pool") or (config.get("model_args") or {}).get("global_pool")
     if pool in ("max", "avgmax", "map"):
         _refuse(path, f"global_pool {pool!r} pooling", ["config.json: global_pool"])
@@ -160,8 +193,11 @@ def _check_mlp_shapes(sd: dict, path) -> None:
     other disagreement is a damaged file, which the key check reports tensor by tensor."""
     fc1, fc2 = sd.get("blocks.0.mlp.fc1.weight"), sd.get("blocks.0.mlp.fc2.weight")
     if fc1 is not None and fc2 is not None and fc1.ndim == fc2.ndim == 2 and fc1.shape[0] == 2 * fc2.shape[1]:
-        _refuse(path, f"a gated MLP (SwiGLU, as DINOv2 ViT-g: fc1 gives {fc1.shape[0]} channels, fc2 takes {fc2.shape[1]})",
-                ["blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight"])
+        _refuse(
+            path,
+            f"a gated MLP (SwiGLU, as DINOv2 ViT-g: fc1 gives {fc1.shape[0]} channels, fc2 takes {fc2.shape[1]})",
+            ["blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight"],
+        )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -184,7 +220,9 @@ def infer_config(sd: dict[str, torch.Tensor], config: dict | None = None) -> dic
         cfg.update(dim=w.shape[0], patch_embed="linear")
     D = cfg["dim"]
     blocks = {int(m.group(1)) for k in sd if (m := re.fullmatch(r"blocks\.(\d+)\.attn\.qkv\.weight", k))}
-    cfg["depth"] = next(i for i in range(len(blocks) + 1) if i not in blocks)  # blocks 0, 1, ...: a stray key is no block
+    cfg["depth"] = next(
+        i for i in range(len(blocks) + 1) if i not in blocks
+    )  # blocks 0, 1, ...: a stray key is no block
     if not blocks:
         cfg["depth"] = 1 + max((int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))), default=-1)
     if "blocks.0.mlp.fc2.weight" in sd:  # the MLP's width is what its second layer takes (a damaged fc1 is then named)
@@ -202,7 +240,9 @@ def infer_config(sd: dict[str, torch.Tensor], config: dict | None = None) -> dic
     cfg["num_classes"] = head.shape[0] if head is not None else 0
     if cfg["dist_token"] and head is not None:  # HF's DeiTForImageClassification reads the class token only
         cfg["dist_head"] = "head_dist.weight" in sd
-    cfg["fc_norm"] = "fc_norm.weight" in sd  # mean pool: LayerNorm after it (timm) or before (JAX 'gap', timm's *_gap_*)
+    cfg["fc_norm"] = (
+        "fc_norm.weight" in sd
+    )  # mean pool: LayerNorm after it (timm) or before (JAX 'gap', timm's *_gap_*)
     if head is not None and head.shape[1] == 2 * D:
         cfg["pool"] = "cls+mean"  # DINOv2's linear head reads the class token and the mean patch token
     elif cfg["fc_norm"] or not cfg["class_token"]:
@@ -265,7 +305,9 @@ def _vitlab_config(config: dict) -> dict:
     return {}
 
 
-def _pos_table_grid(rows: int, prefix: int, cfg: dict, stored_no_embed_class: bool | None) -> tuple[tuple[int, int], bool]:
+def _pos_table_grid(
+    rows: int, prefix: int, cfg: dict, stored_no_embed_class: bool | None
+) -> tuple[tuple[int, int], bool]:
     """(grid, no_embed_class) of a 1-D position table of `rows` rows: one row per prefix token and then
     the patches (the paper, DeiT, DINOv2), or the patches alone (DeiT III, DINOv2 with registers in
     timm's layout). The config's image size decides when there is one; otherwise the square grid."""
@@ -285,7 +327,9 @@ def _pos_table_grid(rows: int, prefix: int, cfg: dict, stored_no_embed_class: bo
         if n > 0 and s * s == n:
             return (s, s), flag
     tokens = _describe_prefix(cfg)
-    counts = " or ".join(f"{n} ({'no rows for the prefix tokens' if flag else 'one row per prefix token'})" for n, flag in options)
+    counts = " or ".join(
+        f"{n} ({'no rows for the prefix tokens' if flag else 'one row per prefix token'})" for n, flag in options
+    )
     raise VitlabError(
         f"the position table has {rows} rows; this checkpoint has {prefix} prefix token(s) ({tokens}), which leaves "
         f"{counts} patch rows, and none of these is a square grid of patches; the config does not give the image "
@@ -294,7 +338,9 @@ def _pos_table_grid(rows: int, prefix: int, cfg: dict, stored_no_embed_class: bo
 
 
 def _describe_prefix(cfg: dict) -> str:
-    parts = (["a class token"] if cfg.get("class_token") else []) + (["a distillation token"] if cfg.get("dist_token") else [])
+    parts = (["a class token"] if cfg.get("class_token") else []) + (
+        ["a distillation token"] if cfg.get("dist_token") else []
+    )
     if cfg.get("reg_tokens"):
         parts.append(f"{cfg['reg_tokens']} register tokens")
     return ", ".join(parts) or "none"
@@ -332,7 +378,12 @@ def family_of(cfg: dict) -> tuple[str, str] | None:
         return "deit", "a distillation token"
     if cfg.get("layer_scale") is not None and cfg.get("class_token") and cfg.get("patch_size") == 14:
         return "dinov2", "LayerScale with 14-pixel patches"
-    if cfg.get("layer_scale") is not None and cfg.get("no_embed_class") and cfg.get("class_token") and not cfg.get("reg_tokens"):
+    if (
+        cfg.get("layer_scale") is not None
+        and cfg.get("no_embed_class")
+        and cfg.get("class_token")
+        and not cfg.get("reg_tokens")
+    ):
         return "deit3", "LayerScale and a position table without a class-token row"
     if cfg.get("pre_norm"):
         return "clip", "a LayerNorm before the blocks (norm_pre)"
@@ -344,9 +395,13 @@ FAMILY_RULES = {
     "deit": ("DeiT", "deit", {}, ""),
     "deit3": ("DeiT III", "deit", {}, ""),
     "dinov2": ("DINOv2", "dinov2", {}, ""),
-    "clip": ("CLIP", "clip", {"norm_eps": 1e-5},
-             "LayerNorm eps 1e-5, and GELU in the MLP as timm's CLIP models (OpenAI's own weights use QuickGELU: "
-             "name a *_clip_quickgelu_* model for them)"),
+    "clip": (
+        "CLIP",
+        "clip",
+        {"norm_eps": 1e-5},
+        "LayerNorm eps 1e-5, and GELU in the MLP as timm's CLIP models (OpenAI's own weights use QuickGELU: "
+        "name a *_clip_quickgelu_* model for them)",
+    ),
 }
 
 
@@ -380,15 +435,18 @@ def resample_pos_embed(
     return torch.cat([prefix, grid], dim=1)
 
 
-def resample_position_tables(sd: dict, old_grid: tuple[int, int], new_grid: tuple[int, int], *,
-                             num_prefix_tokens: int) -> dict:
+def resample_position_tables(
+    sd: dict, old_grid: tuple[int, int], new_grid: tuple[int, int], *, num_prefix_tokens: int
+) -> dict:
     """Every position table of `sd` (vitlab names) moved from `old_grid` to `new_grid`: the 1-D table
     by `resample_pos_embed`; learned2d's row and column tables each along its own axis (linear); the
     relative bias tables, per head an image of the (2gh-1) x (2gw-1) offsets, bicubic."""
     sd = dict(sd)
     (gh, gw), (nh, nw) = old_grid, tuple(new_grid)
     if "pos_embed" in sd:
-        sd["pos_embed"] = resample_pos_embed(sd["pos_embed"], (nh, nw), old_grid=old_grid, num_prefix_tokens=num_prefix_tokens)
+        sd["pos_embed"] = resample_pos_embed(
+            sd["pos_embed"], (nh, nw), old_grid=old_grid, num_prefix_tokens=num_prefix_tokens
+        )
     for key, n in (("pos_embed_row", nh), ("pos_embed_col", nw)):
         if key in sd:  # (1, g, D/2) -> (1, n, D/2)
             table = sd[key].transpose(1, 2).float()  # (1, D/2, g)
@@ -449,10 +507,13 @@ def _check_own_config(inferred: dict, stored: dict, sd: dict, path) -> None:
         stated = ViTConfig(**stored)
     except (VitlabError, TypeError):
         return  # the config's own fields were checked where it was read
-    diffs = [f"{f}: config {_structural(stated, f)!r} vs tensors {_inferred(inferred, f)!r}"
-             for f in (*STRUCTURAL_FIELDS, "num_classes")
-             if _inferred(inferred, f) is not None and (f != "num_classes" or "num_classes" in stored)
-             and _structural(stated, f) != _inferred(inferred, f)]
+    diffs = [
+        f"{f}: config {_structural(stated, f)!r} vs tensors {_inferred(inferred, f)!r}"
+        for f in (*STRUCTURAL_FIELDS, "num_classes")
+        if _inferred(inferred, f) is not None
+        and (f != "num_classes" or "num_classes" in stored)
+        and _structural(stated, f) != _inferred(inferred, f)
+    ]
     if diffs:
         grid = inferred.get("grid_size")
         try:
@@ -460,8 +521,10 @@ def _check_own_config(inferred: dict, stored: dict, sd: dict, path) -> None:
             report = diff_keys(_meta_state_dict(stated.replace(img_size=size)), sd)
         except VitlabError:
             report = ""
-        raise VitlabError(f"{path}: its tensors do not match its own config ({'; '.join(diffs)}{': ' + report if report else ''})"
-                          "; the file is damaged or was edited: use another checkpoint, or export this one again")
+        raise VitlabError(
+            f"{path}: its tensors do not match its own config ({'; '.join(diffs)}{': ' + report if report else ''})"
+            "; the file is damaged or was edited: use another checkpoint, or export this one again"
+        )
 
 
 def _config_path(path: Path) -> Path:
@@ -474,8 +537,13 @@ def _config_path(path: Path) -> Path:
 def _source_pretrained_cfg(fmt: str, config: dict, preproc: dict) -> tuple[PretrainedCfg, str]:
     """Preprocessing and class names as the source defines them, and where the preprocessing came from:
     "file" (its config), "layout" (its library's convention) or "default" (a bare timm-layout file)."""
-    preset, origin = {"timm": ("timm", "default"), "vitlab": ("timm", "default"), "jax": ("jax", "layout"),
-                      "torchvision": ("torchvision", "layout"), "dinov2": ("dinov2_repo", "layout")}.get(fmt, (fmt, "layout"))
+    preset, origin = {
+        "timm": ("timm", "default"),
+        "vitlab": ("timm", "default"),
+        "jax": ("jax", "layout"),
+        "torchvision": ("torchvision", "layout"),
+        "dinov2": ("dinov2_repo", "layout"),
+    }.get(fmt, (fmt, "layout"))
     if fmt == "hf":  # each model type has its image processor's defaults
         model_type = config.get("model_type", "vit")
         preset = {"deit": "hf_deit", "dinov2": "hf_dinov2", "dinov2_with_registers": "hf_dinov2"}.get(model_type, "hf")
@@ -489,7 +557,9 @@ def _source_pretrained_cfg(fmt: str, config: dict, preproc: dict) -> tuple[Pretr
         origin = "file"
         if "image_mean" in preproc:
             out["mean"], out["std"] = tuple(preproc["image_mean"]), tuple(preproc["image_std"])
-        out["interpolation"] = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}.get(preproc.get("resample"), out["interpolation"])
+        out["interpolation"] = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}.get(
+            preproc.get("resample"), out["interpolation"]
+        )
         if preproc.get("do_center_crop") and "crop_size" in preproc and "size" in preproc:
             size, crop = preproc["size"], preproc["crop_size"]
             short = size.get("shortest_edge", size.get("height"))
@@ -560,9 +630,11 @@ def plan_load(
             base = start.replace(**{k: v for k, v in {**ruled, **inferred}.items() if k in known}).replace(**overrides)
         except VitlabError as e:  # the tensors describe no model: say which tensors do not fit, not why dim fails
             stated = _stated_config(start, ckpt)
-            raise VitlabError(f"checkpoint {ckpt.path} ({ckpt.format} layout) does not fit "
-                              f"{name or 'the model its config describes'}: "
-                              f"{_key_report(stated, ckpt) or e}") from e
+            raise VitlabError(
+                f"checkpoint {ckpt.path} ({ckpt.format} layout) does not fit "
+                f"{name or 'the model its config describes'}: "
+                f"{_key_report(stated, ckpt) or e}"
+            ) from e
     _check_architecture(name, base, inferred, ckpt, named=named)
 
     ckpt_classes = inferred["num_classes"]
@@ -580,9 +652,15 @@ def plan_load(
 
     sd = dict(ckpt.state_dict)
     old_grid = ckpt.grid_size
-    if old_grid is not None and tuple(old_grid) != cfg.grid_size and cfg.pos_embed in ("learned", "learned2d", "relative"):
+    if (
+        old_grid is not None
+        and tuple(old_grid) != cfg.grid_size
+        and cfg.pos_embed in ("learned", "learned2d", "relative")
+    ):
         sd = resample_position_tables(sd, old_grid, cfg.grid_size, num_prefix_tokens=cfg.num_pos_prefix_tokens)
-        notes.append(f"position embedding ({cfg.pos_embed}) resampled from a {old_grid[0]}x{old_grid[1]} to a {cfg.grid_size[0]}x{cfg.grid_size[1]} grid")
+        notes.append(
+            f"position embedding ({cfg.pos_embed}) resampled from a {old_grid[0]}x{old_grid[1]} to a {cfg.grid_size[0]}x{cfg.grid_size[1]} grid"
+        )
     if target_classes != ckpt_classes or head == "absent":
         for key in ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias"):
             sd.pop(key, None)
@@ -590,7 +668,9 @@ def plan_load(
             notes.append("no head (num_classes=0): the model returns the pooled features")
             head = "none"
         elif head != "absent":
-            _warn(f"{ckpt.path}: the checkpoint's head has {ckpt_classes} classes; made a new zero-initialised head for {target_classes} classes")
+            _warn(
+                f"{ckpt.path}: the checkpoint's head has {ckpt_classes} classes; made a new zero-initialised head for {target_classes} classes"
+            )
             head = "new"
     if head == "absent":
         _warn(
@@ -633,7 +713,9 @@ def _heads_from_rule(dim: int, ckpt: Checkpoint, notes: list[str]) -> int:
         raise VitlabError(
             f"{ckpt.path}: the checkpoint does not say its number of heads, and its width {dim} fits no rule of the "
             "ViT family (heads of width 64); name the model (model=..., e.g. vit_base_patch16_224) or put its "
-            "config.json next to the weights", arg="model")
+            "config.json next to the weights",
+            arg="model",
+        )
     heads, why = rule
     note = f"the checkpoint does not say its number of heads: {heads}, from the family's rule ({why})"
     notes.append(note)
@@ -680,15 +762,21 @@ def bare_file_preprocessing(cfg: dict, family) -> tuple[dict, list[str]]:
     classes = cfg.get("num_classes", 0)
     if family is not None and family[0] == "clip" and classes == 1000 and side == 224:
         out["crop_pct"] = 0.95
-        rules.append("an ImageNet-1k head on a CLIP tower at 224 px: crop 0.95, as timm's vit_base_patch16_clip_224 "
-                     "(laion2b_ft_in12k_in1k)")
+        rules.append(
+            "an ImageNet-1k head on a CLIP tower at 224 px: crop 0.95, as timm's vit_base_patch16_clip_224 "
+            "(laion2b_ft_in12k_in1k)"
+        )
     if not cfg.get("class_token") and cfg.get("pool") == "mean" and side == 256 and classes:
         out["crop_pct"] = 0.95
-        rules.append("a GAP ViT at 256 px (no class token, the mean of the patches): crop 0.95, as timm's "
-                     "vit_medium_patch16_gap_256")
+        rules.append(
+            "a GAP ViT at 256 px (no class token, the mean of the patches): crop 0.95, as timm's "
+            "vit_medium_patch16_gap_256"
+        )
     if side >= 384:
         out["crop_pct"] = 1.0
-        rules.append(f"{side} px images: crop 1.0, as timm's ViTs at 384 px (vit_base_patch16_384.augreg_in21k_ft_in1k)")
+        rules.append(
+            f"{side} px images: crop 1.0, as timm's ViTs at 384 px (vit_base_patch16_384.augreg_in21k_ft_in1k)"
+        )
     return out, rules
 
 
@@ -705,9 +793,11 @@ def _plan_preprocessing(ckpt: Checkpoint, name: str | None, family, notes: list[
     if not rules:
         return {}
     what = f"{p['interpolation']}, crop_pct {p['crop_pct']}, mean {tuple(p['mean'])}, std {tuple(p['std'])}"
-    note = (f"the file does not say how its images were preprocessed; inferred from its tensors ({'; '.join(rules)}): "
-            f"{what}. If it was trained otherwise, put a config.json next to it with \"pretrained_cfg\": "
-            "{\"mean\": [...], \"std\": [...], \"crop_pct\": ...} (timm's hub layout), or name the model (model=..., --model)")
+    note = (
+        f"the file does not say how its images were preprocessed; inferred from its tensors ({'; '.join(rules)}): "
+        f'{what}. If it was trained otherwise, put a config.json next to it with "pretrained_cfg": '
+        '{"mean": [...], "std": [...], "crop_pct": ...} (timm\'s hub layout), or name the model (model=..., --model)'
+    )
     notes.append(note)
     _warn(f"{ckpt.path}: {note}")
     return p
@@ -741,8 +831,13 @@ def _check_architecture(name: str | None, cfg: ViTConfig, inferred: dict, ckpt: 
         pool = next((t for f, _, t in diffs if f == "pool"), cfg.pool)
         fixed = (pool == "mean") if cfg.fc_norm is None else cfg.fc_norm
         if fixed != inferred["fc_norm"]:
-            diffs.append(("fc_norm", f"model {fixed!r} once pool is {pool!r} vs checkpoint {inferred['fc_norm']!r}",
-                          inferred["fc_norm"]))
+            diffs.append(
+                (
+                    "fc_norm",
+                    f"model {fixed!r} once pool is {pool!r} vs checkpoint {inferred['fc_norm']!r}",
+                    inferred["fc_norm"],
+                )
+            )
     if not diffs:
         return
     listing = ", ".join(f"{f}: {text}" for f, text, _ in diffs)
@@ -776,8 +871,11 @@ def _matching_variants(inferred: dict) -> list[str]:
     for vname, variant in VARIANTS.items():
         if not variant.is_vit:
             continue
-        if all(_structural(variant.config, f) == _inferred(inferred, f) for f in STRUCTURAL_FIELDS
-               if _inferred(inferred, f) is not None):
+        if all(
+            _structural(variant.config, f) == _inferred(inferred, f)
+            for f in STRUCTURAL_FIELDS
+            if _inferred(inferred, f) is not None
+        ):
             out.append(vname)
     return out[:4]
 
@@ -792,7 +890,9 @@ def _key_report(cfg, ckpt: Checkpoint) -> str:
     try:
         grid = ckpt.grid_size
         size = tuple(g * cfg.patch_size for g in grid) if grid else cfg.img_size
-        model_sd = _meta_state_dict(cfg.replace(img_size=size, num_classes=ckpt.config.get("num_classes", cfg.num_classes)))
+        model_sd = _meta_state_dict(
+            cfg.replace(img_size=size, num_classes=ckpt.config.get("num_classes", cfg.num_classes))
+        )
     except VitlabError:
         return ""
     return diff_keys(model_sd, ckpt.state_dict)

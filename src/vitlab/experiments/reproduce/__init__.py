@@ -70,7 +70,6 @@ from vitlab.experiments.reproduce.verdicts import (
     near,
 )
 
-
 __all__ = [
     "CACHE_VERSION",
     "EXPERIMENTS",

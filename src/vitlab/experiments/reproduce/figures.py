@@ -4,8 +4,8 @@ matplotlib without pyplot; each PNG is written through `vitlab.analysis.plots.sa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from matplotlib.figure import Figure
 
@@ -43,8 +43,14 @@ def _zoom(values: Sequence[Sequence[float]]) -> tuple[float, float]:
     return max(0.0, lo - 0.25 * (100 - lo) - 2), min(105.0, hi + 2)
 
 
-def _bars(ax, labels: Sequence[str], values: Sequence[Sequence[float]], *, full_axis: bool = False,
-          hlines: dict[str, float] | None = None) -> None:
+def _bars(
+    ax,
+    labels: Sequence[str],
+    values: Sequence[Sequence[float]],
+    *,
+    full_axis: bool = False,
+    hlines: dict[str, float] | None = None,
+) -> None:
     """Mean +- std per arm with every seed as a black dot: bars on a 0-105% axis (`full_axis`), else marks on an
     axis zoomed to the data (bars cut off at the bottom would exaggerate the differences)."""
     means, stds = _errorbar_pct(values)
@@ -64,9 +70,16 @@ def _bars(ax, labels: Sequence[str], values: Sequence[Sequence[float]], *, full_
     ax.set_ylim(*((0, 105) if full_axis else _zoom(values)))
 
 
-def bar_figure(path: Path, labels: Sequence[str], values: Sequence[Sequence[float]], title: str, *,
-               hlines: dict[str, float] | None = None, full_axis: bool = False,
-               paper: tuple[Sequence[str], Sequence[float], str] | None = None) -> Path:
+def bar_figure(
+    path: Path,
+    labels: Sequence[str],
+    values: Sequence[Sequence[float]],
+    title: str,
+    *,
+    hlines: dict[str, float] | None = None,
+    full_axis: bool = False,
+    paper: tuple[Sequence[str], Sequence[float], str] | None = None,
+) -> Path:
     """Our accuracies per arm (mean +- std, seeds as dots); with `paper` = (labels, accuracies in %, title),
     the paper's numbers in a second panel beside them, on an axis zoomed the same way."""
     fig = Figure(figsize=(9.6 if paper else 5.2, 3.6))
@@ -88,8 +101,15 @@ def bar_figure(path: Path, labels: Sequence[str], values: Sequence[Sequence[floa
     return _save(fig, path)
 
 
-def grouped_bar_figure(path: Path, groups: Sequence[str], arms: Sequence[str], values: dict, title: str, *,
-                       colors: Sequence[str] = (BLUE, ORANGE, GREEN, RED)) -> Path:
+def grouped_bar_figure(
+    path: Path,
+    groups: Sequence[str],
+    arms: Sequence[str],
+    values: dict,
+    title: str,
+    *,
+    colors: Sequence[str] = (BLUE, ORANGE, GREEN, RED),
+) -> Path:
     """Mean +- std of each arm within each group (e.g. the models at each N), every seed as a dot, on an axis
     zoomed to the data; `values[(group, arm)]` = per-seed accuracies (a pair not in `values` is left out)."""
     fig = Figure(figsize=(2.4 + 1.6 * len(groups) * len(arms) / 2, 3.6))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import base64
 import html
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
@@ -35,18 +35,27 @@ SCALE_FLAG = {"quick": " --quick", "default": "", "large": " --scale large"}
 
 def _intro(meta: dict) -> list[str]:
     default_seeds = 2 if meta["scale"] == "quick" else 3
-    command = ("vitlab reproduce" + SCALE_FLAG[meta["scale"]]
-               + (f" --only {meta['only']}" if meta.get("only") else "")
-               + (f" --seeds {meta['seeds']}" if meta["seeds"] != default_seeds else "") + " --out DIR")
+    command = (
+        "vitlab reproduce"
+        + SCALE_FLAG[meta["scale"]]
+        + (f" --only {meta['only']}" if meta.get("only") else "")
+        + (f" --seeds {meta['seeds']}" if meta["seeds"] != default_seeds else "")
+        + " --out DIR"
+    )
     timing = meta.get("trained_by", meta)  # the invocation that trained the runs
     load = timing.get("estimate_load_s", timing["estimate_s"])
     at_load = f", {_duration(load)} at the machine's load then" if load > 1.15 * timing["estimate_s"] else ""
-    took = (f"{meta['trained']} trained in this invocation, the rest read from the cache); this invocation took "
-            if "trained_by" not in meta else
-            f"all read from the cache, this invocation took {_duration(meta['elapsed_s'])}; the {timing['trained']} "
-            f"trained by an earlier invocation); that one took ")
-    ray = (f" on {timing['cluster']} ({', '.join(f'{n} run(s) on {node}' for node, n in timing['nodes'].items())})"
-           if timing.get("executor") == "ray" else "")
+    took = (
+        f"{meta['trained']} trained in this invocation, the rest read from the cache); this invocation took "
+        if "trained_by" not in meta
+        else f"all read from the cache, this invocation took {_duration(meta['elapsed_s'])}; the {timing['trained']} "
+        f"trained by an earlier invocation); that one took "
+    )
+    ray = (
+        f" on {timing['cluster']} ({', '.join(f'{n} run(s) on {node}' for node, n in timing['nodes'].items())})"
+        if timing.get("executor") == "ray"
+        else ""
+    )
     return [
         f"Made by `{command}`.",
         "",
@@ -77,7 +86,7 @@ def _intro(meta: dict) -> list[str]:
         "|d| <= tol, not reproduced when |d| - 2se > tol, inconclusive otherwise (and inconclusive when both arms stay "
         "below chance + 3 points: equal because nothing was learned); tol = 3 points, the size of the position-"
         "embedding effect in the paper's Table 8. A claim with parts is reproduced when every part is, not reproduced "
-        "when any part is not. \"Not reproduced at this scale\" is about these small models, this data and this "
+        'when any part is not. "Not reproduced at this scale" is about these small models, this data and this '
         "budget, not about the paper.",
         "",
         "An earlier version of this report tested claims 2-8 on synthetic shapes; it is kept in "
@@ -91,46 +100,106 @@ CONVERGENCE_HEADER = ["arm", "N train", "steps", "val acc %", "2x steps: val acc
 
 
 def convergence_rows(rows: Sequence[dict]) -> list[list[str]]:
-    return [[r["arm"], f"{r['n_train']:,}", f"{r['steps']:,}", f"{100 * r['acc']:.2f}", f"{100 * r['acc_2x']:.2f}",
-             f"{100 * (r['acc_2x'] - r['acc']):+.2f}", "yes" if r["converged"] else "**no**"] for r in rows]
+    return [
+        [
+            r["arm"],
+            f"{r['n_train']:,}",
+            f"{r['steps']:,}",
+            f"{100 * r['acc']:.2f}",
+            f"{100 * r['acc_2x']:.2f}",
+            f"{100 * (r['acc_2x'] - r['acc']):+.2f}",
+            "yes" if r["converged"] else "**no**",
+        ]
+        for r in rows
+    ]
 
 
 def _quality(q: dict) -> list[str]:
     """The section on whether the models learned: the targets, and the spread between seeds."""
-    rows = [[t["model"], f"{t['n_train']:,}", f">= {100 * t['target']:.0f}%", f"{100 * t['mean']:.1f} +- {100 * t['std']:.1f}",
-             "yes" if t["met"] else "**no**"] for t in q["targets"]]
-    spread = (f"Of the {q['arms']} Fashion-MNIST arms above chance + 20 points, {q['over_2']} have a standard deviation "
-              f"over seeds above 2 points; the largest is {100 * q['max_std']:.1f} points ({q['max_std_arm']}).")
-    return ["## Models that have learned", "",
-            "Anchors on Fashion-MNIST: scikit-learn's SVC reaches about 89.7% with all 60,000 training images (the "
-            "dataset's benchmark table), small CNNs 91-93%. The targets this report set itself, and what the runs reached:",
-            "", md_table(["model", "N train", "target", "val acc % (mean +- std)", "met"], rows), "", spread, ""]
+    rows = [
+        [
+            t["model"],
+            f"{t['n_train']:,}",
+            f">= {100 * t['target']:.0f}%",
+            f"{100 * t['mean']:.1f} +- {100 * t['std']:.1f}",
+            "yes" if t["met"] else "**no**",
+        ]
+        for t in q["targets"]
+    ]
+    spread = (
+        f"Of the {q['arms']} Fashion-MNIST arms above chance + 20 points, {q['over_2']} have a standard deviation "
+        f"over seeds above 2 points; the largest is {100 * q['max_std']:.1f} points ({q['max_std_arm']})."
+    )
+    return [
+        "## Models that have learned",
+        "",
+        "Anchors on Fashion-MNIST: scikit-learn's SVC reaches about 89.7% with all 60,000 training images (the "
+        "dataset's benchmark table), small CNNs 91-93%. The targets this report set itself, and what the runs reached:",
+        "",
+        md_table(["model", "N train", "target", "val acc % (mean +- std)", "met"], rows),
+        "",
+        spread,
+        "",
+    ]
 
 
 def render_markdown(outcomes, meta: dict) -> str:
-    lines = ["# vitlab reproduce: the paper's claims at laptop scale, on real images", "", *_intro(meta), "", "## Verdicts", ""]
-    lines.append(md_table(["#", "claim", "source", "verdict"],
-                          [[str(e.number), e.title, e.source, f"**{o.verdict.status}**"] for e, o in outcomes]))
+    lines = [
+        "# vitlab reproduce: the paper's claims at laptop scale, on real images",
+        "",
+        *_intro(meta),
+        "",
+        "## Verdicts",
+        "",
+    ]
+    lines.append(
+        md_table(
+            ["#", "claim", "source", "verdict"],
+            [[str(e.number), e.title, e.source, f"**{o.verdict.status}**"] for e, o in outcomes],
+        )
+    )
     if meta.get("quality"):
         lines += [""] + _quality(meta["quality"])
     if meta.get("search"):
         lines += ["", "## Recipe and budgets", "", meta["search"].strip()]
     for e, o in outcomes:
-        lines += ["", f"## {e.number}. {e.title}", "", f"> {e.claim}", ">", f"> Source: {e.source}", "",
-                  f"**Setup.** {o.setup}", "", md_table(o.header, o.rows), ""]
+        lines += [
+            "",
+            f"## {e.number}. {e.title}",
+            "",
+            f"> {e.claim}",
+            ">",
+            f"> Source: {e.source}",
+            "",
+            f"**Setup.** {o.setup}",
+            "",
+            md_table(o.header, o.rows),
+            "",
+        ]
         if o.notes:
             lines += [o.notes, ""]
         lines += [f"![claim {e.number}](figures/{f.name})" for f in o.figures]
         if o.convergence:
-            lines += ["", f"**Budget.** Each arm at its budget and at twice it ({o.convergence_note}):", "",
-                      md_table(CONVERGENCE_HEADER, convergence_rows(o.convergence))]
-        lines += ["", f"**Rule.** {e.rule}.", "", f"**Verdict: {o.verdict.status}.** {o.verdict.detail}", "",
-                  f"Raw numbers: `results/claim{e.number}_{e.name}.csv`."]
+            lines += [
+                "",
+                f"**Budget.** Each arm at its budget and at twice it ({o.convergence_note}):",
+                "",
+                md_table(CONVERGENCE_HEADER, convergence_rows(o.convergence)),
+            ]
+        lines += [
+            "",
+            f"**Rule.** {e.rule}.",
+            "",
+            f"**Verdict: {o.verdict.status}.** {o.verdict.detail}",
+            "",
+            f"Raw numbers: `results/claim{e.number}_{e.name}.csv`.",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def _md_to_html(text: str) -> str:
     """The Markdown this module writes (headings, paragraphs, pipe tables, **bold**, `code`) as HTML."""
+
     def inline(t: str) -> str:
         t = html.escape(t)
         t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
@@ -145,7 +214,9 @@ def _md_to_html(text: str) -> str:
             level = len(lines[0]) - len(lines[0].lstrip("#"))
             out.append(f"<h{level}>{inline(lines[0].lstrip('#').strip())}</h{level}>")
         elif lines[0].startswith("|"):
-            cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if not line.startswith("|---")]
+            cells = [
+                [c.strip() for c in line.strip().strip("|").split("|")] for line in lines if not line.startswith("|---")
+            ]
             head = "".join(f"<th>{inline(c)}</th>" for c in cells[0])
             body = "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in row) + "</tr>" for row in cells[1:])
             out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
@@ -165,33 +236,49 @@ def render_html(outcomes, meta: dict, out: Path) -> str:
     def badge(status):
         return f'<span class="badge" style="background:{_BADGE[status]}">{esc(status)}</span>'
 
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>vitlab reproduce</title><style>",
-             "body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.45}",
-             "table{border-collapse:collapse;margin:.8em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}",
-             "blockquote{border-left:4px solid #ccc;margin:0;padding:.2em 1em;color:#333}img{max-width:100%}",
-             ".badge{color:white;padding:.1em .5em;border-radius:.3em;font-weight:600}</style></head><body>",
-             "<h1>vitlab reproduce: the paper's claims at laptop scale, on real images</h1>"]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>vitlab reproduce</title><style>",
+        "body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.45}",
+        "table{border-collapse:collapse;margin:.8em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}",
+        "blockquote{border-left:4px solid #ccc;margin:0;padding:.2em 1em;color:#333}img{max-width:100%}",
+        ".badge{color:white;padding:.1em .5em;border-radius:.3em;font-weight:600}</style></head><body>",
+        "<h1>vitlab reproduce: the paper's claims at laptop scale, on real images</h1>",
+    ]
     parts += [f"<p>{esc(p).replace('**', '')}</p>" for p in _intro(meta) if p]
     parts.append("<h2>Verdicts</h2>")
-    extra = ([] if not meta.get("quality") else _quality(meta["quality"])) + \
-        ([] if not meta.get("search") else ["## Recipe and budgets", "", meta["search"]])
-    parts.append("<table><thead><tr><th>#</th><th>claim</th><th>source</th><th>verdict</th></tr></thead><tbody>"
-                 + "".join(f"<tr><td>{e.number}</td><td><a href='#claim{e.number}'>{esc(e.title)}</a></td><td>{esc(e.source)}</td>"
-                           f"<td>{badge(o.verdict.status)}</td></tr>" for e, o in outcomes) + "</tbody></table>")
+    extra = ([] if not meta.get("quality") else _quality(meta["quality"])) + (
+        [] if not meta.get("search") else ["## Recipe and budgets", "", meta["search"]]
+    )
+    parts.append(
+        "<table><thead><tr><th>#</th><th>claim</th><th>source</th><th>verdict</th></tr></thead><tbody>"
+        + "".join(
+            f"<tr><td>{e.number}</td><td><a href='#claim{e.number}'>{esc(e.title)}</a></td><td>{esc(e.source)}</td>"
+            f"<td>{badge(o.verdict.status)}</td></tr>"
+            for e, o in outcomes
+        )
+        + "</tbody></table>"
+    )
     parts.append(_md_to_html("\n".join(extra)))
     for e, o in outcomes:
-        parts += [f"<h2 id='claim{e.number}'>{e.number}. {esc(e.title)}</h2>",
-                  f"<blockquote><p>{esc(e.claim)}</p><p>Source: {esc(e.source)}</p></blockquote>",
-                  f"<p><b>Setup.</b> {esc(o.setup)}</p>", table(o.header, o.rows)]
+        parts += [
+            f"<h2 id='claim{e.number}'>{e.number}. {esc(e.title)}</h2>",
+            f"<blockquote><p>{esc(e.claim)}</p><p>Source: {esc(e.source)}</p></blockquote>",
+            f"<p><b>Setup.</b> {esc(o.setup)}</p>",
+            table(o.header, o.rows),
+        ]
         if o.notes:
             parts.append(f"<p>{esc(o.notes)}</p>")
         for f in o.figures:
             data = base64.b64encode(Path(f).read_bytes()).decode()
             parts.append(f"<p><img alt='claim {e.number}' src='data:image/png;base64,{data}'></p>")
         if o.convergence:
-            parts += [f"<p><b>Budget.</b> Each arm at its budget and at twice it ({esc(o.convergence_note)}):</p>",
-                      table(CONVERGENCE_HEADER, [[c.replace("**", "") for c in r] for r in convergence_rows(o.convergence)])]
-        parts += [f"<p><b>Rule.</b> {esc(e.rule)}.</p>",
-                  f"<p><b>Verdict:</b> {badge(o.verdict.status)} {esc(o.verdict.detail)}</p>"]
+            parts += [
+                f"<p><b>Budget.</b> Each arm at its budget and at twice it ({esc(o.convergence_note)}):</p>",
+                table(CONVERGENCE_HEADER, [[c.replace("**", "") for c in r] for r in convergence_rows(o.convergence)]),
+            ]
+        parts += [
+            f"<p><b>Rule.</b> {esc(e.rule)}.</p>",
+            f"<p><b>Verdict:</b> {badge(o.verdict.status)} {esc(o.verdict.detail)}</p>",
+        ]
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -12,8 +12,8 @@ import json
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +26,19 @@ from vitlab.experiments.reproduce.claims import select, shared
 from vitlab.experiments.reproduce.claims.base import SCALES, Outcome, Results, Scale, convergence_row
 from vitlab.experiments.reproduce.claims.shared import CHANCE, CNN, VIT, fashion_run, n_full, n_small
 from vitlab.experiments.reproduce.report import _duration, render_html, render_markdown
+from vitlab.experiments.reproduce.runs import (
+    HELD_OUT,
+    VAL_PER_EPOCH,
+    RunCache,
+    RunSpec,
+    build_model,
+    recipe,
+    train_on,
+    transforms,
+)
 from vitlab.experiments.reproduce.search import arm_label, code_budgets, code_regularised_budgets, load_record
 from vitlab.experiments.reproduce.search import render as render_search
 from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, Verdict, _stats
-from vitlab.experiments.reproduce.runs import (HELD_OUT, VAL_PER_EPOCH, RunCache, RunSpec, build_model, recipe,
-                                              train_on, transforms)
 from vitlab.fileio import check_out_folder, output_folder, write_csv, write_text
 from vitlab.runtime import num_threads, resolve_device
 from vitlab.speed import paths
@@ -162,12 +170,35 @@ def reproduce(
     experiments = select(only)
     out = check_out_folder(out_dir, kind="reproduce", force=force)
     with output_folder(out, kind="reproduce", force=force):
-        return _reproduce(out, experiments, Scale(scale, tuple(range(n_seeds))), dev, device, workers=workers,
-                          progress=progress, log=log, fast_path=fast_path, executor=executor, address=address)
+        return _reproduce(
+            out,
+            experiments,
+            Scale(scale, tuple(range(n_seeds))),
+            dev,
+            device,
+            workers=workers,
+            progress=progress,
+            log=log,
+            fast_path=fast_path,
+            executor=executor,
+            address=address,
+        )
 
 
-def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, device: str, *, workers, progress, log,
-               fast_path, executor, address) -> dict:
+def _reproduce(
+    out: Path,
+    experiments,
+    scale: Scale,
+    dev: torch.device,
+    device: str,
+    *,
+    workers,
+    progress,
+    log,
+    fast_path,
+    executor,
+    address,
+) -> dict:
     scale_name, n_seeds = scale.name, len(scale.seeds)
     cache = RunCache(out / "cache")
     runs = _all_runs([s for e in experiments for s in e.plan(scale)])
@@ -175,8 +206,11 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, device: 
 
     t_start = time.perf_counter()
     nodes: Counter = Counter()  # runs trained per node
-    executing = open_executor(executor, device=device, workers=workers, address=address, n_items=len(todo)) if todo \
-        else contextlib.nullcontext(Executor(dev))  # nothing to train: no pool to start, no cluster to join
+    executing = (
+        open_executor(executor, device=device, workers=workers, address=address, n_items=len(todo))
+        if todo
+        else contextlib.nullcontext(Executor(dev))
+    )  # nothing to train: no pool to start, no cluster to join
     with num_threads(1 if dev.type == "cpu" else None), executing as ex:
         n_workers = ex.slots
         timing = calibrate(todo, dev, seconds=0.1 if scale.quick else 1.0) if todo else {}
@@ -186,16 +220,29 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, device: 
         costs = {s.key: run_cost(s, per_image) for s in todo}
         total = sum(costs.values()) / n_workers
         loaded = sum(run_cost(s, {k: wall for k, (wall, _) in timing.items()}) for s in todo) / n_workers
-        busy = f"; {_duration(loaded)} at this machine's load now" if dev.type == "cpu" and loaded > 1.15 * total else ""
+        busy = (
+            f"; {_duration(loaded)} at this machine's load now" if dev.type == "cpu" and loaded > 1.15 * total else ""
+        )
         where = f"; the runs on {ex.describe()}, estimated at this machine's speed" if ex.kind == "ray" else ""
-        log(f"vitlab reproduce: {len(experiments)} experiment(s), {len(runs)} training run(s), {len(runs) - len(todo)} cached; "
+        log(
+            f"vitlab reproduce: {len(experiments)} experiment(s), {len(runs)} training run(s), {len(runs) - len(todo)} cached; "
             f"estimated {_duration(total)} on {dev} with {n_workers} worker(s){busy}{where} "
-            f"({scale_name} scale, {n_seeds} seed(s))")
+            f"({scale_name} scale, {n_seeds} seed(s))"
+        )
         if todo and len(experiments) > 1:  # where the time goes, to choose --only by
-            log("  by claim (a run shared by claims counted in the first): " + ", ".join(
-                f"{e.number} {e.name} {_duration(t / n_workers)}" for e, t in claim_costs(experiments, scale, costs)))
-        bar = tqdm(total=max(sum(costs.values()), 1e-9), disable=not progress or not todo, unit="s", desc="reproduce",
-                   bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} est. s [{elapsed}<{remaining}]")
+            log(
+                "  by claim (a run shared by claims counted in the first): "
+                + ", ".join(
+                    f"{e.number} {e.name} {_duration(t / n_workers)}" for e, t in claim_costs(experiments, scale, costs)
+                )
+            )
+        bar = tqdm(
+            total=max(sum(costs.values()), 1e-9),
+            disable=not progress or not todo,
+            unit="s",
+            desc="reproduce",
+            bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} est. s [{elapsed}<{remaining}]",
+        )
         # Fine-tuning runs start from another run's weights: train every run without a pending parent first.
         # Longest first, so that no worker is left with one long run at the end (no number depends on the order).
         first = sorted((s for s in todo if s.init is None or cache.has(s.init)), key=lambda s: -costs[s.key])
@@ -220,23 +267,53 @@ def _reproduce(out: Path, experiments, scale: Scale, dev: torch.device, device: 
         _budget_evidence(e, outcome, scale, record)
         write_csv(res_dir / f"claim{e.number}_{e.name}.csv", outcome.csv_rows, outcome.csv_header)
         outcomes.append((e, outcome))
-    write_csv(res_dir / "verdicts.csv", [[e.number, e.name, o.verdict.status, o.verdict.detail] for e, o in outcomes],
-              ["claim", "name", "verdict", "detail"])
+    write_csv(
+        res_dir / "verdicts.csv",
+        [[e.number, e.name, o.verdict.status, o.verdict.detail] for e, o in outcomes],
+        ["claim", "name", "verdict", "detail"],
+    )
     elapsed = time.perf_counter() - t_start
-    meta = {"scale": scale_name, "seeds": n_seeds, "device": str(dev), "runs": len(runs), "trained": len(todo),
-            "estimate_s": total, "estimate_load_s": loaded, "elapsed_s": elapsed, "torch": torch.__version__,
-            "workers": n_workers, "executor": ex.kind if todo else None, "cluster": ex.describe() if todo else None,
-            "nodes": dict(sorted(nodes.items())),
-            "only": ",".join(str(e.number) for e in experiments) if len(experiments) < len(select(None)) else None,
-            "train_s": sum(cache.result(s)["train_time_s"] for s in runs),
-            "search": render_search(record, heading="###") if record and scale_name != "quick" else None,
-            "quality": quality(results, runs, scale) if scale_name != "quick" else None}
+    meta = {
+        "scale": scale_name,
+        "seeds": n_seeds,
+        "device": str(dev),
+        "runs": len(runs),
+        "trained": len(todo),
+        "estimate_s": total,
+        "estimate_load_s": loaded,
+        "elapsed_s": elapsed,
+        "torch": torch.__version__,
+        "workers": n_workers,
+        "executor": ex.kind if todo else None,
+        "cluster": ex.describe() if todo else None,
+        "nodes": dict(sorted(nodes.items())),
+        "only": ",".join(str(e.number) for e in experiments) if len(experiments) < len(select(None)) else None,
+        "train_s": sum(cache.result(s)["train_time_s"] for s in runs),
+        "search": render_search(record, heading="###") if record and scale_name != "quick" else None,
+        "quality": quality(results, runs, scale) if scale_name != "quick" else None,
+    }
     # The time of the invocation that trained the runs outlives it: a later one that only reads the cache
     # (to redraw the report) still reports how long the training took.
     trained_by = out / "cache" / "invocation.json"
     if todo:
-        write_text(trained_by, json.dumps({k: meta[k] for k in ("trained", "elapsed_s", "estimate_s", "estimate_load_s",
-                                                                 "workers", "executor", "cluster", "nodes")}))
+        write_text(
+            trained_by,
+            json.dumps(
+                {
+                    k: meta[k]
+                    for k in (
+                        "trained",
+                        "elapsed_s",
+                        "estimate_s",
+                        "estimate_load_s",
+                        "workers",
+                        "executor",
+                        "cluster",
+                        "nodes",
+                    )
+                }
+            ),
+        )
     elif trained_by.is_file():
         meta["trained_by"] = json.loads(trained_by.read_text())
     write_text(out / "report.md", render_markdown(outcomes, meta))
@@ -258,15 +335,22 @@ def _budget_evidence(e, outcome: Outcome, scale: Scale, record: dict | None) -> 
     late = [r for r in outcome.convergence if not r["converged"]]
     if outcome.verdict.status != INCONCLUSIVE:
         if late:  # decided by the rule, but on a budget that has not converged: the reader is told
-            outcome.verdict = Verdict(outcome.verdict.status, f"{outcome.verdict.detail}. Not every arm's budget has "
-                                      "converged (" + ", ".join(r["arm"] for r in late) + ": Budget table): a longer "
-                                      "budget may change this verdict")
+            outcome.verdict = Verdict(
+                outcome.verdict.status,
+                f"{outcome.verdict.detail}. Not every arm's budget has "
+                "converged (" + ", ".join(r["arm"] for r in late) + ": Budget table): a longer "
+                "budget may change this verdict",
+            )
         return
     if late:
-        why = "not every arm's budget has converged (" + ", ".join(r["arm"] for r in late) + "): the budget may decide it"
+        why = (
+            "not every arm's budget has converged (" + ", ".join(r["arm"] for r in late) + "): the budget may decide it"
+        )
     elif outcome.convergence and outcome.convergence_complete:
-        why = ("every arm's budget has converged (doubling it moves no arm by a point: Budget table), so the effect is "
-               "smaller than the spread between seeds, not hidden by training stopped early")
+        why = (
+            "every arm's budget has converged (doubling it moves no arm by a point: Budget table), so the effect is "
+            "smaller than the spread between seeds, not hidden by training stopped early"
+        )
     elif outcome.convergence:
         why = "its budgets are measured only in part (Budget table): the budget may decide it"
     else:
@@ -275,12 +359,17 @@ def _budget_evidence(e, outcome: Outcome, scale: Scale, record: dict | None) -> 
 
 
 def _from_search(e, outcome: Outcome, record: dict) -> None:
-    if record.get("convergence") and e.name in record["convergence"] and \
-            record["code_budgets"] == {str(n): st for n, st in code_budgets().items()} and \
-            record.get("code_regularised_budgets") == {str(n): st for n, st in code_regularised_budgets().items()}:
+    if (
+        record.get("convergence")
+        and e.name in record["convergence"]
+        and record["code_budgets"] == {str(n): st for n, st in code_budgets().items()}
+        and record.get("code_regularised_budgets") == {str(n): st for n, st in code_regularised_budgets().items()}
+    ):
         outcome.convergence = record["convergence"][e.name]
-        outcome.convergence_note = ("from the recipe search: on the 10,000 training images held out from the other "
-                                    "50,000, seed 0 (60,000 is trained there as the 50,000)")
+        outcome.convergence_note = (
+            "from the recipe search: on the 10,000 training images held out from the other "
+            "50,000, seed 0 (60,000 is trained there as the 50,000)"
+        )
     elif e.name == "data_scale":
         rows = budget_rows(record, code_budgets())
         if rows:
@@ -288,19 +377,27 @@ def _from_search(e, outcome: Outcome, record: dict) -> None:
             outcome.convergence_complete = {r["n_train"] for r in rows} >= set(code_budgets())
             outcome.convergence_note = (
                 "from the recipe search's budget stage: on the 10,000 training images held out from the other 50,000, "
-                "seed 0; measured at " + ", ".join(f"{n:,}" for n in sorted({r["n_train"] for r in rows}))
-                + " training images" + ("" if outcome.convergence_complete else " only: the other sizes' budgets are "
-                                        "not yet measured"))
+                "seed 0; measured at "
+                + ", ".join(f"{n:,}" for n in sorted({r["n_train"] for r in rows}))
+                + " training images"
+                + ("" if outcome.convergence_complete else " only: the other sizes' budgets are not yet measured")
+            )
     elif e.name == "recipe" and record.get("regularisation"):
         reg = record["regularisation"]  # claim 9's regularisation stage: each model with it at its budget and twice it
         if reg["chosen"] != shared.REGULARISATION or code_regularised_budgets().get(reg["n"]) != reg["budget"]:
             return
-        outcome.convergence = [convergence_row(f"{m} + recipe", reg["n"], b, *[[x] for x in r["acc"]], record["tolerance"])
-                               for m, b in reg["budget"].items() for r in reg["rows"][m] if r["steps"] == b]
+        outcome.convergence = [
+            convergence_row(f"{m} + recipe", reg["n"], b, *[[x] for x in r["acc"]], record["tolerance"])
+            for m, b in reg["budget"].items()
+            for r in reg["rows"][m]
+            if r["steps"] == b
+        ]
         outcome.convergence_complete = False
-        outcome.convergence_note = (f"from the recipe search's regularisation stage: on the 10,000 training images held "
-                                    f"out from the other 50,000, seed 0; the arms with the recipe at {reg['n']:,} "
-                                    "training images only: the others are not yet measured")
+        outcome.convergence_note = (
+            f"from the recipe search's regularisation stage: on the 10,000 training images held "
+            f"out from the other 50,000, seed 0; the arms with the recipe at {reg['n']:,} "
+            "training images only: the others are not yet measured"
+        )
 
 
 def budget_rows(record: dict, budgets: dict[int, int]) -> list[dict]:
@@ -338,5 +435,10 @@ def quality(results: Results, runs: Sequence[RunSpec], scale: Scale) -> dict:
         mean, std, _ = _stats(results.acc([fashion_run(model, n, s, scale) for s in scale.seeds]))
         rows.append({"model": name, "n_train": n, "target": target, "mean": mean, "std": std, "met": mean >= target})
     worst = max(spreads, key=lambda t: t[0]) if spreads else (float("nan"), None)
-    return {"targets": rows, "arms": len(spreads), "over_2": sum(1 for sd, _ in spreads if sd > 0.02),
-            "max_std": worst[0], "max_std_arm": arm_label(worst[1]) + f" at N={worst[1].n_train:,}" if worst[1] else None}
+    return {
+        "targets": rows,
+        "arms": len(spreads),
+        "over_2": sum(1 for sd, _ in spreads if sd > 0.02),
+        "max_std": worst[0],
+        "max_std_arm": arm_label(worst[1]) + f" at N={worst[1].n_train:,}" if worst[1] else None,
+    }

@@ -13,10 +13,10 @@ import hashlib
 import json
 import statistics
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import torch
 from safetensors.torch import load, load_file, save
@@ -30,12 +30,11 @@ from vitlab.data.split import stratified_split
 from vitlab.data.synthetic import dataset_x_splits
 from vitlab.errors import VitlabError
 from vitlab.fileio import write_bytes, write_json
-from vitlab.runtime import num_threads, seed_everything
 from vitlab.models.factory import create_model
 from vitlab.models.vit import VisionTransformer
+from vitlab.runtime import num_threads, seed_everything
 from vitlab.train.engine import Callback, evaluate, fit
 from vitlab.train.recipe import Recipe
-
 
 CACHE_VERSION = 2  # bump when a change to the training code changes what a cached run means
 
@@ -55,8 +54,10 @@ class RunSpec:
     weight_decay: float = 0.05
     warmup_epochs: float = 1.0
     seed: int = 0
-    init: "RunSpec | None" = None
-    weight_init: str = "default"  # a ViT's initial weights: "default" (the constructor's) or "release" (init_weights("jax"))
+    init: RunSpec | None = None
+    weight_init: str = (
+        "default"  # a ViT's initial weights: "default" (the constructor's) or "release" (init_weights("jax"))
+    )
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -79,7 +80,11 @@ class RunSpec:
     def steps(self) -> int:
         """Optimizer steps: epochs x batches per epoch (a run that mixes batches drops the last, short one)."""
         aug = dict(self.aug)
-        per_epoch = self.n_train // self.batch_size if aug.get("mixup") or aug.get("cutmix") else -(-self.n_train // self.batch_size)
+        per_epoch = (
+            self.n_train // self.batch_size
+            if aug.get("mixup") or aug.get("cutmix")
+            else -(-self.n_train // self.batch_size)
+        )
         return self.epochs * per_epoch
 
 
@@ -97,7 +102,9 @@ def _fashion(train: bool) -> ImageTensors:
 
 HELD_OUT = 10_000  # training images the recipe search validates on (`split: "search"`); never the test images
 HELD_OUT_SEED = 28  # the one permutation of the 60,000 training images that splits them
-DIGITS_HELD_OUT = 400  # of the digits a run does not train on, those a claim chooses its lr and budget on (`split: "held_out"`)
+DIGITS_HELD_OUT = (
+    400  # of the digits a run does not train on, those a claim chooses its lr and budget on (`split: "held_out"`)
+)
 
 
 def search_split() -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,8 +148,13 @@ def build_model(spec: RunSpec, num_classes: int) -> nn.Module:
     evaluated on the images as they are: no resize or crop (crop_pct 1), normalised (x - 0.5) / 0.5; a ViT's
     weights initialised as `spec.weight_init` says."""
     d = dict(spec.data)
-    model = create_model(spec.model, num_classes=num_classes, img_size=int(d["img_size"]),
-                         in_chans=int(d.get("channels", 3)), **dict(spec.overrides))
+    model = create_model(
+        spec.model,
+        num_classes=num_classes,
+        img_size=int(d["img_size"]),
+        in_chans=int(d.get("channels", 3)),
+        **dict(spec.overrides),
+    )
     model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=1.0)
     if spec.weight_init == "release":  # the original release's (VisionTransformer.init_weights' "jax")
         model.init_weights("jax")
@@ -155,18 +167,33 @@ def transforms(spec: RunSpec, model: nn.Module, source_size: tuple[int, int]) ->
     """(train, eval) batch transforms of a run: the spec's augmentation, normalised as the model expects."""
     pcfg, aug = model.pretrained_cfg, dict(spec.aug)
     norm = dict(size=tuple(model.cfg.img_size), mean=pcfg.mean, std=pcfg.std, channels=model.cfg.in_chans)
-    train = BatchTransform(**norm, augment=bool(aug), source_size=source_size, crop_scale=aug.get("crop_scale", 1.0),
-                           hflip=aug.get("hflip", False), auto_augment=aug.get("auto_augment", "none"),
-                           re_prob=aug.get("reprob", 0.0), interpolation=pcfg.interpolation)
+    train = BatchTransform(
+        **norm,
+        augment=bool(aug),
+        source_size=source_size,
+        crop_scale=aug.get("crop_scale", 1.0),
+        hflip=aug.get("hflip", False),
+        auto_augment=aug.get("auto_augment", "none"),
+        re_prob=aug.get("reprob", 0.0),
+        interpolation=pcfg.interpolation,
+    )
     return train, BatchTransform(**norm)
 
 
 def recipe(spec: RunSpec) -> Recipe:
     """AdamW, warmup + cosine, clipping at 1; and the batch mixing of the spec's augmentation (fit applies it)."""
     aug = dict(spec.aug)
-    return Recipe(epochs=spec.epochs, batch_size=spec.batch_size, lr=spec.lr, weight_decay=spec.weight_decay,
-                  warmup_epochs=spec.warmup_epochs, seed=spec.seed, augment=bool(aug),
-                  mixup=aug.get("mixup", 0.0), cutmix=aug.get("cutmix", 0.0))
+    return Recipe(
+        epochs=spec.epochs,
+        batch_size=spec.batch_size,
+        lr=spec.lr,
+        weight_decay=spec.weight_decay,
+        warmup_epochs=spec.warmup_epochs,
+        seed=spec.seed,
+        augment=bool(aug),
+        mixup=aug.get("mixup", 0.0),
+        cutmix=aug.get("cutmix", 0.0),
+    )
 
 
 class RunCache:
@@ -214,8 +241,13 @@ class _OnEpoch(Callback):
         self.fn()
 
 
-def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: Callable[[], None] | None = None,
-                fast_path: str = "auto") -> dict:
+def execute_run(
+    spec: RunSpec,
+    cache: RunCache,
+    device: torch.device,
+    on_epoch: Callable[[], None] | None = None,
+    fast_path: str = "auto",
+) -> dict:
     """Train one run (or read it from the cache; its parent first, if that is not there either), keep it in the
     cache and return its result."""
     if cache.has(spec):
@@ -228,8 +260,13 @@ def execute_run(spec: RunSpec, cache: RunCache, device: torch.device, on_epoch: 
     return result
 
 
-def train_run(spec: RunSpec, device: torch.device, init: tuple[int, bytes] | None = None,
-              on_epoch: Callable[[], None] | None = None, fast_path: str = "auto") -> tuple[dict, bytes]:
+def train_run(
+    spec: RunSpec,
+    device: torch.device,
+    init: tuple[int, bytes] | None = None,
+    on_epoch: Callable[[], None] | None = None,
+    fast_path: str = "auto",
+) -> tuple[dict, bytes]:
     """Train one run and return its result and its weights (safetensors bytes). `init`: the number of classes
     and the weights of the run it starts from (`RunCache.weights(spec.init)`), for a fine-tuning run.
     Reads no cache and writes no file: the run depends on its arguments alone (and the dataset's files), so
@@ -248,12 +285,20 @@ def train_run(spec: RunSpec, device: torch.device, init: tuple[int, bytes] | Non
         model = build_model(spec, k)
     train_tf, eval_tf = transforms(spec, model, train.size)
     rec = recipe(spec)
-    loader = MemoryLoader(train, train_tf, batch_size=spec.batch_size, shuffle=True, drop_last=rec.mixes,
-                          seed=spec.seed, device=device)
+    loader = MemoryLoader(
+        train, train_tf, batch_size=spec.batch_size, shuffle=True, drop_last=rec.mixes, seed=spec.seed, device=device
+    )
     curve = MemoryLoader(val.subset(torch.arange(min(len(val), VAL_PER_EPOCH))), eval_tf, batch_size=500, device=device)
     t0, c0 = time.perf_counter(), time.process_time()
-    history = fit(model, loader, curve, rec, device=device, callbacks=[_OnEpoch(on_epoch)] if on_epoch else [],
-                  fast_path=fast_path)
+    history = fit(
+        model,
+        loader,
+        curve,
+        rec,
+        device=device,
+        callbacks=[_OnEpoch(on_epoch)] if on_epoch else [],
+        fast_path=fast_path,
+    )
     train_time, train_cpu = time.perf_counter() - t0, time.process_time() - c0
     final = evaluate(model, MemoryLoader(val, eval_tf, batch_size=500, device=device), device=device)
     result = {

@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from vitlab.errors import VitlabError
 from vitlab.experiments.executors import open_executor
-from vitlab.experiments.reproduce.claims import EXPERIMENTS
-from vitlab.experiments.reproduce.claims import shared
+from vitlab.experiments.reproduce.claims import EXPERIMENTS, shared
 from vitlab.experiments.reproduce.claims.base import Scale
 from vitlab.experiments.reproduce.claims.claim3_cls_vs_gap import POOL_LR
 from vitlab.experiments.reproduce.claims.shared import CNN, VIT, epochs_for, steps_per_epoch
@@ -50,11 +49,25 @@ RECORD = Path(__file__).with_name("search.json")  # the search whose choice clai
 TOLERANCE = 0.01  # doubling the budget moves held-out accuracy by less than 1 point: converged
 MODELS = {VIT: "ViT", CNN: "CNN"}
 AUGS = {"flips": {"hflip": True}, "flips + crops": {"hflip": True, "crop_scale": 0.8}}
-SHAPES = {"P=4, 6 blocks": {"patch_size": 4, "depth": 6}, "P=7, 6 blocks": {"patch_size": 7, "depth": 6},
-          "P=4, 4 blocks": {"patch_size": 4, "depth": 4}, "P=4, 8 blocks": {"patch_size": 4, "depth": 8}}
+SHAPES = {
+    "P=4, 6 blocks": {"patch_size": 4, "depth": 6},
+    "P=7, 6 blocks": {"patch_size": 7, "depth": 6},
+    "P=4, 4 blocks": {"patch_size": 4, "depth": 4},
+    "P=4, 8 blocks": {"patch_size": 4, "depth": 8},
+}
 # Where the search starts: the previous report's recipe (the same for both models, the ViT as built).
-START = {m: {"weight_init": "default", "lr": 1e-3, "weight_decay": 0.05, "warmup": 0.1, "batch_size": 128,
-             "aug": "flips", **({"shape": "P=4, 6 blocks"} if m == VIT else {})} for m in MODELS}
+START = {
+    m: {
+        "weight_init": "default",
+        "lr": 1e-3,
+        "weight_decay": 0.05,
+        "warmup": 0.1,
+        "batch_size": 128,
+        "aug": "flips",
+        **({"shape": "P=4, 6 blocks"} if m == VIT else {}),
+    }
+    for m in MODELS
+}
 # The recipe stage: (knob, candidates, models), in this order. Small on purpose (about one CPU core-hour): the
 # learning rates of the previous report's lr sweep first, then each knob against one or two alternatives. The
 # augmentation is not searched (random flips, as before; AUGS names a candidate for a larger search).
@@ -69,7 +82,6 @@ STAGES = (
 # A knob one model takes from another: the CNN trains at the ViT's batch size, so that the same step budget is
 # the same images for both (claim 5 compares them at equal budgets). Its accuracy at each value is still shown.
 FOLLOWS = {("batch_size", CNN): VIT}
-
 
 
 @dataclass(frozen=True)
@@ -107,9 +119,19 @@ def candidate(model: str, knobs: dict, n: int, *, epochs: int, n_val: int = HELD
     ov = dict(SHAPES[knobs["shape"]]) if model == VIT else {}
     base = get_config(model)
     ov = {k: v for k, v in ov.items() if getattr(base, k, None) != v}  # as shared.fashion_run drops them
-    return run_spec(search_data(n, n_val), model, overrides=ov, aug=AUGS[knobs["aug"]], epochs=epochs, lr=knobs["lr"],
-                    batch_size=knobs["batch_size"], weight_decay=knobs["weight_decay"],
-                    warmup_epochs=knobs["warmup"] * epochs, seed=0, weight_init=knobs["weight_init"])
+    return run_spec(
+        search_data(n, n_val),
+        model,
+        overrides=ov,
+        aug=AUGS[knobs["aug"]],
+        epochs=epochs,
+        lr=knobs["lr"],
+        batch_size=knobs["batch_size"],
+        weight_decay=knobs["weight_decay"],
+        warmup_epochs=knobs["warmup"] * epochs,
+        seed=0,
+        weight_init=knobs["weight_init"],
+    )
 
 
 def at_steps(model: str, knobs: dict, n: int, steps: int, n_val: int = HELD_OUT) -> RunSpec:
@@ -122,9 +144,19 @@ def regularised(model: str, knobs: dict, name: str, n: int, steps: int, n_val: i
     plain = at_steps(model, knobs, n, steps, n_val)
     ov = {**dict(plain.overrides), **({"drop_path": drop_path} if model == VIT else {})}
     epochs = epochs_for(steps, n, knobs["batch_size"], drop_last=True)  # mixing drops each epoch's short batch
-    return run_spec(dict(plain.data), model, overrides=ov, aug=aug, epochs=epochs, lr=plain.lr,
-                    batch_size=plain.batch_size, weight_decay=plain.weight_decay,
-                    warmup_epochs=knobs["warmup"] * epochs, seed=0, weight_init=plain.weight_init)
+    return run_spec(
+        dict(plain.data),
+        model,
+        overrides=ov,
+        aug=aug,
+        epochs=epochs,
+        lr=plain.lr,
+        batch_size=plain.batch_size,
+        weight_decay=plain.weight_decay,
+        warmup_epochs=knobs["warmup"] * epochs,
+        seed=0,
+        weight_init=plain.weight_init,
+    )
 
 
 def twin(spec: RunSpec, factor: int = 1, steps: int | None = None) -> RunSpec:
@@ -134,17 +166,21 @@ def twin(spec: RunSpec, factor: int = 1, steps: int | None = None) -> RunSpec:
     mixing = bool(dict(spec.aug).get("mixup"))  # mixing drops each epoch's short batch
     if steps is not None:
         steps = epochs_for(steps, spec.n_train, spec.batch_size, drop_last=mixing) * steps_per_epoch(
-            spec.n_train, spec.batch_size, drop_last=mixing)
+            spec.n_train, spec.batch_size, drop_last=mixing
+        )
     epochs = epochs_for(factor * (spec.steps if steps is None else steps), n, spec.batch_size, drop_last=mixing)
     data = tuple(sorted({**dict(spec.data), **search_data(n)}.items()))
-    return dataclasses.replace(spec, data=data, epochs=epochs, warmup_epochs=spec.warmup_epochs / spec.epochs * epochs,
-                               seed=0)
+    return dataclasses.replace(
+        spec, data=data, epochs=epochs, warmup_epochs=spec.warmup_epochs / spec.epochs * epochs, seed=0
+    )
 
 
 def arm_label(spec: RunSpec) -> str:
     """A claim's arm in words: the model, what differs from the shared setup, the recipe, the learning rate."""
     ov = dict(spec.overrides)
-    if spec.model == VIT:  # the shape as trained (an override equal to the registered model's is dropped), against the shared one
+    if (
+        spec.model == VIT
+    ):  # the shape as trained (an override equal to the registered model's is dropped), against the shared one
         base = get_config(VIT)
         ov = {**{k: getattr(base, k) for k in shared.FASHION_VIT}, **ov}
         ov = {k: v for k, v in ov.items() if shared.FASHION_VIT.get(k) != v}
@@ -160,8 +196,13 @@ def arm_label(spec: RunSpec) -> str:
 class Search:
     """Trains the search's runs on an executor (each batch of runs at once) and reads their held-out accuracy."""
 
-    def __init__(self, cache: RunCache, train: Callable[[Sequence[RunSpec]], None], log: Callable[[str], None],
-                 plan: SearchPlan = PLANS["default"]):
+    def __init__(
+        self,
+        cache: RunCache,
+        train: Callable[[Sequence[RunSpec]], None],
+        log: Callable[[str], None],
+        plan: SearchPlan = PLANS["default"],
+    ):
         self.cache, self._train, self.log, self.plan = cache, train, log, plan
 
     def acc(self, specs: Sequence[RunSpec]) -> list[float]:
@@ -183,11 +224,22 @@ class Search:
                 leader = FOLLOWS.get((knob, m))
                 if leader is not None:
                     best = values.index(chosen[leader][knob])
-                stages.append({"knob": knob, "model": m, "values": list(values), "acc": accs,
-                               "before": chosen[m][knob], "chosen": values[best],
-                               **({"rule": f"the {MODELS[leader]}'s"} if leader else {})})
-                self.log(f"  {knob} ({MODELS[m]}): " + ", ".join(f"{v}: {100 * a:.2f}" for v, a in zip(values, accs))
-                         + f" -> {values[best]}")
+                stages.append(
+                    {
+                        "knob": knob,
+                        "model": m,
+                        "values": list(values),
+                        "acc": accs,
+                        "before": chosen[m][knob],
+                        "chosen": values[best],
+                        **({"rule": f"the {MODELS[leader]}'s"} if leader else {}),
+                    }
+                )
+                self.log(
+                    f"  {knob} ({MODELS[m]}): "
+                    + ", ".join(f"{v}: {100 * a:.2f}" for v, a in zip(values, accs))
+                    + f" -> {values[best]}"
+                )
                 chosen[m][knob] = values[best]
         return chosen, stages
 
@@ -199,26 +251,42 @@ class Search:
         longer to pay off than plain training)."""
         n, steps = self.plan.regularisation
         names = list(shared.REGULARISATIONS)
-        plain, *accs = self.acc([at_steps(VIT, recipe[VIT], n, steps, self.plan.n_val)]
-                                + [regularised(VIT, recipe[VIT], k, n, steps, self.plan.n_val) for k in names])
+        plain, *accs = self.acc(
+            [at_steps(VIT, recipe[VIT], n, steps, self.plan.n_val)]
+            + [regularised(VIT, recipe[VIT], k, n, steps, self.plan.n_val) for k in names]
+        )
         chosen = names[max(range(len(names)), key=lambda i: (accs[i], names[i] == shared.REGULARISATION))]
-        self.log(f"  ViT at N={n:,}, {steps} steps: plain {100 * plain:.2f}; " + ", ".join(
-            f"{k}: {100 * a:.2f}" for k, a in zip(names, accs)) + f" -> {chosen}")
+        self.log(
+            f"  ViT at N={n:,}, {steps} steps: plain {100 * plain:.2f}; "
+            + ", ".join(f"{k}: {100 * a:.2f}" for k, a in zip(names, accs))
+            + f" -> {chosen}"
+        )
         budgets, rows, converged = {}, {}, {}
         for m in MODELS:  # each model's budget with the regularisation, found as the budget stage finds one
             budget, rows[MODELS[m]] = steps, []
             while True:
                 a, b = self.acc([regularised(m, recipe[m], chosen, n, k * budget, self.plan.n_val) for k in (1, 2)])
                 rows[MODELS[m]].append({"steps": budget, "acc": [a, b]})
-                self.log(f"  {MODELS[m]} + {chosen} at N={n:,}, steps {budget} -> {2 * budget}: "
-                         f"{100 * a:.2f} -> {100 * b:.2f}")
+                self.log(
+                    f"  {MODELS[m]} + {chosen} at N={n:,}, steps {budget} -> {2 * budget}: "
+                    f"{100 * a:.2f} -> {100 * b:.2f}"
+                )
                 converged[MODELS[m]] = abs(b - a) < TOLERANCE
                 if converged[MODELS[m]] or 2 * budget >= self.plan.max_steps:
                     break
                 budget *= 2
             budgets[MODELS[m]] = budget
-        return {"n": n, "steps": steps, "plain": plain, "values": names, "acc": accs, "chosen": chosen,
-                "budget": budgets, "converged": converged, "rows": rows}
+        return {
+            "n": n,
+            "steps": steps,
+            "plain": plain,
+            "values": names,
+            "acc": accs,
+            "chosen": chosen,
+            "budget": budgets,
+            "converged": converged,
+            "rows": rows,
+        }
 
     def budgets(self, recipe: dict, ns: Sequence[int] | None = None) -> dict[int, dict]:
         """The budget stage: at each size (the plan's, or `ns`), steps doubling from the plan's first until
@@ -231,11 +299,16 @@ class Search:
                 a = self.acc(specs)
                 row = {"steps": steps, "acc": {MODELS[m]: [a[2 * i], a[2 * i + 1]] for i, m in enumerate(MODELS)}}
                 rows.append(row)
-                self.log(f"  N={n:,} steps {steps} -> {2 * steps}: " + "; ".join(
-                    f"{k} {100 * x:.2f} -> {100 * y:.2f}" for k, (x, y) in row["acc"].items()))
+                self.log(
+                    f"  N={n:,} steps {steps} -> {2 * steps}: "
+                    + "; ".join(f"{k} {100 * x:.2f} -> {100 * y:.2f}" for k, (x, y) in row["acc"].items())
+                )
                 if all(abs(y - x) < TOLERANCE for x, y in row["acc"].values()) or 2 * steps >= p.max_steps:
-                    out[n] = {"steps": steps, "converged": all(abs(y - x) < TOLERANCE for x, y in row["acc"].values()),
-                              "rows": rows}
+                    out[n] = {
+                        "steps": steps,
+                        "converged": all(abs(y - x) < TOLERANCE for x, y in row["acc"].values()),
+                        "rows": rows,
+                    }
                     break
                 steps *= 2
         return out
@@ -251,8 +324,11 @@ class Search:
         start = {n: found.get(n, s) for n, s in code_budgets().items()}
         arms: dict[tuple, list[tuple[str, RunSpec]]] = {}  # (N, None): the size's shared budget; (N, model): claim 9's
         for e in EXPERIMENTS:
-            fashion = [s for s in (e.search_plan or e.plan)(scale)
-                       if dict(s.data)["name"] == "fashion-mnist" and s.seed == scale.seeds[0]]
+            fashion = [
+                s
+                for s in (e.search_plan or e.plan)(scale)
+                if dict(s.data)["name"] == "fashion-mnist" and s.seed == scale.seeds[0]
+            ]
             if not fashion:
                 continue
             ns = {min(s.n_train for s in fashion), max(s.n_train for s in fashion)}
@@ -270,33 +346,60 @@ class Search:
                 rows[g] = []
                 for name, s in arms[g]:
                     a, b = self.acc([twin(s, k, steps=budget[g]) for k in (1, 2)])
-                    rows[g].append({"claim": name, "arm": arm_label(s), "n_train": s.n_train, "n_search": twin(s).n_train,
-                                    "budget": budget[g], "steps": twin(s, steps=budget[g]).steps, "acc": a, "acc_2x": b,
-                                    "converged": abs(b - a) < TOLERANCE})
-                late = list({r["arm"]: r for r in rows[g] if not r["converged"]}.values())  # an arm of several claims once
+                    rows[g].append(
+                        {
+                            "claim": name,
+                            "arm": arm_label(s),
+                            "n_train": s.n_train,
+                            "n_search": twin(s).n_train,
+                            "budget": budget[g],
+                            "steps": twin(s, steps=budget[g]).steps,
+                            "acc": a,
+                            "acc_2x": b,
+                            "converged": abs(b - a) < TOLERANCE,
+                        }
+                    )
+                late = list(
+                    {r["arm"]: r for r in rows[g] if not r["converged"]}.values()
+                )  # an arm of several claims once
                 n_arms = len({s.key for _, s in arms[g]})
                 stop = not late or 2 * budget[g] > self.plan.raise_to
-                rounds.append({"n_train": g[0], "model": MODELS[g[1]] if g[1] else None, "budget": budget[g],
-                               "arms": n_arms, "late": [r["arm"] for r in late],
-                               "largest_move": max(abs(r["acc_2x"] - r["acc"]) for r in rows[g]),
-                               "outcome": "budget" if not late else "stopped" if stop else "doubled"})
-                self.log(f"  N={g[0]:,}{' ' + MODELS[g[1]] + ' (claim 9)' if g[1] else ''}, {budget[g]:,} steps -> "
-                         f"{2 * budget[g]:,}: {n_arms - len(late)} of {n_arms} arms moved by less than a point"
-                         + "".join(f"; not {r['arm']} ({100 * r['acc']:.2f} -> {100 * r['acc_2x']:.2f})" for r in late))
+                rounds.append(
+                    {
+                        "n_train": g[0],
+                        "model": MODELS[g[1]] if g[1] else None,
+                        "budget": budget[g],
+                        "arms": n_arms,
+                        "late": [r["arm"] for r in late],
+                        "largest_move": max(abs(r["acc_2x"] - r["acc"]) for r in rows[g]),
+                        "outcome": "budget" if not late else "stopped" if stop else "doubled",
+                    }
+                )
+                self.log(
+                    f"  N={g[0]:,}{' ' + MODELS[g[1]] + ' (claim 9)' if g[1] else ''}, {budget[g]:,} steps -> "
+                    f"{2 * budget[g]:,}: {n_arms - len(late)} of {n_arms} arms moved by less than a point"
+                    + "".join(f"; not {r['arm']} ({100 * r['acc']:.2f} -> {100 * r['acc_2x']:.2f})" for r in late)
+                )
                 if stop:
                     pending.remove(g)
                 else:
                     budget[g] *= 2
         claims = {}
-        for g, rs in rows.items():
+        for rs in rows.values():
             for r in rs:
                 claims.setdefault(r.pop("claim"), []).append(r)
         shared_found = {n: b for (n, m), b in sorted(budget.items(), key=lambda kv: kv[0][0]) if m is None}
-        own = {n: {MODELS[m]: budget.get((n, m), shared_found.get(n)) for m in MODELS}
-               for n in sorted({n for n, m in budget if m is not None})}
-        return {"claims": {e.name: claims[e.name] for e in EXPERIMENTS if e.name in claims}, "budgets": shared_found,
-                "own_budgets": own, "rounds": sorted(rounds, key=lambda r: (r["n_train"], r["model"] or "")),
-                "pooling": self._pooling(arms, budget)}
+        own = {
+            n: {MODELS[m]: budget.get((n, m), shared_found.get(n)) for m in MODELS}
+            for n in sorted({n for n, m in budget if m is not None})
+        }
+        return {
+            "claims": {e.name: claims[e.name] for e in EXPERIMENTS if e.name in claims},
+            "budgets": shared_found,
+            "own_budgets": own,
+            "rounds": sorted(rounds, key=lambda r: (r["n_train"], r["model"] or "")),
+            "pooling": self._pooling(arms, budget),
+        }
 
     def _pooling(self, arms: dict, budget: dict) -> dict | None:
         """Claim 3's learning rates: each pooling's best held-out accuracy of the sweep at its budget (the code's on a tie)."""
@@ -314,18 +417,28 @@ class Search:
 def _train(specs: Sequence[RunSpec], ex, cache: RunCache, fast_path: str, log: Callable[[str], None]) -> None:
     for spec, _ in train_on(sorted(specs, key=lambda s: -s.epochs * s.n_train), ex, cache, fast_path):  # longest first
         r = cache.result(spec)
-        log(f"    trained {arm_label(spec)}, N={spec.n_train:,}, {spec.steps:,} steps, lr {spec.lr:g}, batch "
-            f"{spec.batch_size}: {100 * r['val_acc']:.2f}% held out")
+        log(
+            f"    trained {arm_label(spec)}, N={spec.n_train:,}, {spec.steps:,} steps, lr {spec.lr:g}, batch "
+            f"{spec.batch_size}: {100 * r['val_acc']:.2f}% held out"
+        )
 
 
 def code_recipe() -> dict:
     """The recipe claims/shared.py holds, in the search's knobs."""
     aug = next((k for k, v in AUGS.items() if v == shared.PLAIN), None)
     shape = next((k for k, v in SHAPES.items() if v == shared.FASHION_VIT), None)
-    return {m: {"weight_init": shared.VIT_INIT if m == VIT else "default", "lr": shared.RECIPES[m]["lr"],
-                "weight_decay": shared.RECIPES[m]["weight_decay"], "warmup": shared.RECIPES[m]["warmup"],
-                "batch_size": shared.RECIPES[m]["batch_size"], "aug": aug, **({"shape": shape} if m == VIT else {})}
-            for m in MODELS}
+    return {
+        m: {
+            "weight_init": shared.VIT_INIT if m == VIT else "default",
+            "lr": shared.RECIPES[m]["lr"],
+            "weight_decay": shared.RECIPES[m]["weight_decay"],
+            "warmup": shared.RECIPES[m]["warmup"],
+            "batch_size": shared.RECIPES[m]["batch_size"],
+            "aug": aug,
+            **({"shape": shape} if m == VIT else {}),
+        }
+        for m in MODELS
+    }
 
 
 def code_budgets() -> dict[int, int]:
@@ -335,35 +448,63 @@ def code_budgets() -> dict[int, int]:
 def code_regularised_budgets() -> dict[int, dict[str, int]]:
     """Claim 9's budgets in code where it has its own (shared.REGULARISED_STEPS), per training-set size and model:
     each model's own there, or the shared one."""
-    return {n: {MODELS[m]: b.get(m, shared.STEPS["default"][n]) for m in MODELS}
-            for n, b in sorted(shared.REGULARISED_STEPS["default"].items())}
+    return {
+        n: {MODELS[m]: b.get(m, shared.STEPS["default"][n]) for m in MODELS}
+        for n, b in sorted(shared.REGULARISED_STEPS["default"].items())
+    }
 
 
-def make_record(plan: SearchPlan, stages: list[dict], recipe: dict, budgets: dict[int, dict], cache: RunCache, *,
-                convergence: dict | None = None, made_by: str = "`vitlab reproduce --tune --out DIR`",
-                regularisation: dict | None = None) -> dict:
+def make_record(
+    plan: SearchPlan,
+    stages: list[dict],
+    recipe: dict,
+    budgets: dict[int, dict],
+    cache: RunCache,
+    *,
+    convergence: dict | None = None,
+    made_by: str = "`vitlab reproduce --tune --out DIR`",
+    regularisation: dict | None = None,
+) -> dict:
     """The search's record (search.json): what it tried, what it chose, and the runs it took."""
     results = [json.loads(p.read_text()) for p in cache.root.glob("*/result.json")]
     conv = convergence or {}
-    return {"held_out": plan.n_val, "search_n": plan.search_n, "recipe_epochs": plan.recipe_epochs,
-            "tolerance": TOLERANCE, "start": START, "stages": stages, "recipe": recipe, "regularisation": regularisation,
-            "budgets": {str(n): b for n, b in budgets.items()},
-            "code_budgets": {str(n): s for n, s in code_budgets().items()} if convergence else None,
-            "code_regularised_budgets": {str(n): s for n, s in code_regularised_budgets().items()} if convergence else None,
-            "convergence": conv.get("claims"),
-            "convergence_budgets": {str(n): s for n, s in conv["budgets"].items()} if convergence else None,
-            "convergence_own_budgets": {str(n): s for n, s in conv["own_budgets"].items()} if convergence else None,
-            "convergence_rounds": conv.get("rounds"), "pooling": conv.get("pooling"),
-            "made_by": made_by, "runs": len(results), "train_cpu_s": sum(r["train_cpu_s"] for r in results)}
+    return {
+        "held_out": plan.n_val,
+        "search_n": plan.search_n,
+        "recipe_epochs": plan.recipe_epochs,
+        "tolerance": TOLERANCE,
+        "start": START,
+        "stages": stages,
+        "recipe": recipe,
+        "regularisation": regularisation,
+        "budgets": {str(n): b for n, b in budgets.items()},
+        "code_budgets": {str(n): s for n, s in code_budgets().items()} if convergence else None,
+        "code_regularised_budgets": {str(n): s for n, s in code_regularised_budgets().items()} if convergence else None,
+        "convergence": conv.get("claims"),
+        "convergence_budgets": {str(n): s for n, s in conv["budgets"].items()} if convergence else None,
+        "convergence_own_budgets": {str(n): s for n, s in conv["own_budgets"].items()} if convergence else None,
+        "convergence_rounds": conv.get("rounds"),
+        "pooling": conv.get("pooling"),
+        "made_by": made_by,
+        "runs": len(results),
+        "train_cpu_s": sum(r["train_cpu_s"] for r in results),
+    }
 
 
 def hold_lines(convergence: dict) -> str:
     """What the code must hold for the convergence stage's budgets and claim 3's learning rates, and whether it does."""
-    own = {n: {m: b for m, b in bs.items() if b != convergence["budgets"].get(n)} for n, bs in convergence["own_budgets"].items()}
-    lines = [f"  budgets found: {convergence['budgets']} (claims/shared.py STEPS['default']: {code_budgets()}); claim 9's "
-             f"own: {own} (REGULARISED_STEPS: {code_regularised_budgets()})"]
+    own = {
+        n: {m: b for m, b in bs.items() if b != convergence["budgets"].get(n)}
+        for n, bs in convergence["own_budgets"].items()
+    }
+    lines = [
+        f"  budgets found: {convergence['budgets']} (claims/shared.py STEPS['default']: {code_budgets()}); claim 9's "
+        f"own: {own} (REGULARISED_STEPS: {code_regularised_budgets()})"
+    ]
     if convergence.get("pooling"):
-        lines.append(f"  claim 3's learning rates: {convergence['pooling']['chosen']} (claim3_cls_vs_gap.POOL_LR: {POOL_LR})")
+        lines.append(
+            f"  claim 3's learning rates: {convergence['pooling']['chosen']} (claim3_cls_vs_gap.POOL_LR: {POOL_LR})"
+        )
     return "\n".join(lines)
 
 
@@ -379,8 +520,11 @@ def code_holds(record: dict) -> list[str]:
         if {str(n): s for n, s in code_budgets().items()} != record["convergence_budgets"]:
             bad.append("the budgets (STEPS)")
         label = {v: k for k, v in MODELS.items()}
-        if any(shared.regularised_steps(label[m], int(n), Scale("default", (0,))) != b
-               for n, bs in record["convergence_own_budgets"].items() for m, b in bs.items()):
+        if any(
+            shared.regularised_steps(label[m], int(n), Scale("default", (0,))) != b
+            for n, bs in record["convergence_own_budgets"].items()
+            for m, b in bs.items()
+        ):
             bad.append("claim 9's budgets (REGULARISED_STEPS)")
     else:
         for n, b in record["budgets"].items():
@@ -392,9 +536,18 @@ def code_holds(record: dict) -> list[str]:
     return bad
 
 
-def tune(out_dir: str | Path, *, scale: str = "default", workers: int | None = None, log: Callable[[str], None] = print,
-         force: bool = False, fast_path: str = "auto", executor: str = "pool", address: str | None = None,
-         device: str = "auto") -> dict:
+def tune(
+    out_dir: str | Path,
+    *,
+    scale: str = "default",
+    workers: int | None = None,
+    log: Callable[[str], None] = print,
+    force: bool = False,
+    fast_path: str = "auto",
+    executor: str = "pool",
+    address: str | None = None,
+    device: str = "auto",
+) -> dict:
     """Run the search (or read it from the cache) into `out_dir`: search.md, search.json and the run cache."""
     if scale not in PLANS:
         raise VitlabError(f"--tune runs at the default or the quick scale; found --scale {scale}", arg="scale")
@@ -402,8 +555,10 @@ def tune(out_dir: str | Path, *, scale: str = "default", workers: int | None = N
     out = check_out_folder(out_dir, kind="reproduce-search", force=force)
     with output_folder(out, kind="reproduce-search", force=force):
         cache = RunCache(out / "cache")
-        with open_executor(executor, device=device, workers=workers, address=address, n_items=64) as ex, \
-                num_threads(1 if ex.device.type == "cpu" else None):
+        with (
+            open_executor(executor, device=device, workers=workers, address=address, n_items=64) as ex,
+            num_threads(1 if ex.device.type == "cpu" else None),
+        ):
             search = Search(cache, lambda specs: _train(specs, ex, cache, fast_path, log), log, plan)
             log(f"recipe stage ({plan.search_n:,} images, {plan.recipe_epochs} epochs, held-out accuracy in %):")
             recipe, stages = search.recipe()
@@ -413,14 +568,19 @@ def tune(out_dir: str | Path, *, scale: str = "default", workers: int | None = N
             budgets = search.budgets(recipe)
             convergence = None
             if scale == "default" and recipe != code_recipe():
-                log("the code does not hold this recipe yet: set claims/shared.py to it and run --tune again for the "
-                    f"convergence stage: {json.dumps(recipe)}")
+                log(
+                    "the code does not hold this recipe yet: set claims/shared.py to it and run --tune again for the "
+                    f"convergence stage: {json.dumps(recipe)}"
+                )
             elif scale == "default":
-                log("convergence stage (every claim's arms at a budget and twice it, doubling until none moves by a point):")
+                log(
+                    "convergence stage (every claim's arms at a budget and twice it, doubling until none moves by a point):"
+                )
                 convergence = search.convergence(Scale("default", (0,)), budgets, regularisation)
                 log(hold_lines(convergence))
-            record = make_record(plan, stages, recipe, budgets, cache, convergence=convergence,
-                                 regularisation=regularisation)
+            record = make_record(
+                plan, stages, recipe, budgets, cache, convergence=convergence, regularisation=regularisation
+            )
             write_json(out / "search.json", record, indent=1)
             write_text(out / "search.md", render(record))
     log(f"wrote {out / 'search.md'} and search.json; to fix the choice in code, copy search.json to {RECORD}")
@@ -438,78 +598,203 @@ def _pct(x: float) -> str:
 
 def render(record: dict, heading: str = "#") -> str:
     """The search in Markdown: its stages' tables, the budgets and the convergence of every claim's arms."""
-    lines = [f"{heading} The recipe search", "",
-             f"Fashion-MNIST's 60,000 training images split once into 50,000 to train on and {record['held_out']:,} "
-             "held out to validate on (never the test images, which decide the verdicts); one seed. Made by "
-             f"{record['made_by']} (`vitlab/experiments/reproduce/search.py`); {record['runs']} runs, "
-             f"{record['train_cpu_s'] / 3600:.1f} CPU-hours of training.", "",
-             f"**Recipe**, one knob at a time from the previous report's recipe, each model on its own, on "
-             f"{record['search_n']:,} images for {record['recipe_epochs']} epochs ({record['recipe_epochs'] * -(-record['search_n'] // 128):,} "
-             "steps at batch 128; the same images seen at any batch size); held-out accuracy in %, the best kept "
-             "(the current value on a tie), except where a model takes another's value (the CNN trains at the ViT's batch, so "
-             "that equal steps are equal images):", ""]
-    rows = [[s["knob"], MODELS[s["model"]], str(s["before"]),
-             ", ".join(f"{v}: {_pct(a)}" for v, a in zip(s["values"], s["acc"])),
-             f"**{s['chosen']}**" + (f" ({s['rule']})" if s.get("rule") else "")]
-            for s in record["stages"]]
+    lines = [
+        f"{heading} The recipe search",
+        "",
+        f"Fashion-MNIST's 60,000 training images split once into 50,000 to train on and {record['held_out']:,} "
+        "held out to validate on (never the test images, which decide the verdicts); one seed. Made by "
+        f"{record['made_by']} (`vitlab/experiments/reproduce/search.py`); {record['runs']} runs, "
+        f"{record['train_cpu_s'] / 3600:.1f} CPU-hours of training.",
+        "",
+        f"**Recipe**, one knob at a time from the previous report's recipe, each model on its own, on "
+        f"{record['search_n']:,} images for {record['recipe_epochs']} epochs ({record['recipe_epochs'] * -(-record['search_n'] // 128):,} "
+        "steps at batch 128; the same images seen at any batch size); held-out accuracy in %, the best kept "
+        "(the current value on a tie), except where a model takes another's value (the CNN trains at the ViT's batch, so "
+        "that equal steps are equal images):",
+        "",
+    ]
+    rows = [
+        [
+            s["knob"],
+            MODELS[s["model"]],
+            str(s["before"]),
+            ", ".join(f"{v}: {_pct(a)}" for v, a in zip(s["values"], s["acc"])),
+            f"**{s['chosen']}**" + (f" ({s['rule']})" if s.get("rule") else ""),
+        ]
+        for s in record["stages"]
+    ]
     lines += [md_table(["knob", "model", "from", "held-out accuracy % per value", "chosen"], rows), ""]
-    lines += ["Chosen: " + "; ".join(f"{MODELS[m]}: " + ", ".join(f"{k} {v}" for k, v in r.items())
-                                     for m, r in record["recipe"].items()) + ".", ""]
+    lines += [
+        "Chosen: "
+        + "; ".join(f"{MODELS[m]}: " + ", ".join(f"{k} {v}" for k, v in r.items()) for m, r in record["recipe"].items())
+        + ".",
+        "",
+    ]
     reg = record.get("regularisation")
     if reg:
-        lines += [f"**Claim 9's regularisation**, chosen the same way: each candidate added to the chosen ViT's recipe on "
-                  f"{reg['n']:,} images (the claim's smaller training set) for {reg['steps']:,} steps (the shared budget there); "
-                  "held-out accuracy in %, the best kept; then the chosen one on both models at that budget and at twice it:",
-                  ""]
-        lines += [md_table(["ViT plain"] + reg["values"], [[_pct(reg["plain"])] + [
-            f"**{_pct(a)}**" if k == reg["chosen"] else _pct(a) for k, a in zip(reg["values"], reg["acc"])]]), ""]
-        lines += [f"Then each model's budget with it at {reg['n']:,} images, as the budget stage finds one: steps doubling "
-                  f"from {reg['steps']:,} until doubling moves the model by less than {100 * record['tolerance']:.0f} point "
-                  "(held-out %):", ""]
-        lines += [md_table([f"model + {reg['chosen']}", "steps", "2x steps", "held-out %", ""],
-                           [[m, str(r["steps"]), str(2 * r["steps"]), f"{_pct(a)} -> {_pct(b)} ({100 * (b - a):+.2f})",
-                             "" if r["steps"] != reg["budget"][m] else "**budget**" if reg["converged"][m]
-                             else "**not converged** (the search stopped here)"]
-                            for m, rs in reg["rows"].items() for r in rs for a, b in [r["acc"]]]), ""]
-    lines += [f"**Budgets**: at each training-set size the chosen recipe's ViT and CNN for doubling numbers of steps; "
-              f"the budget is the first whose double moves neither by {100 * record['tolerance']:.0f} point or more:", ""]
+        lines += [
+            f"**Claim 9's regularisation**, chosen the same way: each candidate added to the chosen ViT's recipe on "
+            f"{reg['n']:,} images (the claim's smaller training set) for {reg['steps']:,} steps (the shared budget there); "
+            "held-out accuracy in %, the best kept; then the chosen one on both models at that budget and at twice it:",
+            "",
+        ]
+        lines += [
+            md_table(
+                ["ViT plain"] + reg["values"],
+                [
+                    [_pct(reg["plain"])]
+                    + [f"**{_pct(a)}**" if k == reg["chosen"] else _pct(a) for k, a in zip(reg["values"], reg["acc"])]
+                ],
+            ),
+            "",
+        ]
+        lines += [
+            f"Then each model's budget with it at {reg['n']:,} images, as the budget stage finds one: steps doubling "
+            f"from {reg['steps']:,} until doubling moves the model by less than {100 * record['tolerance']:.0f} point "
+            "(held-out %):",
+            "",
+        ]
+        lines += [
+            md_table(
+                [f"model + {reg['chosen']}", "steps", "2x steps", "held-out %", ""],
+                [
+                    [
+                        m,
+                        str(r["steps"]),
+                        str(2 * r["steps"]),
+                        f"{_pct(a)} -> {_pct(b)} ({100 * (b - a):+.2f})",
+                        ""
+                        if r["steps"] != reg["budget"][m]
+                        else "**budget**"
+                        if reg["converged"][m]
+                        else "**not converged** (the search stopped here)",
+                    ]
+                    for m, rs in reg["rows"].items()
+                    for r in rs
+                    for a, b in [r["acc"]]
+                ],
+            ),
+            "",
+        ]
+    lines += [
+        f"**Budgets**: at each training-set size the chosen recipe's ViT and CNN for doubling numbers of steps; "
+        f"the budget is the first whose double moves neither by {100 * record['tolerance']:.0f} point or more:",
+        "",
+    ]
     rows = []
     for n, b in record["budgets"].items():
         for r in b["rows"]:
-            rows.append([f"{int(n):,}", str(r["steps"]), str(2 * r["steps"])]
-                        + [f"{_pct(x)} -> {_pct(y)} ({100 * (y - x):+.2f})" for x, y in r["acc"].values()]
-                        + ["" if r["steps"] != b["steps"] else "**budget**" if b["converged"]
-                           else "**not converged** (the search stopped here)"])
+            rows.append(
+                [f"{int(n):,}", str(r["steps"]), str(2 * r["steps"])]
+                + [f"{_pct(x)} -> {_pct(y)} ({100 * (y - x):+.2f})" for x, y in r["acc"].values()]
+                + [
+                    ""
+                    if r["steps"] != b["steps"]
+                    else "**budget**"
+                    if b["converged"]
+                    else "**not converged** (the search stopped here)"
+                ]
+            )
     lines += [md_table(["N", "steps", "2x steps", "ViT held-out %", "CNN held-out %", ""], rows), ""]
     if record.get("convergence"):
-        lines += [f"**Convergence** of every claim's arms (claim 3's whole learning-rate sweep) at the smallest and the "
-                  "largest training set of the claim, at a budget and at twice it (60,000 trained as the search's 50,000). "
-                  "The arms at one size share a budget, claim 9's arms of each model their own; it starts at the budget "
-                  "stage's (claim 9's at the regularisation stage's) and doubles until doubling moves none of them by "
-                  f"{100 * record['tolerance']:.0f} point. The rounds:", ""]
+        lines += [
+            f"**Convergence** of every claim's arms (claim 3's whole learning-rate sweep) at the smallest and the "
+            "largest training set of the claim, at a budget and at twice it (60,000 trained as the search's 50,000). "
+            "The arms at one size share a budget, claim 9's arms of each model their own; it starts at the budget "
+            "stage's (claim 9's at the regularisation stage's) and doubles until doubling moves none of them by "
+            f"{100 * record['tolerance']:.0f} point. The rounds:",
+            "",
+        ]
         if record.get("convergence_rounds"):
-            outcome = {"budget": "**budget**", "doubled": "doubled", "stopped": "**not converged** (the search stopped here)"}
-            lines += [md_table(["N", "arms", "steps", "2x steps", "largest move (points)", "moved by a point or more", ""],
-                               [[f"{r['n_train']:,}", f"claim 9's {r['model']}" if r["model"] else f"the shared budget's {r['arms']}",
-                                 f"{r['budget']:,}", f"{2 * r['budget']:,}", f"{100 * r['largest_move']:.2f}",
-                                 "; ".join(r["late"]) or "none", outcome[r["outcome"]]] for r in record["convergence_rounds"]]), ""]
-        lines += [f"The budgets found, which the code holds: {', '.join(f'{int(n):,} images: {s:,} steps' for n, s in (record.get('convergence_budgets') or record['code_budgets']).items())}; "
-                  f"claim 9's own: {'; '.join(f'{int(n):,} images: ' + ', '.join(f'{m} {s:,}' for m, s in b.items()) for n, b in (record.get('convergence_own_budgets') or record.get('code_regularised_budgets') or {}).items())}. "
-                  "Every arm at its budget:", ""]
-        rows = [[name, r["arm"], f"{r['n_train']:,}", f"{r['steps']:,}", _pct(r["acc"]), _pct(r["acc_2x"]),
-                 f"{100 * (r['acc_2x'] - r['acc']):+.2f}", "yes" if r["converged"] else "**no**"]
-                for name, rs in record["convergence"].items() for r in rs]
-        lines += [md_table(["claim", "arm", "N", "steps", "held-out %", "2x steps: held-out %", "difference (points)",
-                            "converged"], rows), ""]
+            outcome = {
+                "budget": "**budget**",
+                "doubled": "doubled",
+                "stopped": "**not converged** (the search stopped here)",
+            }
+            lines += [
+                md_table(
+                    ["N", "arms", "steps", "2x steps", "largest move (points)", "moved by a point or more", ""],
+                    [
+                        [
+                            f"{r['n_train']:,}",
+                            f"claim 9's {r['model']}" if r["model"] else f"the shared budget's {r['arms']}",
+                            f"{r['budget']:,}",
+                            f"{2 * r['budget']:,}",
+                            f"{100 * r['largest_move']:.2f}",
+                            "; ".join(r["late"]) or "none",
+                            outcome[r["outcome"]],
+                        ]
+                        for r in record["convergence_rounds"]
+                    ],
+                ),
+                "",
+            ]
+        lines += [
+            f"The budgets found, which the code holds: {', '.join(f'{int(n):,} images: {s:,} steps' for n, s in (record.get('convergence_budgets') or record['code_budgets']).items())}; "
+            f"claim 9's own: {'; '.join(f'{int(n):,} images: ' + ', '.join(f'{m} {s:,}' for m, s in b.items()) for n, b in (record.get('convergence_own_budgets') or record.get('code_regularised_budgets') or {}).items())}. "
+            "Every arm at its budget:",
+            "",
+        ]
+        rows = [
+            [
+                name,
+                r["arm"],
+                f"{r['n_train']:,}",
+                f"{r['steps']:,}",
+                _pct(r["acc"]),
+                _pct(r["acc_2x"]),
+                f"{100 * (r['acc_2x'] - r['acc']):+.2f}",
+                "yes" if r["converged"] else "**no**",
+            ]
+            for name, rs in record["convergence"].items()
+            for r in rs
+        ]
+        lines += [
+            md_table(
+                [
+                    "claim",
+                    "arm",
+                    "N",
+                    "steps",
+                    "held-out %",
+                    "2x steps: held-out %",
+                    "difference (points)",
+                    "converged",
+                ],
+                rows,
+            ),
+            "",
+        ]
     pool = record.get("pooling")
     if pool:
         names = {"cls": "class token", "mean": "global average pooling"}
-        lines += [f"**Claim 3's learning rates**, each pooling's best held-out accuracy of the sweep at {pool['n_train']:,} "
-                  f"images and {pool['budget']:,} steps: " + "; ".join(
-                      f"{names[p]}: " + ", ".join(f"{lr}: {_pct(a)}" for lr, a in accs.items()) + f" -> **{pool['chosen'][p]:g}**"
-                      for p, accs in pool["acc"].items()) + ".", ""]
+        lines += [
+            f"**Claim 3's learning rates**, each pooling's best held-out accuracy of the sweep at {pool['n_train']:,} "
+            f"images and {pool['budget']:,} steps: "
+            + "; ".join(
+                f"{names[p]}: "
+                + ", ".join(f"{lr}: {_pct(a)}" for lr, a in accs.items())
+                + f" -> **{pool['chosen'][p]:g}**"
+                for p, accs in pool["acc"].items()
+            )
+            + ".",
+            "",
+        ]
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["RECORD", "TOLERANCE", "Search", "arm_label", "code_budgets", "code_holds", "code_recipe", "code_regularised_budgets", "load_record", "render",
-           "search_data", "tune", "twin"]
+__all__ = [
+    "RECORD",
+    "TOLERANCE",
+    "Search",
+    "arm_label",
+    "code_budgets",
+    "code_holds",
+    "code_recipe",
+    "code_regularised_budgets",
+    "load_record",
+    "render",
+    "search_data",
+    "tune",
+    "twin",
+]

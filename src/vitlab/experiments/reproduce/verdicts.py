@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
-
 
 # ----------------------------------------------------------------------------------------------------
 # VERDICT RULES. Fixed before any experiment was run; never tuned to a result.
@@ -76,9 +75,10 @@ def _interval(d: float, se: float, unit: str) -> str:
     return f"{_num(d, unit)} (2 se = {two_se:.3g})"
 
 
-def greater(a: Sequence[float], b: Sequence[float] | float, margin: float = 0.0, *, what: str = "a - b",
-            unit: str = "points") -> Verdict:
-    """"a beats b by at least `margin`" (see VERDICT RULES). Accuracies are fractions, shown in points."""
+def greater(
+    a: Sequence[float], b: Sequence[float] | float, margin: float = 0.0, *, what: str = "a - b", unit: str = "points"
+) -> Verdict:
+    """ "a beats b by at least `margin`" (see VERDICT RULES). Accuracies are fractions, shown in points."""
     d, se, ok = _diff(a, b)
     text = f"{what} = {_interval(d, se, unit)}, needed > 0 and >= {_num(margin, unit).lstrip('+')}"
     if not ok:
@@ -90,16 +90,26 @@ def greater(a: Sequence[float], b: Sequence[float] | float, margin: float = 0.0,
     return Verdict(INCONCLUSIVE, text)
 
 
-def close(a: Sequence[float], b: Sequence[float] | float, tol: float = TOL, *, what: str = "a - b",
-          unit: str = "points", floor: float | None = None) -> Verdict:
-    """"a and b are about equal (within `tol`)" (see VERDICT RULES). With `floor` (chance + MARGIN),
+def close(
+    a: Sequence[float],
+    b: Sequence[float] | float,
+    tol: float = TOL,
+    *,
+    what: str = "a - b",
+    unit: str = "points",
+    floor: float | None = None,
+) -> Verdict:
+    """ "a and b are about equal (within `tol`)" (see VERDICT RULES). With `floor` (chance + MARGIN),
     two arms that both stay below it learned nothing, and their equality says nothing: inconclusive."""
     d, se, ok = _diff(a, b)
     text = f"{what} = {_interval(d, se, unit)}, needed |d| <= {_num(tol, unit).lstrip('+')}"
     if not ok:
         return Verdict(INCONCLUSIVE, text + "; fewer than 2 seeds")
     if floor is not None and max(_stats(a)[0], _stats(b)[0] if not isinstance(b, (int, float)) else b) < floor:
-        return Verdict(INCONCLUSIVE, text + f"; but neither arm reaches {100 * floor:.0f}% (chance + 3): nothing learned to compare")
+        return Verdict(
+            INCONCLUSIVE,
+            text + f"; but neither arm reaches {100 * floor:.0f}% (chance + 3): nothing learned to compare",
+        )
     if abs(d) <= tol:
         return Verdict(REPRODUCED, text)
     if abs(d) - 2 * se > tol:
@@ -108,7 +118,7 @@ def close(a: Sequence[float], b: Sequence[float] | float, tol: float = TOL, *, w
 
 
 def at_least(a: Sequence[float], threshold: float, *, what: str = "mean") -> Verdict:
-    """"the mean of a reaches `threshold`": reproduced if it does, not reproduced if mean + 2se < threshold."""
+    """ "the mean of a reaches `threshold`": reproduced if it does, not reproduced if mean + 2se < threshold."""
     m, s, n = _stats(a)
     text = f"{what} = {100 * m:.1f}% (+- {200 * s / math.sqrt(n) if n > 1 else float('nan'):.1f}), needed >= {100 * threshold:.0f}%"
     if n < 2:
@@ -121,7 +131,7 @@ def at_least(a: Sequence[float], threshold: float, *, what: str = "mean") -> Ver
 
 
 def near(a: Sequence[float], target: float, tol: float, *, what: str = "mean") -> Verdict:
-    """"the mean of a is within `tol` of `target`" (the one-sample `close`)."""
+    """ "the mean of a is within `tol` of `target`" (the one-sample `close`)."""
     return close(a, target, tol, what=what)
 
 

@@ -4,7 +4,7 @@ recipes, the data-scale grid whose runs most claims reuse) in `shared`."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from vitlab.errors import VitlabError
 from vitlab.experiments.reproduce.claims import (
@@ -19,7 +19,6 @@ from vitlab.experiments.reproduce.claims import (
     claim9_recipe,
 )
 from vitlab.experiments.reproduce.claims.base import Experiment
-
 
 EXPERIMENTS: list[Experiment] = [
     claim1_x_pos_embed.EXPERIMENT,
@@ -47,8 +46,11 @@ def select(only: str | Sequence[str] | None) -> list[Experiment]:
     for w in wanted:
         match = [e for e in EXPERIMENTS if e.name == w or str(e.number) == w or f"claim{e.number}" == w]
         if not match:
-            raise VitlabError(f"only: unknown experiment {w!r}; expected names or numbers from "
-                              f"{', '.join(f'{e.number}={e.name}' for e in EXPERIMENTS)}", arg="only")
+            raise VitlabError(
+                f"only: unknown experiment {w!r}; expected names or numbers from "
+                f"{', '.join(f'{e.number}={e.name}' for e in EXPERIMENTS)}",
+                arg="only",
+            )
         if match[0] not in chosen:
             chosen.append(match[0])
     return sorted(chosen, key=lambda e: e.number)

@@ -9,17 +9,16 @@ would import a half-initialised package.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
-from vitlab.experiments.reproduce.runs import RunCache, RunSpec
 from vitlab.errors import VitlabError
+from vitlab.experiments.reproduce.runs import RunCache, RunSpec
 from vitlab.experiments.reproduce.verdicts import Verdict
-
 
 SCALES = ("quick", "default", "large")
 
@@ -63,8 +62,9 @@ class Outcome:
     convergence_complete: bool = True  # False: the table covers only some of the claim's arms and sizes
 
 
-def convergence_row(arm: str, n_train: int, steps: int, acc: Sequence[float], acc_2x: Sequence[float],
-                    tolerance: float = 0.01) -> dict:
+def convergence_row(
+    arm: str, n_train: int, steps: int, acc: Sequence[float], acc_2x: Sequence[float], tolerance: float = 0.01
+) -> dict:
     """One arm's accuracy (mean over its seeds) at its budget and at twice it: converged when doubling the
     budget moves it by less than `tolerance` (1 point)."""
     a, b = sum(acc) / len(acc), sum(acc_2x) / len(acc_2x)
@@ -80,7 +80,7 @@ class Experiment:
     source: str
     rule: str
     plan: Callable[[Scale], list[RunSpec]]
-    analyze: Callable[[Scale, "Results", Path], Outcome]
+    analyze: Callable[[Scale, Results, Path], Outcome]
     # The runs the recipe search trains for the claim on held-out images (its convergence stage), where they are more
     # than the plan's: a sweep whose choice the code then holds (claim 3's learning rates).
     search_plan: Callable[[Scale], list[RunSpec]] | None = None

@@ -18,8 +18,15 @@ def _x_data(scale: Scale) -> dict:
 def _runs(scale: Scale, factor: int = 1) -> list[RunSpec]:
     # The mini experiment's recipe: AdamW, lr 3e-3, batch 32 (60 epochs in `vitlab demo`; 10 here, 2 in --quick).
     return [
-        run_spec(_x_data(scale), "vit_mini_x", overrides={"pos_embed": pe}, epochs=factor * (2 if scale.quick else 10),
-                 lr=3e-3, batch_size=32, seed=s)
+        run_spec(
+            _x_data(scale),
+            "vit_mini_x",
+            overrides={"pos_embed": pe},
+            epochs=factor * (2 if scale.quick else 10),
+            lr=3e-3,
+            batch_size=32,
+            seed=s,
+        )
         for pe in ("learned", "none")
         for s in scale.seeds
     ]
@@ -38,29 +45,44 @@ def _analyze_x(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         at_least(acc["learned"], 0.95, what="val acc with a learned 1-D position embedding"),
         near(acc["none"], 0.5, 0.05, what="val acc without position embedding - 50% (chance)"),
     )
-    fig = bar_figure(fig_dir / "claim1_x_pos_embed.png", ["learned 1-D", "none"], [acc["learned"], acc["none"]],
-                     "Dataset X: position embedding", hlines={"chance": 0.5, "95%": 0.95}, full_axis=True)
+    fig = bar_figure(
+        fig_dir / "claim1_x_pos_embed.png",
+        ["learned 1-D", "none"],
+        [acc["learned"], acc["none"]],
+        "Dataset X: position embedding",
+        hlines={"chance": 0.5, "95%": 0.95},
+        full_axis=True,
+    )
     spec0 = by["learned"][0]
     return Outcome(
-        setup=(f"Dataset X (2,000 train / 500 val, 32x32, two classes); `vit_mini_x` (P=4, D=32, 4 heads, 2 blocks, "
-               f"MLP 64, {res[spec0]['params']:,} params); AdamW lr 3e-3, batch 32, warmup 1 epoch then cosine, "
-               f"{spec0.epochs} epochs (`vitlab demo` trains 60; it converges long before)."),
+        setup=(
+            f"Dataset X (2,000 train / 500 val, 32x32, two classes); `vit_mini_x` (P=4, D=32, 4 heads, 2 blocks, "
+            f"MLP 64, {res[spec0]['params']:,} params); AdamW lr 3e-3, batch 32, warmup 1 epoch then cosine, "
+            f"{spec0.epochs} epochs (`vitlab demo` trains 60; it converges long before)."
+        ),
         header=["position embedding", "val acc % (mean +- std)", "per seed"],
         rows=[[pe, _ms(acc[pe]), ", ".join(f"{100 * a:.1f}" for a in acc[pe])] for pe in ("learned", "none")],
-        verdict=verdict, figures=[fig],
+        verdict=verdict,
+        figures=[fig],
         csv_header=["pos_embed", "seed", "val_acc"],
         csv_rows=[[pe, s.seed, res[s]["val_acc"]] for pe in by for s in by[pe]],
-        convergence=[convergence_row(f"position embedding {pe}", 2000, by[pe][0].steps, acc[pe], res.acc(by_2x[pe]))
-                     for pe in by],
+        convergence=[
+            convergence_row(f"position embedding {pe}", 2000, by[pe][0].steps, acc[pe], res.acc(by_2x[pe])) for pe in by
+        ],
         convergence_note="on the claim's own validation images, every seed; dataset X is generated: no images to hold out",
     )
 
 
 EXPERIMENT = Experiment(
-    1, "x_pos_embed", "The mini experiment: dataset X needs the position embedding",
+    1,
+    "x_pos_embed",
+    "The mini experiment: dataset X needs the position embedding",
     "On dataset X (left half bright vs right half bright), the mini ViT reaches a validation accuracy above "
     "95%; with the position embedding removed, accuracy drops (to chance: without positions the two classes "
     "are the same set of patches).",
-    "the mini experiment (`vitlab demo`)", "reproduced if the mean val acc with a learned 1-D position embedding is "
-    ">= 95% and the mean without one is within 5 points of 50% (chance) [at_least, near]", _plan_x, _analyze_x,
+    "the mini experiment (`vitlab demo`)",
+    "reproduced if the mean val acc with a learned 1-D position embedding is "
+    ">= 95% and the mean without one is within 5 points of 50% (chance) [at_least, near]",
+    _plan_x,
+    _analyze_x,
 )

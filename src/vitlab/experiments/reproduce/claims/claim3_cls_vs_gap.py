@@ -41,35 +41,53 @@ def _plan(scale: Scale) -> list[RunSpec]:
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     acc = {p: res.acc([_run(p, POOL_LR[p], s, scale) for s in scale.seeds]) for p in POOLS}
     label = {"cls": "class token", "mean": "GAP"}
-    verdict = close(acc["cls"], acc["mean"], TOL,
-                    what=f"class token (lr {POOL_LR['cls']:g}) - GAP (lr {POOL_LR['mean']:g}), each at its own lr",
-                    floor=CHANCE + MARGIN)
-    fig = bar_figure(fig_dir / "claim3_cls_vs_gap.png", [f"{label[p]}\nlr {POOL_LR[p]:g}" for p in POOLS],
-                     [acc[p] for p in POOLS], f"Fashion-MNIST, {n_small(scale):,} training images")
+    verdict = close(
+        acc["cls"],
+        acc["mean"],
+        TOL,
+        what=f"class token (lr {POOL_LR['cls']:g}) - GAP (lr {POOL_LR['mean']:g}), each at its own lr",
+        floor=CHANCE + MARGIN,
+    )
+    fig = bar_figure(
+        fig_dir / "claim3_cls_vs_gap.png",
+        [f"{label[p]}\nlr {POOL_LR[p]:g}" for p in POOLS],
+        [acc[p] for p in POOLS],
+        f"Fashion-MNIST, {n_small(scale):,} training images",
+    )
     spec0 = _run("cls", POOL_LR["cls"], scale.seeds[0], scale)
     return Outcome(
-        setup=(f"{describe_setup(scale)} {spec0.n_train:,} training images, {spec0.steps:,} steps ({spec0.epochs} epochs). Pooling: the class "
-               "token's final state (Eq. 4), or, with no class token at all, the mean of the patch tokens followed by "
-               "LayerNorm (GAP, as timm and big_vision). Each at its own learning rate, chosen by the recipe search from "
-               f"{', '.join(f'{lr:g}' for lr in sweep_lrs(scale))} on held-out training images (seed 0, the claim's "
-               "budget: Budget table), not on the test images: class token "
-               f"{POOL_LR['cls']:g}, GAP {POOL_LR['mean']:g}."),
+        setup=(
+            f"{describe_setup(scale)} {spec0.n_train:,} training images, {spec0.steps:,} steps ({spec0.epochs} epochs). Pooling: the class "
+            "token's final state (Eq. 4), or, with no class token at all, the mean of the patch tokens followed by "
+            "LayerNorm (GAP, as timm and big_vision). Each at its own learning rate, chosen by the recipe search from "
+            f"{', '.join(f'{lr:g}' for lr in sweep_lrs(scale))} on held-out training images (seed 0, the claim's "
+            "budget: Budget table), not on the test images: class token "
+            f"{POOL_LR['cls']:g}, GAP {POOL_LR['mean']:g}."
+        ),
         header=["pooling", "lr", "val acc % (mean +- std)", "per seed"],
         rows=[[label[p], f"{POOL_LR[p]:g}", _ms(acc[p]), ", ".join(f"{100 * a:.1f}" for a in acc[p])] for p in POOLS],
-        verdict=verdict, figures=[fig],
+        verdict=verdict,
+        figures=[fig],
         csv_header=["pool", "lr", "seed", "val_acc"],
         csv_rows=[[p, POOL_LR[p], s, a] for p in POOLS for s, a in zip(scale.seeds, acc[p])],
-        notes=("The held-out sweep is in the Budget table (each learning rate at the budget and twice it). Paper "
-               "(Appendix D.3, Figure 9): the two pool equally well once each has its own learning rate, and GAP at the "
-               "class token's learning rate does much worse (the rates themselves, about 8e-4 and 3e-4, are recalled, "
-               "not read from the paper)."),
+        notes=(
+            "The held-out sweep is in the Budget table (each learning rate at the budget and twice it). Paper "
+            "(Appendix D.3, Figure 9): the two pool equally well once each has its own learning rate, and GAP at the "
+            "class token's learning rate does much worse (the rates themselves, about 8e-4 and 3e-4, are recalled, "
+            "not read from the paper)."
+        ),
     )
 
 
 EXPERIMENT = Experiment(
-    3, "cls_vs_gap", "Class token vs global average pooling (Appendix D.3)",
+    3,
+    "cls_vs_gap",
+    "Class token vs global average pooling (Appendix D.3)",
     "Class token and global average pooling work about equally well, once each gets its own learning rate.",
     "paper Appendix D.3 (Figure 9)",
     "each pooling at its own lr, the best of a sweep on held-out training images; reproduced if the two are within 3 "
-    "points (close, tol 3; inconclusive if neither reaches chance + 3)", _plan, _analyze, search_plan=sweep,
+    "points (close, tol 3; inconclusive if neither reaches chance + 3)",
+    _plan,
+    _analyze,
+    search_plan=sweep,
 )

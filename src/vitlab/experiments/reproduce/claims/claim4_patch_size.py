@@ -18,7 +18,9 @@ PATCHES = (14, 7, 4)
 
 
 def _plan(scale: Scale) -> list[RunSpec]:
-    return [fashion_run(VIT, n_small(scale), s, scale, overrides={"patch_size": p}) for p in PATCHES for s in scale.seeds]
+    return [
+        fashion_run(VIT, n_small(scale), s, scale, overrides={"patch_size": p}) for p in PATCHES for s in scale.seeds
+    ]
 
 
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
@@ -33,42 +35,66 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     train_ms = {p: [1000 * res[r]["train_time_s"] / (r.epochs * r.n_train) for r in by[p]] for p in PATCHES}
     seq = {p: models[p].cfg.num_patches + models[p].cfg.num_prefix_tokens for p in PATCHES}
     halvings = list(zip(PATCHES, PATCHES[1:]))  # (larger P, smaller P)
-    cost_ok = all(seq[b] > seq[a] and flops[b] > flops[a] and _stats(train_ms[b])[0] > _stats(train_ms[a])[0]
-                  for a, b in halvings)
-    cost = Verdict(REPRODUCED if cost_ok else NOT_REPRODUCED,
-                   "sequence length, FLOPs and measured training time per image rise at each smaller P" if cost_ok
-                   else "sequence length, FLOPs or measured training time do not rise at each smaller P")
+    cost_ok = all(
+        seq[b] > seq[a] and flops[b] > flops[a] and _stats(train_ms[b])[0] > _stats(train_ms[a])[0] for a, b in halvings
+    )
+    cost = Verdict(
+        REPRODUCED if cost_ok else NOT_REPRODUCED,
+        "sequence length, FLOPs and measured training time per image rise at each smaller P"
+        if cost_ok
+        else "sequence length, FLOPs or measured training time do not rise at each smaller P",
+    )
     parts = [cost] + [greater(acc[b], acc[a], 0.0, what=f"acc(P={b}) - acc(P={a})") for a, b in halvings]
     fig = patch_figure(fig_dir / "claim4_patch_size.png", PATCHES, acc, flops, train_ms)
     b16, b32 = (count_macs(get_config(f"vit_base_patch{p}_224")).macs / 1e9 for p in (16, 32))
     spec0 = by[PATCHES[0]][0]
     return Outcome(
-        setup=(f"{describe_setup(scale)} {spec0.n_train:,} training images, {spec0.steps:,} steps ({spec0.epochs} epochs); patch size P in "
-               f"{{{', '.join(map(str, PATCHES))}}} (sequence (28/P)^2 + 1), everything else identical. FLOPs: one forward pass of one image, "
-               "2 per multiply-add, attention matmuls included (the analytic count of `vitlab.analysis.flops.count_macs`; "
-               "torch's FlopCounterMode on the explicit attention path gives "
-               f"{', '.join(f'{counted[p] / 1e6:.2f}' for p in PATCHES)} MFLOPs). Training time: measured per run "
-               f"(one thread, {res[spec0]['device']}); inference: a batch of 64, median of 5."),
-        header=["P", "sequence length", "forward MFLOPs / image", "val acc % (mean +- std)", "inference ms / image",
-                "training ms / image"],
-        rows=[[str(p), str(seq[p]), f"{flops[p] / 1e6:.2f}", _ms(acc[p]), f"{infer[p]:.3f}", _ms(train_ms[p], 1, 2)]
-              for p in PATCHES],
-        verdict=combine(*parts), figures=[fig],
+        setup=(
+            f"{describe_setup(scale)} {spec0.n_train:,} training images, {spec0.steps:,} steps ({spec0.epochs} epochs); patch size P in "
+            f"{{{', '.join(map(str, PATCHES))}}} (sequence (28/P)^2 + 1), everything else identical. FLOPs: one forward pass of one image, "
+            "2 per multiply-add, attention matmuls included (the analytic count of `vitlab.analysis.flops.count_macs`; "
+            "torch's FlopCounterMode on the explicit attention path gives "
+            f"{', '.join(f'{counted[p] / 1e6:.2f}' for p in PATCHES)} MFLOPs). Training time: measured per run "
+            f"(one thread, {res[spec0]['device']}); inference: a batch of 64, median of 5."
+        ),
+        header=[
+            "P",
+            "sequence length",
+            "forward MFLOPs / image",
+            "val acc % (mean +- std)",
+            "inference ms / image",
+            "training ms / image",
+        ],
+        rows=[
+            [str(p), str(seq[p]), f"{flops[p] / 1e6:.2f}", _ms(acc[p]), f"{infer[p]:.3f}", _ms(train_ms[p], 1, 2)]
+            for p in PATCHES
+        ],
+        verdict=combine(*parts),
+        figures=[fig],
         csv_header=["patch_size", "seed", "val_acc", "seq_len", "flops", "train_ms_per_image"],
-        csv_rows=[[p, r.seed, res[r]["val_acc"], seq[p], flops[p], 1000 * res[r]["train_time_s"] / (r.epochs * r.n_train)]
-                  for p in PATCHES for r in by[p]],
-        notes=(f"At the paper's scale the same count gives ViT-B/16 {b16:.1f} GMACs and ViT-B/32 {b32:.1f} GMACs per "
-               "224x224 image: halving the patch quadruples the sequence and (nearly) the compute; the paper's "
-               "smaller-patch models are the more accurate ones (Section 3.1, Table 5)."),
+        csv_rows=[
+            [p, r.seed, res[r]["val_acc"], seq[p], flops[p], 1000 * res[r]["train_time_s"] / (r.epochs * r.n_train)]
+            for p in PATCHES
+            for r in by[p]
+        ],
+        notes=(
+            f"At the paper's scale the same count gives ViT-B/16 {b16:.1f} GMACs and ViT-B/32 {b32:.1f} GMACs per "
+            "224x224 image: halving the patch quadruples the sequence and (nearly) the compute; the paper's "
+            "smaller-patch models are the more accurate ones (Section 3.1, Table 5)."
+        ),
     )
 
 
 EXPERIMENT = Experiment(
-    4, "patch_size", "Patch size: sequence length, cost and accuracy",
+    4,
+    "patch_size",
+    "Patch size: sequence length, cost and accuracy",
     "Smaller patches mean longer sequences (N = HW/P^2) and much more compute, and keep more detail: a smaller "
     "patch size raises accuracy.",
     "paper Section 3.1 and Table 5 (/14 and /16 models)",
     "reproduced if sequence length, FLOPs and measured training time per image all rise at each smaller P "
     "(14 -> 7 -> 4), and accuracy rises at each step too: acc(P=7) > acc(P=14) and acc(P=4) > acc(P=7) "
-    "(greater, margin 0)", _plan, _analyze,
+    "(greater, margin 0)",
+    _plan,
+    _analyze,
 )

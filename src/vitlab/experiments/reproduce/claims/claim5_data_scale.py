@@ -34,27 +34,41 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     rows = [[f"{n:,}", f"{st:,}", _ms(acc[(VIT, n)]), _ms(acc[(CNN, n)]), _ms(gap[n])] for n, st in pts]
     widest = max((n for n, _ in pts), key=lambda n: _stats(gap[n])[0])
     return Outcome(
-        setup=(f"{describe_setup(scale)} Training sets: the first N images of one permutation of the 60,000 per seed "
-               f"(nested: each N contains the smaller ones); optimizer steps per N in the table, the same for both models. "
-               f"ViT {params[VIT]:,} parameters, CNN {params[CNN]:,}."),
+        setup=(
+            f"{describe_setup(scale)} Training sets: the first N images of one permutation of the 60,000 per seed "
+            f"(nested: each N contains the smaller ones); optimizer steps per N in the table, the same for both models. "
+            f"ViT {params[VIT]:,} parameters, CNN {params[CNN]:,}."
+        ),
         header=["N train", "steps", "ViT val acc %", "CNN val acc %", "CNN - ViT (points)"],
-        rows=rows, verdict=verdict, figures=[fig],
-        notes=(f"Not part of the rule: the CNN's lead is largest at N={widest:,} ({100 * _stats(gap[widest])[0]:.1f} "
-               f"points) and {100 * _stats(gap[n_large])[0]:.1f} points at N={n_large:,}. The paper's Figure 3 "
-               "(pre-training on ImageNet, ImageNet-21k, JFT-300M) and Figure 4 (random JFT subsets of 9M to 300M "
-               "images): the ResNets win on the smaller pre-training sets, the ViTs catch up as the set grows and "
-               "overtake on the largest; the paper's smallest set is twenty times Fashion-MNIST's training set."),
+        rows=rows,
+        verdict=verdict,
+        figures=[fig],
+        notes=(
+            f"Not part of the rule: the CNN's lead is largest at N={widest:,} ({100 * _stats(gap[widest])[0]:.1f} "
+            f"points) and {100 * _stats(gap[n_large])[0]:.1f} points at N={n_large:,}. The paper's Figure 3 "
+            "(pre-training on ImageNet, ImageNet-21k, JFT-300M) and Figure 4 (random JFT subsets of 9M to 300M "
+            "images): the ResNets win on the smaller pre-training sets, the ViTs catch up as the set grows and "
+            "overtake on the largest; the paper's smallest set is twenty times Fashion-MNIST's training set."
+        ),
         csv_header=["model", "n_train", "steps", "seed", "val_acc"],
-        csv_rows=[[m, n, st, s, res[fashion_run(m, n, s, scale)]["val_acc"]] for m, _ in MODELS for n, st in pts
-                  for s in scale.seeds],
+        csv_rows=[
+            [m, n, st, s, res[fashion_run(m, n, s, scale)]["val_acc"]]
+            for m, _ in MODELS
+            for n, st in pts
+            for s in scale.seeds
+        ],
     )
 
 
 EXPERIMENT = Experiment(
-    5, "data_scale", "Data scale: ViT vs CNN from scratch (Figures 3-4)",
+    5,
+    "data_scale",
+    "Data scale: ViT vs CNN from scratch (Figures 3-4)",
     "On small datasets a ResNet beats a ViT of comparable size (its inductive biases: locality, translation "
     "equivariance); as the dataset grows the gap closes, and with enough data the ViT overtakes.",
     "paper Section 4.2, Figures 3 and 4",
     "reproduced if the CNN beats the ViT at the smallest N (greater, margin 0) and the CNN - ViT gap at the "
-    "smallest N exceeds the gap at the full 60,000 (greater on the per-seed gaps, margin 0)", _plan, _analyze,
+    "smallest N exceeds the gap at the full 60,000 (greater on the per-seed gaps, margin 0)",
+    _plan,
+    _analyze,
 )

@@ -22,8 +22,14 @@ def _digits_data(scale: Scale, held_out: bool = False) -> dict:
     # DIGITS_HELD_OUT (drawn per seed) to choose the learning rate and check the budget on, the others for the verdict.
     n_train = 100 if scale.quick else 500
     n_val = DIGITS_HELD_OUT if held_out else 1797 - n_train - DIGITS_HELD_OUT
-    return {"name": "digits", "n_train": n_train, "n_val": n_val, "img_size": 28, "channels": 1,
-            **({"split": "held_out"} if held_out else {})}
+    return {
+        "name": "digits",
+        "n_train": n_train,
+        "n_val": n_val,
+        "img_size": 28,
+        "channels": 1,
+        **({"split": "held_out"} if held_out else {}),
+    }
 
 
 # The fine-tuning budget: 192 epochs of the 500 digits (3,072 steps of 32). benchmarks/claim6_budget.py, the mean of
@@ -40,8 +46,19 @@ def _runs(scale: Scale, factor: int = 1, held_out: bool = False) -> list[RunSpec
         pre = fashion_run(VIT, n_full(scale), s, scale)  # the data-scale experiment's ViT on the full training set
         for lr in _lrs(scale):
             for init in (pre, None):  # from scratch: the shared setup's ViT, initialised as it is there
-                out.append(run_spec(_digits_data(scale, held_out), VIT, overrides=dict(pre.overrides), epochs=epochs,
-                                    lr=lr, batch_size=32, seed=s, init=init, weight_init="default" if init else VIT_INIT))
+                out.append(
+                    run_spec(
+                        _digits_data(scale, held_out),
+                        VIT,
+                        overrides=dict(pre.overrides),
+                        epochs=epochs,
+                        lr=lr,
+                        batch_size=32,
+                        seed=s,
+                        init=init,
+                        weight_init="default" if init else VIT_INIT,
+                    )
+                )
     return out
 
 
@@ -53,51 +70,81 @@ def _plan(scale: Scale) -> list[RunSpec]:
 
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     def split(runs):
-        return {"fine-tuned": [r for r in runs if r.init is not None], "from scratch": [r for r in runs if r.init is None]}
+        return {
+            "fine-tuned": [r for r in runs if r.init is not None],
+            "from scratch": [r for r in runs if r.init is None],
+        }
+
     arms, held, held_2x = split(_runs(scale)), split(_runs(scale, held_out=True)), split(_runs(scale, 2, held_out=True))
     lrs = _lrs(scale)
     acc = {(a, lr): res.acc([r for r in arms[a] if r.lr == lr]) for a in arms for lr in lrs}
     h = {(a, lr): res.acc([r for r in held[a] if r.lr == lr]) for a in arms for lr in lrs}
     h2 = {(a, lr): res.acc([r for r in held_2x[a] if r.lr == lr]) for a in arms for lr in lrs}
     best = {a: max(lrs, key=lambda lr: _stats(h[(a, lr)])[0]) for a in arms}  # chosen held out, never on the verdict's
-    verdict = greater(acc[("fine-tuned", best["fine-tuned"])], acc[("from scratch", best["from scratch"])], 0.0,
-                      what=f"fine-tuned (lr {best['fine-tuned']:g}) - from scratch (lr {best['from scratch']:g})")
+    verdict = greater(
+        acc[("fine-tuned", best["fine-tuned"])],
+        acc[("from scratch", best["from scratch"])],
+        0.0,
+        what=f"fine-tuned (lr {best['fine-tuned']:g}) - from scratch (lr {best['from scratch']:g})",
+    )
     spec0, spec_h = arms["fine-tuned"][0], held["fine-tuned"][0]
-    fig = bar_figure(fig_dir / "claim6_pretrain.png", [f"{a}\n(lr {best[a]:g})" for a in arms],
-                     [acc[(a, best[a])] for a in arms], f"Digits ({spec0.n_train} train): pre-trained on Fashion-MNIST vs scratch",
-                     hlines={"chance": 0.1}, full_axis=True)
+    fig = bar_figure(
+        fig_dir / "claim6_pretrain.png",
+        [f"{a}\n(lr {best[a]:g})" for a in arms],
+        [acc[(a, best[a])] for a in arms],
+        f"Digits ({spec0.n_train} train): pre-trained on Fashion-MNIST vs scratch",
+        hlines={"chance": 0.1},
+        full_axis=True,
+    )
     return Outcome(
-        setup=(f"Pre-training: claim 5's ViT trained on all {n_full(scale):,} Fashion-MNIST images for "
-               f"{spec0.init.steps:,} steps ({spec0.init.epochs} epochs), per seed. Fine-tuning: scikit-learn's digits (real handwriting, 8x8 "
-               f"upsampled to 28x28, one grey channel), {spec0.n_train} training images (stratified); of the others "
-               f"{dict(spec_h.data)['n_val']} held out (drawn per seed) to choose each arm's learning rate from "
-               f"{', '.join(f'{lr:g}' for lr in lrs)} and to check the budget on, and {dict(spec0.data)['n_val']} for the "
-               "verdict. A new zero-initialised head (Section 3.2), all weights trained, AdamW, batch 32, "
-               f"{spec0.epochs} epochs ({spec0.steps:,} steps), no augmentation (a flipped digit is another digit); from "
-               "scratch: the same model randomly initialised, the same recipe."),
+        setup=(
+            f"Pre-training: claim 5's ViT trained on all {n_full(scale):,} Fashion-MNIST images for "
+            f"{spec0.init.steps:,} steps ({spec0.init.epochs} epochs), per seed. Fine-tuning: scikit-learn's digits (real handwriting, 8x8 "
+            f"upsampled to 28x28, one grey channel), {spec0.n_train} training images (stratified); of the others "
+            f"{dict(spec_h.data)['n_val']} held out (drawn per seed) to choose each arm's learning rate from "
+            f"{', '.join(f'{lr:g}' for lr in lrs)} and to check the budget on, and {dict(spec0.data)['n_val']} for the "
+            "verdict. A new zero-initialised head (Section 3.2), all weights trained, AdamW, batch 32, "
+            f"{spec0.epochs} epochs ({spec0.steps:,} steps), no augmentation (a flipped digit is another digit); from "
+            "scratch: the same model randomly initialised, the same recipe."
+        ),
         header=["arm", "lr", "held-out acc % (mean +- std)", "val acc % (mean +- std)", ""],
-        rows=[[a, f"{lr:g}", _ms(h[(a, lr)]), _ms(acc[(a, lr)]), "chosen (held out)" if lr == best[a] else ""]
-              for a in arms for lr in lrs],
-        verdict=verdict, figures=[fig],
+        rows=[
+            [a, f"{lr:g}", _ms(h[(a, lr)]), _ms(acc[(a, lr)]), "chosen (held out)" if lr == best[a] else ""]
+            for a in arms
+            for lr in lrs
+        ],
+        verdict=verdict,
+        figures=[fig],
         csv_header=["arm", "lr", "seed", "held_out_acc", "val_acc"],
-        csv_rows=[[a, r.lr, r.seed, res[hr]["val_acc"], res[r]["val_acc"]]
-                  for a in arms for r, hr in zip(arms[a], held[a])],
-        convergence=[convergence_row(f"{a}, lr {lr:g}", spec0.n_train, spec_h.steps, h[(a, lr)], h2[(a, lr)])
-                     for a in arms for lr in lrs],
-        convergence_note=("the fine-tuning budget, on the held-out digits, every seed; the pre-training budget is "
-                          "claim 5's"),
+        csv_rows=[
+            [a, r.lr, r.seed, res[hr]["val_acc"], res[r]["val_acc"]] for a in arms for r, hr in zip(arms[a], held[a])
+        ],
+        convergence=[
+            convergence_row(f"{a}, lr {lr:g}", spec0.n_train, spec_h.steps, h[(a, lr)], h2[(a, lr)])
+            for a in arms
+            for lr in lrs
+        ],
+        convergence_note=(
+            "the fine-tuning budget, on the held-out digits, every seed; the pre-training budget is claim 5's"
+        ),
         convergence_complete=False,  # the pre-training budget is not in this table
-        notes=("The paper's transfer numbers are from far larger pre-training (Table 2: ViT-L/16 pre-trained on "
-               "ImageNet-21k reaches 85.30% on ImageNet after fine-tuning; Table 5: ViT-B/16 77.91% trained on "
-               "ImageNet alone, 83.97% pre-trained on ImageNet-21k)."),
+        notes=(
+            "The paper's transfer numbers are from far larger pre-training (Table 2: ViT-L/16 pre-trained on "
+            "ImageNet-21k reaches 85.30% on ImageNet after fine-tuning; Table 5: ViT-B/16 77.91% trained on "
+            "ImageNet alone, 83.97% pre-trained on ImageNet-21k)."
+        ),
     )
 
 
 EXPERIMENT = Experiment(
-    6, "pretrain", "Pre-train, then fine-tune on a small real dataset",
+    6,
+    "pretrain",
+    "Pre-train, then fine-tune on a small real dataset",
     "Pre-train on a large dataset, replace the head and fine-tune on the small task: better than training "
     "the same ViT from scratch on the small task.",
     "paper Section 3.2",
     "reproduced if fine-tuned beats from scratch, each at its learning rate chosen on held-out digits (greater, "
-    "margin 0)", _plan, _analyze,
+    "margin 0)",
+    _plan,
+    _analyze,
 )

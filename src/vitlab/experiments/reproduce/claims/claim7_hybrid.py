@@ -6,7 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
-from vitlab.experiments.reproduce.claims.shared import FASHION_VIT, VIT, describe_setup, fashion_run, n_mid, n_small, points
+from vitlab.experiments.reproduce.claims.shared import (
+    FASHION_VIT,
+    VIT,
+    describe_setup,
+    fashion_run,
+    n_mid,
+    n_small,
+    points,
+)
 from vitlab.experiments.reproduce.figures import grouped_bar_figure
 from vitlab.experiments.reproduce.runs import RunSpec
 from vitlab.experiments.reproduce.verdicts import _ms, combine, greater
@@ -23,40 +31,65 @@ def _ns(scale: Scale) -> tuple[int, int]:
 
 
 def _plan(scale: Scale) -> list[RunSpec]:
-    return [fashion_run(VIT, n, s, scale, overrides=ov) for n in _ns(scale) for ov in ARMS.values() for s in scale.seeds]
+    return [
+        fashion_run(VIT, n, s, scale, overrides=ov) for n in _ns(scale) for ov in ARMS.values() for s in scale.seeds
+    ]
 
 
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     groups = {n: f"N = {n:,}" for n in _ns(scale)}
-    acc = {(groups[n], arm): res.acc([fashion_run(VIT, n, s, scale, overrides=ov) for s in scale.seeds])
-           for n in _ns(scale) for arm, ov in ARMS.items()}
+    acc = {
+        (groups[n], arm): res.acc([fashion_run(VIT, n, s, scale, overrides=ov) for s in scale.seeds])
+        for n in _ns(scale)
+        for arm, ov in ARMS.items()
+    }
     vit, hyb = ARMS
-    verdict = combine(*[greater(acc[(g, hyb)], acc[(g, vit)], 0.0, what=f"hybrid - ViT at {g}") for g in groups.values()])
-    fig = grouped_bar_figure(fig_dir / "claim7_hybrid.png", list(groups.values()), list(ARMS), acc,
-                             "Small data: hybrid vs pure ViT (Fashion-MNIST)")
+    verdict = combine(
+        *[greater(acc[(g, hyb)], acc[(g, vit)], 0.0, what=f"hybrid - ViT at {g}") for g in groups.values()]
+    )
+    fig = grouped_bar_figure(
+        fig_dir / "claim7_hybrid.png",
+        list(groups.values()),
+        list(ARMS),
+        acc,
+        "Small data: hybrid vs pure ViT (Fashion-MNIST)",
+    )
     n0 = _ns(scale)[0]
     params = {arm: res[fashion_run(VIT, n0, scale.seeds[0], scale, overrides=ov)]["params"] for arm, ov in ARMS.items()}
     steps = dict(points(scale))
     return Outcome(
-        setup=(f"{describe_setup(scale)} Steps: {', '.join(f'{steps[n]:,} at N={n:,}' for n in _ns(scale))}. ViT: the "
-               f"shared model at {P}-pixel patches ({params[vit]:,} parameters). Hybrid: the same transformer fed by a ResNet-style stem "
-               "(3x3 conv + BasicBlock stages, width 16, downsampling by the patch size, so the same grid of tokens, then a 1x1 "
-               f"projection; {params[hyb]:,} parameters)."),
+        setup=(
+            f"{describe_setup(scale)} Steps: {', '.join(f'{steps[n]:,} at N={n:,}' for n in _ns(scale))}. ViT: the "
+            f"shared model at {P}-pixel patches ({params[vit]:,} parameters). Hybrid: the same transformer fed by a ResNet-style stem "
+            "(3x3 conv + BasicBlock stages, width 16, downsampling by the patch size, so the same grid of tokens, then a 1x1 "
+            f"projection; {params[hyb]:,} parameters)."
+        ),
         header=["N train", "model", "val acc % (mean +- std)", "params"],
         rows=[[f"{n:,}", arm, _ms(acc[(groups[n], arm)]), f"{params[arm]:,}"] for n in _ns(scale) for arm in ARMS],
-        verdict=verdict, figures=[fig],
+        verdict=verdict,
+        figures=[fig],
         csv_header=["n_train", "model", "seed", "val_acc"],
-        csv_rows=[[n, arm, s, res[fashion_run(VIT, n, s, scale, overrides=ov)]["val_acc"]]
-                  for n in _ns(scale) for arm, ov in ARMS.items() for s in scale.seeds],
-        notes=("Paper, Figure 5: at a small pre-training compute budget the hybrids beat the pure ViTs; the difference "
-               "vanishes for the larger models."),
+        csv_rows=[
+            [n, arm, s, res[fashion_run(VIT, n, s, scale, overrides=ov)]["val_acc"]]
+            for n in _ns(scale)
+            for arm, ov in ARMS.items()
+            for s in scale.seeds
+        ],
+        notes=(
+            "Paper, Figure 5: at a small pre-training compute budget the hybrids beat the pure ViTs; the difference "
+            "vanishes for the larger models."
+        ),
     )
 
 
 EXPERIMENT = Experiment(
-    7, "hybrid", "Hybrid (conv stem) vs pure ViT on small data",
+    7,
+    "hybrid",
+    "Hybrid (conv stem) vs pure ViT on small data",
     "Feeding the transformer a CNN feature map (hybrid) beats the pure ViT at small budgets.",
     "paper Section 3.1 and Section 4.4 (Figure 5)",
     "reproduced if the hybrid beats the ViT at both small training sets, 1,000 and 4,000 images (greater, margin 0, "
-    "each)", _plan, _analyze,
+    "each)",
+    _plan,
+    _analyze,
 )

@@ -58,12 +58,22 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         if spec is runs[0]:
             uniform = float(patch_distances(model.cfg.grid_size, model.cfg.patch_size).mean())
             comps, explained = patch_embedding_pcs(model, k=16)
-            figures = [figure7a(comps, explained, fig_dir / "claim8_embedding_filters.png", cols=8),
-                       figure7b(sim, model.cfg.grid_size, fig_dir / "claim8_pe_similarity.png"),
-                       figure7c(layers, dist, fig_dir / "claim8_attention_distance.png", uniform=uniform,
-                                title=f"Mean attention distance per head (seed {spec.seed})")]
-        rows.append([str(spec.seed), f"{100 * res[spec]['val_acc']:.1f}"] + [f"{d:.2f}" for d in layer_mean.tolist()]
-                    + [f"{vertical:.3f}", f"{far:.3f}"])
+            figures = [
+                figure7a(comps, explained, fig_dir / "claim8_embedding_filters.png", cols=8),
+                figure7b(sim, model.cfg.grid_size, fig_dir / "claim8_pe_similarity.png"),
+                figure7c(
+                    layers,
+                    dist,
+                    fig_dir / "claim8_attention_distance.png",
+                    uniform=uniform,
+                    title=f"Mean attention distance per head (seed {spec.seed})",
+                ),
+            ]
+        rows.append(
+            [str(spec.seed), f"{100 * res[spec]['val_acc']:.1f}"]
+            + [f"{d:.2f}" for d in layer_mean.tolist()]
+            + [f"{vertical:.3f}", f"{far:.3f}"]
+        )
     figures.append(depth_figure(fig_dir / "claim8_distance_by_depth.png", per_layer, uniform))
     verdict = combine(
         greater(rise, 0.0, 0.0, what="mean attention distance, last layer - first layer", unit="px"),
@@ -75,32 +85,42 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     cfg = res.model(spec0).cfg
     P, g, D = cfg.patch_size, cfg.grid_size[0], cfg.dim
     return Outcome(
-        setup=(f"{describe_setup(scale)} The models: claim 5's ViT trained on all {spec0.n_train:,} training images for "
-               f"{spec0.steps:,} steps ({spec0.epochs} epochs), one per seed (validation accuracy in the table), analysed on the first "
-               f"{N_IMAGES} test images. Mean attention distance (Figure 7, right): for each head, the sum over key "
-               "patches of attention x pixel distance between patch centres, averaged over query patches and images; "
-               f"uniform attention gives {uniform:.1f} px on this {g}x{g} grid of {P}-pixel patches. Position-embedding "
-               "similarity (Figure 7, centre): cosine similarity of the learned rows; \"2-D structure\" means that "
-               f"vertically adjacent positions, {g} apart in the 1-D table, end up alike. Embedding filters (Figure 7, "
-               f"left): the principal components of the {D} patch-embedding filters ({P}x{P}, grey)."),
-        header=["seed", "model val acc %"] + [f"layer {i + 1} distance (px)" for i in range(L)]
+        setup=(
+            f"{describe_setup(scale)} The models: claim 5's ViT trained on all {spec0.n_train:,} training images for "
+            f"{spec0.steps:,} steps ({spec0.epochs} epochs), one per seed (validation accuracy in the table), analysed on the first "
+            f"{N_IMAGES} test images. Mean attention distance (Figure 7, right): for each head, the sum over key "
+            "patches of attention x pixel distance between patch centres, averaged over query patches and images; "
+            f"uniform attention gives {uniform:.1f} px on this {g}x{g} grid of {P}-pixel patches. Position-embedding "
+            'similarity (Figure 7, centre): cosine similarity of the learned rows; "2-D structure" means that '
+            f"vertically adjacent positions, {g} apart in the 1-D table, end up alike. Embedding filters (Figure 7, "
+            f"left): the principal components of the {D} patch-embedding filters ({P}x{P}, grey)."
+        ),
+        header=["seed", "model val acc %"]
+        + [f"layer {i + 1} distance (px)" for i in range(L)]
         + ["PE sim. vertical neighbours", "PE sim. far"],
-        rows=rows + [mean_row], verdict=verdict, figures=figures,
-        notes=("Paper, Figure 7 (ViT-L/16 on JFT-300M, 24 layers): in the lowest layers some heads attend locally and "
-               "others over most of the image; the distance grows with depth, and in the last layers every head "
-               "attends globally. Its position embeddings show row and column structure; its filters resemble "
-               "plausible basis functions for a low-dimensional representation of each patch."),
+        rows=rows + [mean_row],
+        verdict=verdict,
+        figures=figures,
+        notes=(
+            "Paper, Figure 7 (ViT-L/16 on JFT-300M, 24 layers): in the lowest layers some heads attend locally and "
+            "others over most of the image; the distance grows with depth, and in the last layers every head "
+            "attends globally. Its position embeddings show row and column structure; its filters resemble "
+            "plausible basis functions for a low-dimensional representation of each patch."
+        ),
         csv_header=["seed", "layer", "mean_distance_px"],
         csv_rows=[[r.seed, i + 1, per_layer[j][i]] for j, r in enumerate(runs) for i in range(L)],
     )
 
 
 EXPERIMENT = Experiment(
-    8, "attention", "Inside the trained model (Figure 7)",
+    8,
+    "attention",
+    "Inside the trained model (Figure 7)",
     "The mean attention distance grows with depth; the learned position embeddings show 2-D structure "
     "(nearby rows and columns have similar embeddings).",
     "paper Section 4.5, Figure 7",
     "reproduced if the last layer's mean distance exceeds the first's (greater over seeds, margin 0) and "
     "vertically adjacent position embeddings are more similar than far ones by >= 0.1 cosine (greater, margin 0.1)",
-    _plan, _analyze,
+    _plan,
+    _analyze,
 )

@@ -7,8 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
-from vitlab.experiments.reproduce.claims.shared import (CNN, DROP_PATH, REGULARISATION, REGULARISED, VIT, describe_setup,
-                                                       fashion_run, n_full, n_mid, regularised_steps)
+from vitlab.experiments.reproduce.claims.shared import (
+    CNN,
+    DROP_PATH,
+    REGULARISATION,
+    REGULARISED,
+    VIT,
+    describe_setup,
+    fashion_run,
+    n_full,
+    n_mid,
+    regularised_steps,
+)
 from vitlab.experiments.reproduce.figures import grouped_bar_figure
 from vitlab.experiments.reproduce.runs import RunSpec
 from vitlab.experiments.reproduce.verdicts import _ms, combine, greater
@@ -41,56 +51,92 @@ def _plan(scale: Scale) -> list[RunSpec]:
 
 def describe_regularisation() -> str:
     """The recipe claim 9 adds, in words: the search's choice (shared.REGULARISATION)."""
-    mixing = [f"MixUp (alpha {REGULARISED['mixup']:g})"] * bool(REGULARISED.get("mixup")) \
-        + [f"CutMix (alpha {REGULARISED['cutmix']:g})"] * bool(REGULARISED.get("cutmix"))
+    mixing = [f"MixUp (alpha {REGULARISED['mixup']:g})"] * bool(REGULARISED.get("mixup")) + [
+        f"CutMix (alpha {REGULARISED['cutmix']:g})"
+    ] * bool(REGULARISED.get("cutmix"))
     parts = ["RandAugment (2 ops, magnitude 9)"] * (REGULARISED.get("auto_augment") == "rand")
-    parts += [" or ".join(mixing) + " on each batch" + (" (one of the two, even odds)" if len(mixing) == 2 else "")] * bool(mixing)
+    parts += [
+        " or ".join(mixing) + " on each batch" + (" (one of the two, even odds)" if len(mixing) == 2 else "")
+    ] * bool(mixing)
     parts.append(f"for the ViT stochastic depth {DROP_PATH:g} (the CNN baseline's BasicBlocks have no drop path)")
     return f"{REGULARISATION} ({'; '.join(parts)})"
 
 
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     acc = {k: res.acc([_run(*k, s, scale) for s in scale.seeds]) for k in _arms(scale)}
-    gain = {(n, m): [b - a for a, b in zip(acc[(n, m, False)], acc[(n, m, True)])]
-            for n in _ns(scale) for m in MODELS if (n, m, True) in acc}
+    gain = {
+        (n, m): [b - a for a, b in zip(acc[(n, m, False)], acc[(n, m, True)])]
+        for n in _ns(scale)
+        for m in MODELS
+        if (n, m, True) in acc
+    }
     small, full = _ns(scale)
     verdict = combine(
-        greater(acc[(small, VIT, True)], acc[(small, VIT, False)], 0.0, what=f"ViT with - without the recipe at N={small:,}"),
+        greater(
+            acc[(small, VIT, True)], acc[(small, VIT, False)], 0.0, what=f"ViT with - without the recipe at N={small:,}"
+        ),
         greater(gain[(small, VIT)], gain[(small, CNN)], 0.0, what=f"ViT's gain - CNN's gain at N={small:,}"),
         greater(gain[(small, VIT)], gain[(full, VIT)], 0.0, what=f"ViT's gain at N={small:,} - at N={full:,}"),
     )
     arms = {(m, r): f"{MODELS[m]} {'+ recipe' if r else 'plain'}" for m in MODELS for r in (False, True)}
     groups = {n: f"N = {n:,}" for n in _ns(scale)}
-    fig = grouped_bar_figure(fig_dir / "claim9_recipe.png", list(groups.values()), list(arms.values()),
-                             {(groups[n], arms[k]): acc[(n, *k)] for n in _ns(scale) for k in arms if (n, *k) in acc},
-                             "The regularisation recipe, ViT and CNN (Fashion-MNIST)")
+    fig = grouped_bar_figure(
+        fig_dir / "claim9_recipe.png",
+        list(groups.values()),
+        list(arms.values()),
+        {(groups[n], arms[k]): acc[(n, *k)] for n in _ns(scale) for k in arms if (n, *k) in acc},
+        "The regularisation recipe, ViT and CNN (Fashion-MNIST)",
+    )
     return Outcome(
-        setup=(f"{describe_setup(scale)} Steps: " + "; ".join(f"N={n:,}: " + ", ".join(
-                   f"{MODELS[m]} {regularised_steps(m, n, scale):,}" for m in MODELS) for n in _ns(scale)) + ". The recipe "
-               f"added to the plain flips, the recipe search's choice of three strengths on held-out training images: "
-               f"{describe_regularisation()}. The same models and optimiser with and without it, each model's two arms "
-               f"at one budget: at N={small:,} the claim's own for that model, found with the recipe by the search (doubled "
-               f"until doubling moved it by less than a point), at N={full:,} the shared one, whose runs without it are "
-               f"claim 5's. The CNN with the recipe on all {full:,} images is in no part of the rule and is not trained (it "
-               "was the default scale's dearest arm)."),
+        setup=(
+            f"{describe_setup(scale)} Steps: "
+            + "; ".join(
+                f"N={n:,}: " + ", ".join(f"{MODELS[m]} {regularised_steps(m, n, scale):,}" for m in MODELS)
+                for n in _ns(scale)
+            )
+            + ". The recipe "
+            f"added to the plain flips, the recipe search's choice of three strengths on held-out training images: "
+            f"{describe_regularisation()}. The same models and optimiser with and without it, each model's two arms "
+            f"at one budget: at N={small:,} the claim's own for that model, found with the recipe by the search (doubled "
+            f"until doubling moved it by less than a point), at N={full:,} the shared one, whose runs without it are "
+            f"claim 5's. The CNN with the recipe on all {full:,} images is in no part of the rule and is not trained (it "
+            "was the default scale's dearest arm)."
+        ),
         header=["N train", "model", "plain val acc %", "+ recipe val acc %", "gain (points)"],
-        rows=[[f"{n:,}", MODELS[m], _ms(acc[(n, m, False)]), _ms(acc[(n, m, True)]) if (n, m) in gain else "not trained",
-               _ms(gain[(n, m)]) if (n, m) in gain else "-"] for n in _ns(scale) for m in MODELS],
-        verdict=verdict, figures=[fig],
+        rows=[
+            [
+                f"{n:,}",
+                MODELS[m],
+                _ms(acc[(n, m, False)]),
+                _ms(acc[(n, m, True)]) if (n, m) in gain else "not trained",
+                _ms(gain[(n, m)]) if (n, m) in gain else "-",
+            ]
+            for n in _ns(scale)
+            for m in MODELS
+        ],
+        verdict=verdict,
+        figures=[fig],
         csv_header=["n_train", "model", "recipe", "seed", "val_acc"],
-        csv_rows=[[n, m, r, s, res[_run(n, m, r, s, scale)]["val_acc"]]
-                  for n, m, r in _arms(scale) for s in scale.seeds],
-        notes=("Paper, Table 5: ViT-B/16 trained on ImageNet alone reaches 77.91%; DeiT trains the same model on the "
-               "same data with this kind of recipe to 81.8% (DeiT's Table 1; recalled, not checked here)."),
+        csv_rows=[
+            [n, m, r, s, res[_run(n, m, r, s, scale)]["val_acc"]] for n, m, r in _arms(scale) for s in scale.seeds
+        ],
+        notes=(
+            "Paper, Table 5: ViT-B/16 trained on ImageNet alone reaches 77.91%; DeiT trains the same model on the "
+            "same data with this kind of recipe to 81.8% (DeiT's Table 1; recalled, not checked here)."
+        ),
     )
 
 
 EXPERIMENT = Experiment(
-    9, "recipe", "The regularisation recipe matters more for a ViT on small data (DeiT)",
+    9,
+    "recipe",
+    "The regularisation recipe matters more for a ViT on small data (DeiT)",
     "On small data a ViT needs its regularisation recipe (MixUp/CutMix, RandAugment, stochastic depth) far more "
     "than a CNN does; with enough data it needs it less.",
     "DeiT (Touvron et al. 2021) Section 6 and Table 8; paper Section 4.2",
     "reproduced if, at 4,000 training images, the recipe raises the ViT's accuracy (greater, margin 0) and raises it "
     "more than the CNN's (greater on the per-seed gains, margin 0), and the ViT's gain at 4,000 exceeds its gain at "
-    "60,000 (greater on the per-seed gains, margin 0)", _plan, _analyze,
+    "60,000 (greater on the per-seed gains, margin 0)",
+    _plan,
+    _analyze,
 )

@@ -106,8 +106,13 @@ def by_arm(runs: list[RunSpec], arms: list, k: int) -> dict:
 
 
 def fashion_data(n: int, scale: Scale) -> dict:
-    return {"name": "fashion-mnist", "n_train": n, "n_val": 250 if scale.quick else 10_000, "img_size": 28,
-            "channels": 1}
+    return {
+        "name": "fashion-mnist",
+        "n_train": n,
+        "n_val": 250 if scale.quick else 10_000,
+        "img_size": 28,
+        "channels": 1,
+    }
 
 
 def steps_per_epoch(n: int, batch: int, drop_last: bool = False) -> int:
@@ -120,8 +125,17 @@ def epochs_for(steps: int, n: int, batch: int, drop_last: bool = False) -> int:
     return max(1, round(steps / steps_per_epoch(n, batch, drop_last)))
 
 
-def fashion_run(model: str, n: int, seed: int, scale: Scale, *, lr: float | None = None, regularised: bool = False,
-                overrides: dict | None = None, steps: int | None = None) -> RunSpec:
+def fashion_run(
+    model: str,
+    n: int,
+    seed: int,
+    scale: Scale,
+    *,
+    lr: float | None = None,
+    regularised: bool = False,
+    overrides: dict | None = None,
+    steps: int | None = None,
+) -> RunSpec:
     """One run of the shared setup: `model` on the first `n` training images of seed `seed`'s permutation, for
     the scale's step budget at `n` (or `steps`), with the model's recipe (or the learning rate `lr`).
     Overrides equal to the registered model's own values are dropped, so that a claim's baseline arm is
@@ -135,26 +149,39 @@ def fashion_run(model: str, n: int, seed: int, scale: Scale, *, lr: float | None
     aug = REGULARISED if regularised else PLAIN
     rec = RECIPES[model]
     epochs = epochs_for(steps or steps_table(scale)[n], n, rec["batch_size"], drop_last=regularised)
-    return run_spec(fashion_data(n, scale), model, overrides=ov, aug=aug, epochs=epochs,
-                    lr=rec["lr"] if lr is None else lr, batch_size=rec["batch_size"], weight_decay=rec["weight_decay"],
-                    warmup_epochs=rec["warmup"] * epochs, seed=seed, weight_init=VIT_INIT if model == VIT else "default")
+    return run_spec(
+        fashion_data(n, scale),
+        model,
+        overrides=ov,
+        aug=aug,
+        epochs=epochs,
+        lr=rec["lr"] if lr is None else lr,
+        batch_size=rec["batch_size"],
+        weight_decay=rec["weight_decay"],
+        warmup_epochs=rec["warmup"] * epochs,
+        seed=seed,
+        weight_init=VIT_INIT if model == VIT else "default",
+    )
 
 
 def describe_setup(scale: Scale) -> str:
     """The shared setup in one paragraph, for the report's claims."""
     shape = {**get_config(VIT).to_dict(), **FASHION_VIT}
     P, grid = shape["patch_size"], 28 // shape["patch_size"]
-    aug = "random horizontal flips" + (f" and random resized crops (scale {PLAIN['crop_scale']:g}-1)"
-                                        if PLAIN.get("crop_scale", 1.0) < 1 else "")
+    aug = "random horizontal flips" + (
+        f" and random resized crops (scale {PLAIN['crop_scale']:g}-1)" if PLAIN.get("crop_scale", 1.0) < 1 else ""
+    )
     init = "the original release's initialisation" if VIT_INIT == "release" else "timm's initialisation"
 
     def recipe(m: str) -> str:
         r = RECIPES[m]
         return f"lr {r['lr']:g}, weight decay {r['weight_decay']:g}, batch {r['batch_size']}, warmup {r['warmup']:.0%}"
 
-    return (f"Fashion-MNIST, 28x28 grey, validation on the first {fashion_data(0, scale)['n_val']:,} test images; "
-            f"ViT = `vit_mini` with {shape['depth']} blocks (P={P}: {grid}x{grid} patches + class token, D={shape['dim']}, "
-            f"{shape['heads']} heads, MLP {shape['mlp_dim']}, learned 1-D position embedding; {init}), "
-            f"CNN = `resnet_mini`; AdamW (ViT: {recipe(VIT)}; CNN: {recipe(CNN)}), linear warmup then cosine, "
-            f"gradient clipping at 1; {aug}; the recipe chosen by the search on held-out training images (see Recipe "
-            "and budgets).")
+    return (
+        f"Fashion-MNIST, 28x28 grey, validation on the first {fashion_data(0, scale)['n_val']:,} test images; "
+        f"ViT = `vit_mini` with {shape['depth']} blocks (P={P}: {grid}x{grid} patches + class token, D={shape['dim']}, "
+        f"{shape['heads']} heads, MLP {shape['mlp_dim']}, learned 1-D position embedding; {init}), "
+        f"CNN = `resnet_mini`; AdamW (ViT: {recipe(VIT)}; CNN: {recipe(CNN)}), linear warmup then cosine, "
+        f"gradient clipping at 1; {aug}; the recipe chosen by the search on held-out training images (see Recipe "
+        "and budgets)."
+    )
