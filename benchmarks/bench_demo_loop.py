@@ -143,7 +143,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--demo",
         action="store_true",
-        help="time the whole demo (both runs) instead: one line per timed run and the speed-ups, not the demo's own output",
+        help="time the whole demo (both runs) instead: one line per timed run and the speed-ups, "
+        "not the demo's own output",
     )
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = p.parse_args(argv)

@@ -184,9 +184,13 @@ def main() -> None:
         extra_s=pre_s,
     )
 
-    header = f"{'model':<22} {'initial weights':<24} {'params':>8} {'best val acc':>12} {'last val acc':>12} {'train s':>8} {'pretrain s':>10}"
+    header = (
+        f"{'model':<22} {'initial weights':<24} {'params':>8} {'best val acc':>12} {'last val acc':>12} "
+        f"{'train s':>8} {'pretrain s':>10}"
+    )
+    n_train = rows and json.loads((root / "vit_mini_scratch/summary.json").read_text())["images"]["train"]
     print(
-        f"\ndigits (sklearn, 32 px, {rows and json.loads((root / 'vit_mini_scratch/summary.json').read_text())['images']['train']} "
+        f"\ndigits (sklearn, 32 px, {n_train} "
         f"train / 359 val), {args.epochs} epochs each, batch 32, {args.threads} thread(s)"
     )
     print(header)

@@ -2,8 +2,8 @@
 from it: the from-scratch recipe ablated on Fashion-MNIST, each row next to a plain loop of the same budget.
 A benchmark (prints and writes a table), not a test. docs/recipe.md holds its table and what it found.
 
-    python benchmarks/recipe_ablation.py --out runs/recipe_ablation --compare          # vitlab's defaults vs the plain loop
-    python benchmarks/recipe_ablation.py --out runs/recipe_ablation                    # every row, 2,000 images, 3 and 15 epochs
+    python benchmarks/recipe_ablation.py --out runs/recipe_ablation --compare  # vitlab's defaults vs the plain loop
+    python benchmarks/recipe_ablation.py --out runs/recipe_ablation  # every row, 2,000 images, 3 and 15 epochs
     python benchmarks/recipe_ablation.py --out runs/recipe_ablation --sizes 1000 10000 --epochs 3 15 50 \\
         --rows plain before defaults
 
@@ -367,7 +367,8 @@ def main() -> None:
     results = run_grid(out, cells, args.seed, args.jobs, lambda n, e: f"{n:>6} images {e:>3} epochs")
     text = table(results, rows, [(n, e) for n in args.sizes for e in args.epochs])
     print(
-        f"\nvalidation accuracy (%) after the last epoch, {VAL_IMAGES:,} held-out training images; {cpu_name()}\n\n{text}"
+        f"\nvalidation accuracy (%) after the last epoch, {VAL_IMAGES:,} held-out training images; "
+        f"{cpu_name()}\n\n{text}"
     )
     (out / "table.md").write_text(text + "\n")
 

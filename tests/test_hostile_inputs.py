@@ -300,7 +300,9 @@ CASES = {
     "predict_patch_embedding_7_rows": Case(
         f"predict {PHOTO} --checkpoint {{tmp}}/run",
         2,
-        "its tensors do not match its own config (dim: config 64 vs tensors 7: shape differences (2): patch_embed.proj.bias model (64,) vs checkpoint (7,); patch_embed.proj.weight model (64, 3, 4, 4) vs checkpoint (7, 3, 4, 4))",
+        "its tensors do not match its own config (dim: config 64 vs tensors 7: shape differences (2): "
+        "patch_embed.proj.bias model (64,) vs checkpoint (7,); "
+        "patch_embed.proj.weight model (64, 3, 4, 4) vs checkpoint (7, 3, 4, 4))",
         patch_embed_rows,
     ),
     "predict_malicious_pth": Case(f"predict {PHOTO} --pretrained {{tmp}}/weights.pth", 2, "refused to load", evil_pth),

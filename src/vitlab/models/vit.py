@@ -794,7 +794,8 @@ class VisionTransformer(nn.Module):
                     f"pos_embed has {n_found} rows but this model expects {n_exp} "
                     f"({self.cfg.num_patches} patches for {self.cfg.img_size[0]}x{self.cfg.img_size[1]} images with "
                     f"patch {self.cfg.patch_size}, + {self.cfg.num_pos_prefix_tokens} rows for the prefix tokens); "
-                    "resample it with vitlab.weights.resample_pos_embed, or build the model at the checkpoint's img_size"
+                    "resample it with vitlab.weights.resample_pos_embed, "
+                    "or build the model at the checkpoint's img_size"
                 )
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 

@@ -77,7 +77,8 @@ def topk_html(result: dict) -> str:
     for p in result["predictions"]:
         rows.append(
             '<div class="vl-row">'
-            f'<div class="vl-label">{p["rank"]}. {html.escape(p["label"])} <span class="vl-class">(class {p["index"]})</span></div>'
+            f'<div class="vl-label">{p["rank"]}. {html.escape(p["label"])} '
+            f'<span class="vl-class">(class {p["index"]})</span></div>'
             f'<div class="vl-bar"><div class="vl-fill" style="width:{100 * p["prob"]:.2f}%"></div></div>'
             f'<div class="vl-prob">{format_prob(p["prob"])}</div></div>'
         )
