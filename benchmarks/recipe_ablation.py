@@ -332,7 +332,9 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[2000], help="training images (default 2000)")
     p.add_argument("--epochs", type=int, nargs="+", default=[3, 15], help="run lengths (default 3 15)")
     p.add_argument("--rows", nargs="+", default=None, help=f"rows to run (default all): {', '.join(ROWS)}")
-    p.add_argument("--compare", action="store_true", help="only the rows plain and defaults (the issue's criterion)")
+    p.add_argument(
+        "--compare", action="store_true", help="only the rows plain and defaults (the criterion of docs/recipe.md)"
+    )
     p.add_argument(
         "--finetune",
         action="store_true",

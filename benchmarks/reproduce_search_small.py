@@ -144,7 +144,7 @@ def main() -> None:
             + f" --parts {args.parts}` (the recipe stage of `vitlab reproduce --tune`, its choice of "
             f"claim 9's regularisation and budget, its budget stage at {where}"
             + (" and its convergence stage" if convergence else "; not its convergence stage")
-            + ". The runs include a first round's, with the CNN at batch 128)",
+            + ". The runs include an earlier search's, with the CNN at batch 128)",
         )
         (out / "search.json").write_text(json.dumps(record, indent=1))
         (out / "search.md").write_text(search.render(record))

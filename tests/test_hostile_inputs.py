@@ -606,7 +606,7 @@ CASES = {
 
 
 # ----------------------------------------------------------------------------------------------------
-# Round 2 (issue 31): silent wrong data, NaN called success, a run folder's every field, sizes that cannot
+# Round 2: silent wrong data, NaN called success, a run folder's every field, sizes that cannot
 # fit, the library's arguments, messages that pointed the wrong way. Helpers first, then the cases.
 
 
@@ -1263,7 +1263,7 @@ def test_the_table_covers_every_command():
     }
     assert (
         len(CASES) >= 160 and len(SIZE_CASES) >= 10 and len(LIBRARY_CASES) >= 15
-    )  # 102 + 60 in the table before issue 31
+    )  # 102 + 60 in the table before round 2
 
 
 # ----------------------------------------------------------------------------------------------------
