@@ -7,6 +7,8 @@ import contextlib
 import multiprocessing
 import os
 import random
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
@@ -125,15 +127,29 @@ def num_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _set_threads(n: int) -> None:
-    torch.set_num_threads(n)
+PARENT_CHECK_S = 1.0  # how often a pool worker looks for its parent
+
+
+def _start_worker(threads: int, parent: int) -> None:
+    """A pool worker's start: its intra-op threads, and a watch on its parent. A parent killed with no chance
+    to stop its pool (`kill -9`, the machine's OOM killer) leaves its workers to init; each one ends itself
+    within PARENT_CHECK_S of seeing that, rather than compute for nobody."""
+    torch.set_num_threads(threads)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="vitlab-parent-watch", daemon=True).start()
 
 
 @contextlib.contextmanager
 def process_pool(workers: int, *, threads: int = 1) -> Iterator[ProcessPoolExecutor]:
     """A pool of `workers` fresh processes (spawned: a clean torch in each), `threads` intra-op threads
     each. If the block fails (a task's error re-raised, Ctrl-C), the workers are stopped at once
-    rather than left to finish their tasks.
+    rather than left to finish their tasks; if this process dies without a word (`kill -9`), each worker
+    ends itself within about a second.
 
     Runs that keep one core busy and no more (the small models of the demo and the experiments) go
     faster side by side in processes than one after the other with more threads each. A result that
@@ -142,8 +158,8 @@ def process_pool(workers: int, *, threads: int = 1) -> Iterator[ProcessPoolExecu
     pool = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=_set_threads,
-        initargs=(threads,),
+        initializer=_start_worker,
+        initargs=(threads, os.getpid()),
     )
     try:
         yield pool
