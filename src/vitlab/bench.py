@@ -50,6 +50,7 @@ from torch import nn
 
 from vitlab.analysis.flops import _bytes, activation_elements, count_macs
 from vitlab.errors import VitlabError, check_range
+from vitlab.fileio import import_onnxruntime
 from vitlab.inference.export import export_onnx
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config, get_variant
@@ -194,7 +195,7 @@ def onnxruntime_session(model: VisionTransformer, folder: str | Path):
     """`model` exported to ONNX (as `vitlab export` does, checked against PyTorch) and loaded in ONNX
     Runtime's CPU provider with torch's thread count, every graph optimisation on."""
     try:
-        import onnxruntime as ort
+        ort = import_onnxruntime()
     except ImportError as e:  # pragma: no cover - onnxruntime is a dev dependency
         raise VitlabError(
             "against onnxruntime needs onnxruntime installed (pip install onnxruntime)", arg="against"

@@ -55,6 +55,51 @@ def cache_root() -> Path:
     return home / ("Library/Caches" if sys.platform == "darwin" else ".cache") / "vitlab"
 
 
+# The files of the libraries vitlab uses, kept under the cache root: each variable names the folder a library
+# writes to, and each library reads it once (on import, or its first compile), so the command line sets them before
+# it imports any of them (`contain_library_caches`). A variable the user has set is left as it is.
+LIBRARY_CACHES = {
+    "MPLCONFIGDIR": "matplotlib",  # matplotlib's config folder and font cache (else under the home folder)
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",  # torch.compile's kernels (else in the system's temporary folder)
+    "TRITON_CACHE_DIR": "triton",  # torch.compile's GPU kernels
+    "GRADIO_TEMP_DIR": "gradio",  # the files `vitlab serve`'s page hands the browser
+}
+# What cannot be moved is turned off: inductor keeps its precompiled C++ headers in the system's temporary folder
+# whatever TORCHINDUCTOR_CACHE_DIR says (torch/_inductor/codecache.py); without them a compile takes a little longer.
+LIBRARY_SETTINGS = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
+
+
+def contain_library_caches() -> None:
+    """Point the libraries' own files under the cache root (LIBRARY_CACHES); for the command line, before it
+    imports them."""
+    root = cache_root()
+    for variable, folder in LIBRARY_CACHES.items():
+        os.environ.setdefault(variable, str(root / folder))
+    for variable, value in LIBRARY_SETTINGS.items():
+        os.environ.setdefault(variable, value)
+
+
+def import_onnxruntime():
+    """ONNX Runtime, imported with its telemetry files under the cache root, and its telemetry events off. When it
+    is imported it writes a device id and an event database under $XDG_CACHE_HOME/Microsoft (else under the home
+    folder) and a session file in $TMPDIR; both variables point into the cache root while it is imported. Raises
+    ImportError where it is not installed."""
+    folder = cache_root() / "onnxruntime"
+    folder.mkdir(parents=True, exist_ok=True)
+    saved = {variable: os.environ.get(variable) for variable in ("XDG_CACHE_HOME", "TMPDIR")}
+    os.environ.update(XDG_CACHE_HOME=str(folder), TMPDIR=str(folder))
+    try:
+        import onnxruntime
+    finally:
+        for variable, value in saved.items():
+            if value is None:
+                del os.environ[variable]
+            else:
+                os.environ[variable] = value
+    onnxruntime.disable_telemetry_events()
+    return onnxruntime
+
+
 FILE_MODE, FOLDER_MODE = 0o666, 0o777  # what open(path, "w") and mkdir ask for; the umask takes its bits away
 
 

@@ -12,6 +12,8 @@ import importlib
 import sys
 from typing import TYPE_CHECKING
 
+from vitlab.fileio import contain_library_caches
+
 if TYPE_CHECKING:  # for readers and tools; at run time loaded on first use (below)
     from vitlab.cli.commands import COMMANDS, build_parser, command_name, main
 
@@ -27,6 +29,7 @@ def __getattr__(name: str):
 
 
 def run() -> None:  # pragma: no cover - the console script
+    contain_library_caches()  # before matplotlib and torch are imported
     try:
         main = importlib.import_module(_COMMANDS_MODULE).main
     except KeyboardInterrupt:

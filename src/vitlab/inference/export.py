@@ -29,6 +29,7 @@ from vitlab.fileio import (
     FILE_MODE,
     check_out_file,
     created_folders,
+    import_onnxruntime,
     remove_leftovers,
     tmp_prefix,
     umask,
@@ -168,7 +169,7 @@ def export_onnx(model: nn.Module, out: Path, *, check: bool = True, opset: int |
 def check_onnx(model: nn.Module, path: str | Path, *, batch_size: int = 3, seed: int = 0) -> float:
     """Max abs difference between PyTorch's and ONNX Runtime's logits on random images."""
     try:
-        import onnxruntime as ort
+        ort = import_onnxruntime()
     except ImportError as e:
         raise VitlabError(
             "checking an ONNX export needs onnxruntime: pip install onnxruntime (or pass check=False)"
