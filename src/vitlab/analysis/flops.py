@@ -1,5 +1,9 @@
 """What a ViT costs: parameters per component, FLOPs per image, training memory (`vitlab info`).
 
+One FLOP counter: `forward_flops(model, x)` measures a forward pass with torch's FlopCounterMode on the
+explicit attention path; `training_flops` is 3 x its figure per image seen; `count_macs(cfg)` is the
+analytic count by component, from a config, which a test holds exactly equal to the counter.
+
 Counting conventions (FLOP counts of ViTs are often miscounted: MACs called FLOPs, the attention
 products skipped, fused attention kernels not seen by counters):
 - A MAC is one multiply-accumulate; FLOPs = 2 x MACs. torchvision and fvcore print MACs and call
@@ -192,7 +196,7 @@ def _counted_flops(cfg: ViTConfig) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Memory (the estimates live in vitlab.models.size, where create_model checks them)
+# Memory: what autograd saves, measured (the estimate is vitlab.models.size.estimate_memory)
 
 
 def _full_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
