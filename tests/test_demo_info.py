@@ -231,6 +231,9 @@ def test_a_training_run_costs_three_forward_passes_per_image_seen():
     assert predicted == 3 * per_image * 6 and per_image == flops.count_macs(cfg).flops
     no_image_gradient = 6 * 2 * flops.count_macs(cfg).rows["patch embedding"]
     assert counter.get_total_flops() == predicted - no_image_gradient
+    assert model.training  # counting left the model training
+    with pytest.raises(vitlab.VitlabError, match="images_seen"):
+        flops.training_flops(model, (cfg.in_chans, *cfg.img_size), images_seen=-1)
 
 
 def test_attention_macs_grow_as_n_squared():

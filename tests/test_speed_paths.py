@@ -629,6 +629,7 @@ def test_memory_estimate_orders_the_runs():
 def test_measured_peak_memory_of_inference_is_near_the_weights():
     out = bench.measure_peak_memory("vit_tiny_patch16_224", 1, train=False, threads=1)
     assert out["weights_bytes"] == 5_717_416 * 4
+    assert estimate_memory(get_config("vit_tiny_patch16_224"), 1, train=False)["weights"] == out["weights_bytes"]
     assert out["weights_bytes"] <= out["peak_bytes"] < out["weights_bytes"] + 200 * 2**20
 
 

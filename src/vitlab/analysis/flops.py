@@ -179,6 +179,7 @@ def training_flops(model: nn.Module, img_shape: tuple[int, int, int], images_see
     (the forward pass, and the backward pass's two products per forward product: the gradients of the input
     and of the weights). The backward pass of the first layer computes no gradient of the image, so a
     counter watching a real step sees this less one patch projection per image (the test checks exactly that)."""
+    check_range("images_seen", images_seen, low=0, integer=True)
     device = next(model.parameters()).device
     return 3 * forward_flops(model, torch.zeros(1, *img_shape, device=device)) * images_seen
 
