@@ -1307,7 +1307,7 @@ SIZE_CASES = {  # the sizes are beyond any machine's memory (terabytes), so ever
         "bench --quick --batch-size 1000000000",
         2,
         "running vit_mini_x (dim 32, depth 2, MLP 64, 64 "
-        "patches of 32x32 images: 20,898 parameters) on 1,000,000,000 image(s) would need about 37.8 TiB",
+        "patches of 32x32 images: 20,898 parameters) on 1,000,000,000 image(s) would need about 49.0 TiB",
     ),
     "info_dim_1e9": Case(
         "info vit_mini --dim 1000000000",

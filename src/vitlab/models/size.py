@@ -16,8 +16,8 @@ Per block of a ViT (D width, M MLP width, h heads, T tokens):
     parameters   norm1 2D + qkv 3D^2 (+3D bias) + proj D^2 + D + norm2 2D + fc1 DM + M + fc2 MD + D (+ LayerScale 2D)
     training     T (8D + 2M + 4 + h) floats saved per image (see activation_elements), and T 2M while the
                  backward pass runs
-    inference    T (D + 2M) floats alive per image at the peak (the residual stream, the MLP hidden layer
-                 before and after GELU)
+    inference    the image and T (D + 2M) floats alive per image at the peak (the residual stream, the MLP
+                 hidden layer before and after GELU)
 """
 
 from __future__ import annotations
@@ -160,8 +160,8 @@ def estimate_memory(
     before and after GELU (T 2M). With gradient checkpointing only each block's input (T D) is kept, plus
     one block's saved tensors while it is recomputed. Under bf16 autocast the saved matrix-product inputs
     are bf16 (about half of them); the weights and AdamW state stay fp32.
-    Inference keeps no activations: the peak is the largest few live tensors of one block (the residual
-    stream, the MLP's hidden layer before and after GELU: T (D + 2M) per image).
+    Inference keeps no activations: the peak is the input images (fp32) and the largest few live tensors
+    of one block (the residual stream, the MLP's hidden layer before and after GELU: T (D + 2M) per image).
     `attention`: the explicit path's softmax(QK^T/sqrt(d)) kept, an (h, T, T) matrix per layer (training:
     saved for backward; inference: every layer's map returned, as `return_attention=True` does, and the
     one being computed), in fp32.
@@ -190,7 +190,9 @@ def estimate_memory(
         out["activations"] = int(batch_size * kept * act_bytes)
         out["backward"] = batch_size * T * 2 * M * BYTES_FP32  # the gradient of the MLP's hidden layer
     else:
-        out["activations"] = batch_size * T * (D + 2 * M) * (2 if precision == "bf16" else BYTES_FP32)
+        H, W = cfg.img_size
+        per_image = cfg.in_chans * H * W * BYTES_FP32 + T * (D + 2 * M) * (2 if precision == "bf16" else BYTES_FP32)
+        out["activations"] = batch_size * per_image  # the input images, and one block's widest tensors
     if attention:
         layers = L if train else L + 1  # inference: the maps kept, and the one being computed
         out["attention maps"] = batch_size * layers * h * T * T * BYTES_FP32
