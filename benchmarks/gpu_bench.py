@@ -10,7 +10,7 @@ What it does, in one process:
    - channels-last input (the patch projection is a strided convolution; cuDNN prefers NHWC in bf16),
    - fused AdamW (`vitlab.train.optim.build_optimizer`);
    eager and compiled are both timed, warm-up excluded, median of the timed windows;
-3. images/s, achieved FLOP/s (3 x the analytic forward FLOPs, `vitlab.analysis.flops`) and MFU =
+3. images/s, achieved FLOP/s (3 x the forward FLOPs, `vitlab.analysis.flops.training_flops`) and MFU =
    achieved over the measured bf16 matmul rate (and, for reference, over the datasheet peak if given).
 
     bash benchmarks/gpu_bench.sh                      # on the GPU machine
@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import vitlab
-from vitlab.bench import forward_flops, machine_info, matmul_rate
+from vitlab.analysis.flops import training_flops
+from vitlab.bench import machine_info, matmul_rate
 from vitlab.runtime import autocast
 from vitlab.train.optim import build_optimizer
 
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
     variants = [("eager", False)] + ([] if args.no_compile else [("compiled", True)])
     for label, compiled in variants:
         model = vitlab.create_model(args.model).to(device).train()
-        cfg_flops = 3 * forward_flops(model.cfg) * args.batch_size
+        cfg_flops = training_flops(model, (model.cfg.in_chans, *model.cfg.img_size), args.batch_size)  # 3 x forward
         optimizer = build_optimizer(model, lr=1e-4)  # fused AdamW
         g = torch.Generator().manual_seed(0)
         x = torch.randn(args.batch_size, model.cfg.in_chans, *model.cfg.img_size, generator=g).to(device)

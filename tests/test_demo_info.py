@@ -22,6 +22,8 @@ from vitlab.cli import main
 from vitlab.data.synthetic import dataset_x_splits
 from vitlab.experiments import demo
 from vitlab.experiments.demo import last_layer_cls_attention
+from vitlab.models import size
+from vitlab.models.size import estimate_memory, format_bytes
 
 
 @pytest.fixture(autouse=True)
@@ -169,10 +171,11 @@ def test_info_vit_b16(capsys):
     assert "196" in text and "784" in text and "15.9x the attention products" in text
 
 
-def _counted_flops(model, img_size, in_chans=3, device="cpu"):
+def _fused_forward_flops(model, img_size, in_chans=3, device="cpu"):
+    """FlopCounterMode over the fused attention path (SDPA), every token through every block."""
     x = torch.randn(1, in_chans, *img_size, device=device)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model.eval().forward_head(model.forward_features(x))  # every token through every block, as counted
+        model.eval().forward_head(model.forward_features(x))
     return counter.get_total_flops()
 
 
@@ -184,22 +187,53 @@ def _counted_flops(model, img_size, in_chans=3, device="cpu"):
         ("vit_mini_x", {"pos_embed": "relative"}, False),  # real CPU tensors: SDPA with a bias is counted
         ("vit_mini", {"pool": "mean", "class_token": False}, False),
         ("vit_tiny_patch16_224", {"stem": "hybrid", "img_size": 64}, True),
+        ("deit_tiny_distilled_patch16_224", {}, True),  # two prefix tokens, two heads
     ],
 )
-def test_analytic_flops_match_flop_counter(name, overrides, meta):
+def test_analytic_flops_equal_the_flop_counter(name, overrides, meta):
     cfg = vitlab.get_config(name, **overrides)
     model = flops.build_on_meta(cfg) if meta else vitlab.VisionTransformer(cfg)
-    counted = _counted_flops(model, cfg.img_size, device="meta" if meta else "cpu")
     analytic = flops.count_macs(cfg)
     assert analytic.flops == 2 * analytic.macs
+    x = torch.randn(2, cfg.in_chans, *cfg.img_size, device="meta" if meta else "cpu")
+    model.train()
+    assert flops.forward_flops(model, x) == 2 * analytic.flops  # exactly: a batch of two, the explicit path
+    assert model.training  # the count leaves the model as it found it
+    fused = _fused_forward_flops(model, cfg.img_size, device="meta" if meta else "cpu")
     if meta:  # on "meta", SDPA runs as its math decomposition, whose two matmuls the counter sees
-        assert analytic.flops == pytest.approx(counted, rel=0.01)
+        assert fused == analytic.flops
     else:
         # on CPU the fused kernel (_scaled_dot_product_flash_attention_for_cpu) is invisible to
         # FlopCounterMode in torch 2.14: then exactly QK^T and AV are missing
-        assert counted in (analytic.flops, analytic.flops - 2 * analytic.attention_macs)
+        assert fused in (analytic.flops, analytic.flops - 2 * analytic.attention_macs)
     if name == "vit_base_patch16_224" and not overrides:
         assert analytic.macs / 1e9 == pytest.approx(17.56, abs=0.01)
+
+
+def test_a_training_run_costs_three_forward_passes_per_image_seen():
+    """The FLOPs torch counts over a real training run (two AdamW steps of three images, explicit
+    attention, every token through every block) are `training_flops`: 3 x the forward FLOPs of one
+    image x the images seen, less what the backward pass never computes, the image's own gradient
+    (one patch projection per image)."""
+    model = vitlab.create_model("vit_mini", pool="mean", class_token=False)
+    model.set_fused_attention(False)
+    cfg = model.cfg
+    optimizer = torch.optim.AdamW(model.parameters())
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, cfg.in_chans, *cfg.img_size, generator=g), torch.randint(0, 10, (6,), generator=g)
+    with FlopCounterMode(display=False) as counter:
+        for xb, yb in zip(x.split(3), y.split(3)):
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    predicted = flops.training_flops(model, (cfg.in_chans, *cfg.img_size), images_seen=6)
+    per_image = flops.forward_flops(model, x[:1])
+    assert predicted == 3 * per_image * 6 and per_image == flops.count_macs(cfg).flops
+    no_image_gradient = 6 * 2 * flops.count_macs(cfg).rows["patch embedding"]
+    assert counter.get_total_flops() == predicted - no_image_gradient
+    assert model.training  # counting left the model training
+    with pytest.raises(vitlab.VitlabError, match="images_seen"):
+        flops.training_flops(model, (cfg.in_chans, *cfg.img_size), images_seen=-1)
 
 
 def test_attention_macs_grow_as_n_squared():
@@ -213,8 +247,25 @@ def test_activation_estimate_matches_what_autograd_saves(name, img):
     model = vitlab.create_model(name, img_size=img)
     x, y = torch.randn(3, 3, *model.cfg.img_size), torch.zeros(3, dtype=torch.long)
     measured = flops.measure_saved_activations(model, x, y)
-    estimate = flops.training_memory(model.cfg, 3, vitlab.count_parameters(model)).activations
-    assert estimate == pytest.approx(measured, rel=0.02)
+    estimate = estimate_memory(model.cfg, 3)
+    assert estimate["activations"] == pytest.approx(measured, rel=0.02)
+    assert estimate["weights"] == 4 * vitlab.count_parameters(model)
+
+
+def test_the_memory_info_prints_is_the_one_check_fits_refuses_with(monkeypatch, capsys):
+    cfg = vitlab.get_config("vit_base_patch16_224")
+    need = estimate_memory(cfg, 32, train=True)
+    assert need["total"] == sum(v for k, v in need.items() if k != "total")
+    # ViT-B/16 at batch 32: the gradient of the MLP's hidden layer, 197 x 2 x 3072 floats an image
+    assert need["backward"] == 32 * 197 * 2 * 3072 * 4
+    assert main(["info", "vit_base_patch16_224", "--batch-size", "32"]) == 0
+    text = capsys.readouterr().out
+    assert f"total                   {format_bytes(need['total']):>12}" in text
+    monkeypatch.setattr(size, "machine_memory", lambda: need["total"])
+    size.check_fits(cfg, batch_size=32, training=True)  # exactly enough
+    monkeypatch.setattr(size, "machine_memory", lambda: need["total"] - 1)
+    with pytest.raises(vitlab.VitlabError, match=f"at batch 32 would need about {format_bytes(need['total'])}"):
+        size.check_fits(cfg, batch_size=32, training=True)
 
 
 def test_parameter_breakdown_sums_to_the_model():

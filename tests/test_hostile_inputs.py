@@ -976,7 +976,7 @@ CASES.update(
             "train --data {lab}/digits --model vit_mini --img-size 2048 --batch-size 64 --out {tmp}/r",
             2,
             "training vit_mini (dim 64, depth 4, MLP 128, 262,144 patches of "
-            "2048x2048 images: 16,915,146 parameters) at batch 50 would need about 160.5 GiB of "
+            "2048x2048 images: 16,915,146 parameters) at batch 50 would need about 173.0 GiB of "
             "memory; this machine has 8.0 GiB",
             patch=memory_of(8),
         ),
@@ -1309,7 +1309,7 @@ SIZE_CASES = {  # the sizes are beyond any machine's memory (terabytes), so ever
         "bench --quick --batch-size 1000000000",
         2,
         "running vit_mini_x (dim 32, depth 2, MLP 64, 64 "
-        "patches of 32x32 images: 20,898 parameters) on 1,000,000,000 image(s) would need about 56.6 TiB",
+        "patches of 32x32 images: 20,898 parameters) on 1,000,000,000 image(s) would need about 49.0 TiB",
     ),
     "info_dim_1e9": Case(
         "info vit_mini --dim 1000000000",

@@ -26,11 +26,13 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from vitlab import bench
+from vitlab.analysis.flops import count_macs
 from vitlab.cli import main
 from vitlab.fileio import cache_root
 from vitlab.inference.export import export_model
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config
+from vitlab.models.size import estimate_memory
 from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.runtime import num_threads
 from vitlab.speed import compiled, fastpath, onednn, rules, tune
@@ -614,19 +616,20 @@ def test_timm_twin_has_the_same_weights_and_logits():
 
 def test_memory_estimate_orders_the_runs():
     cfg = get_config("vit_base_patch16_224")
-    plain = bench.estimate_memory(cfg, 16, train=True)
-    ckpt = bench.estimate_memory(cfg, 16, train=True, grad_checkpointing=True)
-    infer = bench.estimate_memory(cfg, 1, train=False)
+    plain = estimate_memory(cfg, 16, train=True)
+    ckpt = estimate_memory(cfg, 16, train=True, grad_checkpointing=True)
+    infer = estimate_memory(cfg, 1, train=False)
     assert plain["weights"] == 86_567_656 * 4  # ViT-B/16's parameters, fp32
     assert plain["total"] == sum(v for k, v in plain.items() if k != "total")
     assert ckpt["activations"] < 0.3 * plain["activations"]
     assert infer["total"] < 1.5 * infer["weights"]
-    assert bench.estimate_memory(cfg, 16, precision="bf16")["activations"] < plain["activations"]
+    assert estimate_memory(cfg, 16, precision="bf16")["activations"] < plain["activations"]
 
 
 def test_measured_peak_memory_of_inference_is_near_the_weights():
     out = bench.measure_peak_memory("vit_tiny_patch16_224", 1, train=False, threads=1)
     assert out["weights_bytes"] == 5_717_416 * 4
+    assert estimate_memory(get_config("vit_tiny_patch16_224"), 1, train=False)["weights"] == out["weights_bytes"]
     assert out["weights_bytes"] <= out["peak_bytes"] < out["weights_bytes"] + 200 * 2**20
 
 
@@ -681,7 +684,7 @@ def test_bench_cli_quick_json(capsys):
         assert r["model"] == "vit_mini_x" and r["batch"] == 2 and r["threads"] == 1
         assert r["images_per_s"] == pytest.approx(2 / r["seconds"])
         assert r["seconds"] == pytest.approx(statistics.median(r["repeats"]))
-        flops = bench.forward_flops(get_config("vit_mini_x")) * 2 * (3 if r["mode"] == "train" else 1)
+        flops = count_macs(get_config("vit_mini_x")).flops * 2 * (3 if r["mode"] == "train" else 1)
         assert r["flops_per_s"] == pytest.approx(flops / r["seconds"])
         if r["path"].startswith("vitlab"):
             peers = [p for (m, pr, p) in by if (m, pr) == (r["mode"], r["precision"]) and not p.startswith("vitlab")]

@@ -24,9 +24,10 @@ count of `vitlab.analysis.flops.count_macs` (FLOPs = 2 x MACs; a training step c
 one product forward, two backward); MFU is that rate over the measured matmul rate of the same
 precision. No timing here is ever asserted in tests: machines differ, read the ratios.
 
-Memory: `estimate_memory` predicts the bytes of a run (weights, gradients, AdamW state, activations,
-with or without gradient checkpointing, fp32 or bf16); `measure_peak_memory` runs one step in a fresh
-process and reads its peak resident set size, so a measurement never inherits another's peak.
+Memory: `measure_peak_memory` runs one step in a fresh process and reads its peak resident set size, so a
+measurement never inherits another's peak; `memory_report` sets each beside the estimate of
+`vitlab.models.size.estimate_memory` (weights, gradients, AdamW state, activations, with or without gradient
+checkpointing, fp32 or bf16), the one `check_fits` refuses runs with.
 """
 
 from __future__ import annotations
@@ -48,13 +49,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.analysis.flops import _bytes, activation_elements, count_macs
+from vitlab.analysis.flops import count_macs
 from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import import_onnxruntime
 from vitlab.inference.export import export_onnx
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config, get_variant
-from vitlab.models.vit import VisionTransformer, ViTConfig
+from vitlab.models.size import estimate_memory, format_bytes
+from vitlab.models.vit import VisionTransformer
 from vitlab.runtime import autocast, check_precision, process_pool, resolve_device
 from vitlab.speed import onednn
 from vitlab.speed.compiled import compile_model
@@ -216,11 +218,6 @@ def _give_head_weights(model: VisionTransformer, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             model.head.weight.copy_(torch.randn(model.head.weight.shape, generator=g) * 0.02)
-
-
-def forward_flops(cfg: ViTConfig) -> int:
-    """FLOPs of one image's forward pass (analytic; see vitlab.analysis.flops)."""
-    return count_macs(cfg).flops
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -396,7 +393,7 @@ def bench_model(
         if tmp is not None:
             tmp.cleanup()
 
-    cfg_flops = forward_flops(cfg) * batch_size * (3 if train else 1)
+    cfg_flops = count_macs(cfg).flops * batch_size * (3 if train else 1)  # training: forward and backward
     peers = [p for p in PATHS[2:] if p in times]
     rows = []
     for path in [p for p in PATHS if p in times]:
@@ -561,7 +558,8 @@ def format_table(result: dict) -> str:
     lines = [
         f"torch {m['torch']} on {m['device']} ({m['cpu']}), {m['threads']} thread(s), {result['clock']} clock; "
         f"median of {result['repeats']} repeats{long_repeats} after {result['warmup']} warm-up; paths run alternately",
-        f"matmul {result['matmul_size']}^3: fp32 {rates['fp32'] / 1e9:.1f} GFLOP/s, bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s",
+        f"matmul {result['matmul_size']}^3: fp32 {rates['fp32'] / 1e9:.1f} GFLOP/s, "
+        f"bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s",
         *([f"vitlab's tuned plans: {_home_relative(result['tuning'])}"] if result.get("tuning") else []),
         "MFU (model FLOP utilisation): the row's GFLOP/s over the matmul rate above of the same precision",
         "",
@@ -600,50 +598,6 @@ def format_table(result: dict) -> str:
 
 # ----------------------------------------------------------------------------------------------------
 # Memory: estimate and measurement
-
-
-def estimate_memory(
-    cfg: ViTConfig,
-    batch_size: int,
-    *,
-    train: bool = True,
-    precision: str = "fp32",
-    grad_checkpointing: bool = False,
-    optimizer: str = "adamw",
-) -> dict[str, int]:
-    """Bytes a run needs, by part: weights, gradients, optimizer state, activations, and their total.
-
-    Training keeps, per block, the tensors autograd saves (`vitlab.analysis.flops.activation_elements`:
-    ~T (8D + 2M) per image). With gradient checkpointing only each block's input (T D) is kept, plus
-    one block's saved tensors while it is recomputed in the backward pass. Under bf16 autocast the
-    saved matrix-product inputs are bf16 (about half of them), the weights and AdamW state stay fp32.
-    Inference keeps no activations: the peak is the largest few live tensors of one block
-    (the residual stream, the MLP's hidden layer before and after GELU: T (D + 2M) per image).
-    Not counted: the allocator's slack, the framework itself (~0.3-0.5 GB of libraries for torch).
-    """
-    check_range("batch_size", batch_size, low=1, integer=True)
-    check_precision(precision)
-    with torch.device("meta"):
-        params = sum(p.numel() for p in VisionTransformer(cfg).parameters())
-    f32 = 4
-    act_bytes = 3.0 if precision == "bf16" else 4.0  # bf16: ~half the saved tensors are 2-byte casts
-    T, D, M = cfg.num_patches + cfg.num_prefix_tokens, cfg.dim, cfg.hidden_dim
-    out = {"weights": params * f32}
-    if train:
-        per_image = activation_elements(cfg)
-        block = per_image["blocks"] // cfg.depth
-        if grad_checkpointing:
-            kept = cfg.depth * T * D + block + per_image["input image"] + per_image["final norm + head"]
-        else:
-            kept = sum(per_image.values())
-        out["gradients"] = params * f32
-        out["optimizer"] = params * f32 * (2 if optimizer == "adamw" else 0)  # exp_avg, exp_avg_sq
-        # the backward pass holds a gradient of the widest activation while it runs
-        out["activations"] = int(batch_size * (kept * act_bytes + T * 2 * M * f32))
-    else:
-        out["activations"] = int(batch_size * T * (D + 2 * M) * (2 if precision == "bf16" else f32))
-    out["total"] = sum(out.values())
-    return out
 
 
 def _peak_rss_bytes() -> int:
@@ -767,7 +721,8 @@ def format_memory(report: dict) -> str:
     for r in report["runs"]:
         label = f"{r['mode']} batch {r['batch_size']}" + (" + grad checkpointing" if r["grad_checkpointing"] else "")
         lines.append(
-            f"{label:<36}{_bytes(r['peak_bytes']):>12}{_bytes(r['estimate_bytes']):>12}{_bytes(r['weights_bytes']):>12}"
+            f"{label:<36}{format_bytes(r['peak_bytes']):>12}{format_bytes(r['estimate_bytes']):>12}"
+            f"{format_bytes(r['weights_bytes']):>12}"
         )
     lines.append(
         f"gradient checkpointing saves {100 * report['checkpointing_saving']:.1f}% of the training peak; "
@@ -786,11 +741,9 @@ __all__ = [
     "race",
     "matmul_rate",
     "timm_twin",
-    "forward_flops",
     "bench_model",
     "run_bench",
     "format_table",
-    "estimate_memory",
     "measure_peak_memory",
     "memory_report",
     "format_memory",

@@ -1,5 +1,9 @@
 """What a ViT costs: parameters per component, FLOPs per image, training memory (`vitlab info`).
 
+One FLOP counter: `forward_flops(model, x)` measures a forward pass with torch's FlopCounterMode on the
+explicit attention path; `training_flops` is 3 x its figure per image seen; `count_macs(cfg)` is the
+analytic count by component, from a config, which a test holds exactly equal to the counter.
+
 Counting conventions (FLOP counts of ViTs are often miscounted: MACs called FLOPs, the attention
 products skipped, fused attention kernels not seen by counters):
 - A MAC is one multiply-accumulate; FLOPs = 2 x MACs. torchvision and fvcore print MACs and call
@@ -35,14 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from vitlab.errors import check_range
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config, get_variant
-from vitlab.models.size import (
-    BYTES_FP32,
-    MemoryEstimate,
-    activation_elements,
-    check_fits,
-    training_memory,
-    vit_parameters,
-)
+from vitlab.models.size import check_fits, estimate_memory, format_bytes, vit_parameters
 from vitlab.models.vit import VisionTransformer, ViTConfig
 
 # The paper's Table 1 (Base, Large, Huge), with the paper's rounded sizes.
@@ -154,54 +151,53 @@ def count_macs(cfg: ViTConfig) -> FlopCount:
 
 
 def _hybrid_stem_macs(cfg: ViTConfig) -> int:
-
     stem = build_on_meta(cfg.replace(depth=1)).patch_embed.backbone
-    x = torch.empty(1, cfg.in_chans, *cfg.img_size, device="meta")
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        stem(x)
-    return counter.get_total_flops() // 2
+    return forward_flops(stem, torch.empty(1, cfg.in_chans, *cfg.img_size, device="meta")) // 2
 
 
-def measured_flops(model: nn.Module, img_size: tuple[int, int], in_chans: int = 3) -> tuple[int, dict[str, int]]:
-    """FLOPs of one forward pass at batch 1 as torch's FlopCounterMode counts them (convolutions,
-    matrix products, and the attention kernels it knows). Returns (total FLOPs, {op: FLOPs}).
-
-    Use a model built on "meta" (`build_on_meta`): there `scaled_dot_product_attention` runs as its
-    math decomposition, whose two matmuls (QK^T, AV) the counter sees. On CPU, torch 2.14 dispatches
-    to `_scaled_dot_product_flash_attention_for_cpu`, which the counter does not count at all: the
-    attention products silently vanish from the total (the "SDPA not counted" pitfall).
-
-    The count is that of the network as the paper writes it, every token through every block
-    (`forward_head(forward_features(x))`); the model's `forward` skips the last block's work for the
-    tokens other than the class token, ~6% of ViT-B/16's.
-    """
-
-    device = next(model.parameters()).device
-    x = torch.zeros(1, in_chans, *img_size, device=device)
+def forward_flops(model: nn.Module, x: torch.Tensor) -> int:
+    """FLOPs of one forward pass of the batch `x` (2 per multiply-add), attention matmuls included: counted by
+    torch's FlopCounterMode on the explicit attention path (`return_attention=True`), since FLOP counters do not
+    see inside the fused attention kernels. Every token runs through every block, so for a ViT the figure is
+    `count_macs(cfg).flops` per image (a test holds the two together). A model on the "meta" device counts at
+    no cost. The model's training mode is left as it was."""
     was_training = model.training
     model.eval()
     try:
-        with FlopCounterMode(display=False) as counter, torch.no_grad():
-            _full_forward(model, x)
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            if isinstance(model, VisionTransformer):
+                model(x, return_attention=True)
+            else:
+                model(x)
     finally:
         model.train(was_training)
-    by_op = {str(op).split(".")[-1]: int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
-    return int(counter.get_total_flops()), by_op
+    return int(counter.get_total_flops())
 
 
-def scaled_measured_flops(cfg: ViTConfig) -> int:
-    """`measured_flops` of the whole model from copies of one and two blocks on the meta device: every block
-    does the same work, so FLOPs(L) = FLOPs(1) + (L - 1) (FLOPs(2) - FLOPs(1)), exactly. The cost is that of
-    two small models whatever the depth (the counter spends ~10 ms a block)."""
-    one, _ = measured_flops(build_on_meta(cfg.replace(depth=1)), cfg.img_size, cfg.in_chans)
+def training_flops(model: nn.Module, img_shape: tuple[int, int, int], images_seen: int) -> int:
+    """FLOPs of training on `images_seen` images of shape (C, H, W): 3 x the forward FLOPs of one image each
+    (the forward pass, and the backward pass's two products per forward product: the gradients of the input
+    and of the weights). The backward pass of the first layer computes no gradient of the image, so a
+    counter watching a real step sees this less one patch projection per image (the test checks exactly that)."""
+    check_range("images_seen", images_seen, low=0, integer=True)
+    device = next(model.parameters()).device
+    return 3 * forward_flops(model, torch.zeros(1, *img_shape, device=device)) * images_seen
+
+
+def _counted_flops(cfg: ViTConfig) -> int:
+    """`forward_flops` of the whole model at batch 1, from copies of one and two blocks on the meta device:
+    every block does the same work, so FLOPs(L) = FLOPs(1) + (L - 1) (FLOPs(2) - FLOPs(1)), exactly, at the
+    cost of two small models whatever the depth (the counter spends ~10 ms a block)."""
+    x = torch.zeros(1, cfg.in_chans, *cfg.img_size, device="meta")
+    one = forward_flops(build_on_meta(cfg.replace(depth=1)), x)
     if cfg.depth == 1:
         return one
-    two, _ = measured_flops(build_on_meta(cfg.replace(depth=2)), cfg.img_size, cfg.in_chans)
+    two = forward_flops(build_on_meta(cfg.replace(depth=2)), x)
     return one + (cfg.depth - 1) * (two - one)
 
 
 # ----------------------------------------------------------------------------------------------------
-# Memory (the estimates live in vitlab.models.size, where create_model checks them)
+# Memory: what autograd saves, measured (the estimate is vitlab.models.size.estimate_memory)
 
 
 def _full_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -214,7 +210,7 @@ def _full_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def measure_saved_activations(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
     """Bytes of the distinct storages autograd saves for backward in one training forward pass and
     loss (parameters excluded), every token through every block: the measured counterpart of
-    `training_memory(...).activations`."""
+    `estimate_memory(cfg, batch)["activations"]`."""
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
 
@@ -285,13 +281,6 @@ def _si(n: float, unit: str = "") -> str:
     return f"{n:.0f} {unit}".rstrip()
 
 
-def _bytes(n: float) -> str:
-    for scale, prefix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if n >= scale:
-            return f"{n / scale:.2f} {prefix}"
-    return f"{n:.0f} B"
-
-
 def info_report(
     name: str,
     *,
@@ -320,8 +309,9 @@ def info_report(
     params = vit_parameters(cfg)  # analytic; every block is the same, so only one and two are built below
     block = block_breakdown(build_on_meta(cfg.replace(depth=1)))
     count = count_macs(cfg)
-    measured = scaled_measured_flops(cfg)
-    mem = training_memory(cfg, batch_size, params["total"])
+    measured = _counted_flops(cfg)
+    mem = estimate_memory(cfg, batch_size, train=True, attention=True)
+    fused_total = mem["total"] - mem["attention maps"]
     H, W = cfg.img_size
     gh, gw = cfg.grid_size
     T = cfg.num_patches + cfg.num_prefix_tokens
@@ -365,12 +355,15 @@ def info_report(
     lines += [
         "",
         f"Training memory at batch {batch_size} (fp32, AdamW)",
-        f"  weights                 {_bytes(mem.weights):>12}",
-        f"  grads + AdamW moments   {_bytes(mem.optimizer_state):>12}",
-        f"  activations (fused)     {_bytes(mem.activations):>12}  "
+        f"  weights                 {format_bytes(mem['weights']):>12}",
+        f"  gradients               {format_bytes(mem['gradients']):>12}",
+        f"  AdamW moments           {format_bytes(mem['optimizer']):>12}",
+        f"  activations (fused)     {format_bytes(mem['activations']):>12}  "
         f"(per image per block: ~T x (8D + 2M) floats = {T} x {8 * cfg.dim + 2 * cfg.hidden_dim})",
-        f"  total                   {_bytes(mem.total):>12}",
-        f"  + attention matrices    {_bytes(mem.attention_matrices):>12}  "
+        f"  backward pass           {format_bytes(mem['backward']):>12}  "
+        f"(the gradient of the MLP's hidden layer: T x 2M floats per image)",
+        f"  total                   {format_bytes(fused_total):>12}",
+        f"  + attention matrices    {format_bytes(mem['attention maps']):>12}  "
         f"if the explicit path keeps softmax(QK^T/sqrt(d)): L x h x T^2 floats per image",
         "",
     ]
@@ -402,7 +395,7 @@ def _cnn_report(name: str, img_size: int, batch_size: int) -> str:
     with torch.device("meta"):
         model = create_model(name, img_size=img_size)
     total = sum(p.numel() for p in model.parameters())
-    measured, _ = measured_flops(model, (img_size, img_size), 3)
+    measured = forward_flops(model, torch.zeros(1, 3, img_size, img_size, device="meta"))
     lines = [f"{name}: a CNN baseline (vitlab.models.cnn.ResNetMini), {img_size}x{img_size} input", "", "Parameters"]
     for child_name, child in model.named_children():
         lines.append(f"  {child_name:<24}{sum(p.numel() for p in child.parameters()):>14,}")
@@ -410,26 +403,22 @@ def _cnn_report(name: str, img_size: int, batch_size: int) -> str:
         f"  {'total':<24}{total:>14,}",
         "",
         f"Compute per image (torch FlopCounterMode): {_si(measured / 2, 'MACs')} = {_si(measured, 'FLOPs')}",
-        f"Weights + grads + AdamW moments: {_bytes(16 * total)} (batch {batch_size}: activations not estimated "
-        "for CNNs)",
+        f"Training memory at batch {batch_size} (fp32, AdamW): "
+        f"{format_bytes(estimate_memory(model.cfg, batch_size, train=True)['total'])}",
     ]
     return "\n".join(lines)
 
 
 __all__ = [
     "FlopCount",
-    "MemoryEstimate",
     "parameter_breakdown",
     "block_breakdown",
     "count_macs",
-    "measured_flops",
-    "activation_elements",
-    "training_memory",
+    "forward_flops",
+    "training_flops",
     "measure_saved_activations",
     "seed_table",
     "patch_size_tradeoff",
     "info_report",
     "build_on_meta",
-    "scaled_measured_flops",
-    "BYTES_FP32",
 ]

@@ -25,10 +25,9 @@ from matplotlib.patches import Rectangle
 from mpl_toolkits.axes_grid1 import make_axes_locatable
 from PIL import Image
 
-from vitlab import fileio
 from vitlab.analysis import attention as A
 from vitlab.errors import VitlabError
-from vitlab.fileio import atomic_write
+from vitlab.fileio import atomic_write, write_csv
 
 DPI = 100
 
@@ -47,10 +46,6 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: float = DPI, bbox_inches:
 def save_image(image: np.ndarray, path: str | Path) -> Path:
     """Save an (H, W, 3) uint8 array as a PNG of exactly W x H pixels."""
     return atomic_write(path, lambda tmp: Image.fromarray(image).save(tmp, format="PNG"))
-
-
-def write_csv(path: str | Path, header: Sequence[str], rows: Sequence[Sequence]) -> Path:
-    return fileio.write_csv(path, rows, header=header)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -286,8 +281,8 @@ def write_figure7(
         summary["files"].append(
             write_csv(
                 out_dir / "fig7a_patch_embedding_pcs.csv",
-                ["component", "explained_variance_ratio"],
                 [(i, f"{r:.6f}") for i, r in enumerate(ratio.tolist())],
+                ["component", "explained_variance_ratio"],
             )
         )
         summary["pcs_explained"] = float(ratio.sum())
@@ -300,7 +295,7 @@ def write_figure7(
         summary["files"].append(figure7b(sim, (gh, gw), out_dir / "fig7b_position_embedding_similarity.png"))
         header = ["position", "row", "col"] + [f"p{j}" for j in range(gh * gw)]
         rows = [[i, i // gw, i % gw] + [f"{v:.5f}" for v in sim[i].tolist()] for i in range(gh * gw)]
-        summary["files"].append(write_csv(out_dir / "fig7b_position_embedding_similarity.csv", header, rows))
+        summary["files"].append(write_csv(out_dir / "fig7b_position_embedding_similarity.csv", rows, header))
         summary["pe_neighbour_vs_far"] = _neighbour_vs_far(sim, (gh, gw))
     layers, dist = A.mean_attention_distance(
         model, images, batch_size=batch_size, fast_path=fast_path, log=log
@@ -310,8 +305,8 @@ def write_figure7(
     summary["files"].append(
         write_csv(
             out_dir / "fig7c_mean_attention_distance.csv",
-            ["layer", "head", "mean_distance_px"],
             [(layer, h, f"{dist[i, h]:.4f}") for i, layer in enumerate(layers) for h in range(dist.shape[1])],
+            ["layer", "head", "mean_distance_px"],
         )
     )
     summary["distance_per_layer"] = dist.mean(dim=1).tolist()
@@ -474,8 +469,8 @@ def write_token_norms(
     files.append(
         write_csv(
             out_dir / "token_norms.csv",
-            header,
             [[f"{r[k]:.5g}" if k != "layer" else r[k] for k in header] for r in rows],
+            header,
         )
     )
     return {"files": files, "rows": rows, "prefix_names": norms.prefix_names, "ratio": ratio}
@@ -485,7 +480,6 @@ __all__ = [
     "DPI",
     "save_figure",
     "save_image",
-    "write_csv",
     "to_display",
     "enlarge",
     "upsample",

@@ -16,7 +16,7 @@ from vitlab.cli._common import add_device, add_fast_path, add_model_source, add_
 from vitlab.data.folder import image_paths
 from vitlab.data.preprocess import images_tensor
 from vitlab.errors import check_range
-from vitlab.fileio import check_out_folder, output_folder
+from vitlab.fileio import check_out_folder, output_folder, write_csv
 from vitlab.runtime import resolve_device
 
 HELP = "draw where a ViT attends: class-token attention or rollout"  # its line in `vitlab --help`
@@ -151,9 +151,9 @@ def _write(args, out: Path, model, paths, x, maps, rows, cols) -> None:
             f"{path.name}: {rows[-1]}, {cols[-1] if len(cols) == 1 else 'mean of heads'}: peak at patch "
             f"(row {peak // gw}, col {peak % gw}) of {gh}x{gw}, weight {final.max():.3f}; wrote {grid}, {single}"
         )
-    table = plots.write_csv(
+    table = write_csv(
         out / "attention.csv",
-        ["image", "method", "layer", "head", "peak_row", "peak_col", "peak_weight", "patch_weight_sum"],
         csv_rows,
+        ["image", "method", "layer", "head", "peak_row", "peak_col", "peak_weight", "patch_weight_sum"],
     )
     print(f"wrote {table}")

@@ -84,10 +84,6 @@ def bundled(dataset: str) -> Bundled:
     return BUNDLED[dataset]
 
 
-def dataset_classes(dataset: str) -> list[str]:
-    return list(bundled(dataset).classes)
-
-
 @dataclass
 class RunData:
     """A run's data: the scan (classes, which sample is in which split) and, when decoded in memory, the
@@ -317,4 +313,4 @@ def _disk_loaders(
     return train_loader, val_loader
 
 
-__all__ = ["BUNDLED", "Bundled", "RunData", "bundled", "dataset_classes", "load_data", "make_loaders"]
+__all__ = ["BUNDLED", "Bundled", "RunData", "bundled", "load_data", "make_loaders"]

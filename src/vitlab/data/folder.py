@@ -24,7 +24,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
@@ -376,20 +375,4 @@ class ImageDataset(Dataset):
         return self.transform(im), label
 
 
-def in_memory_scan(name: str, classes, train: tuple, val: tuple) -> FolderScan:
-    """A FolderScan for tensors already in memory ((N, C, H, W) in [0, 1], labels), e.g. bundled digits."""
-    images: dict[str, Image.Image] = {}
-    parts = []
-    for part, (x, y) in (("train", train), ("val", val)):
-        arr = (x.clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(0, 2, 3, 1).numpy()  # (N, H, W, C)
-        samples = []
-        for i, (a, label) in enumerate(zip(arr, y.tolist())):
-            key = f"{name}:{part}/{i}"
-            a = np.repeat(a, 3, axis=2) if a.shape[2] == 1 else a
-            images[key] = Image.fromarray(np.ascontiguousarray(a), "RGB")
-            samples.append((key, int(label)))
-        parts.append(samples)
-    return FolderScan(Path(name), "in-memory", list(classes), parts[0], parts[1], None, [], images)
-
-
-__all__ = ["FolderScan", "ImageDataset", "scan_folder", "in_memory_scan", "image_paths", "IMAGE_EXTENSIONS"]
+__all__ = ["FolderScan", "ImageDataset", "scan_folder", "image_paths", "IMAGE_EXTENSIONS"]

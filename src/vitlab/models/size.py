@@ -7,24 +7,27 @@ minutes of work, or a machine brought to a halt.
 
 The counts are exact for the parameters (a test builds every registered model on the meta device and
 compares) and estimates for the activations (`activation_elements`, checked against what autograd
-saves in tests/test_demo_info.py). The check refuses only what cannot fit even with nothing else
-running: an estimate above the machine's memory (`vitlab.runtime.machine_memory`).
+saves in tests/test_demo_info.py). `estimate_memory` is the one memory estimate: `check_fits` refuses
+with it, `vitlab info` prints it and `vitlab bench --memory` sets it beside the measured peak. The
+check refuses only what cannot fit even with nothing else running: an estimate above the machine's
+memory (`vitlab.runtime.machine_memory`).
 
 Per block of a ViT (D width, M MLP width, h heads, T tokens):
     parameters   norm1 2D + qkv 3D^2 (+3D bias) + proj D^2 + D + norm2 2D + fc1 DM + M + fc2 MD + D (+ LayerScale 2D)
-    training     T (8D + 2M + 4 + h) floats saved per image (see activation_elements)
-    inference    T (4D + M) floats alive per image at the peak (the block's input, LN output, qkv, MLP hidden)
+    training     T (8D + 2M + 4 + h) floats saved per image (see activation_elements), and T 2M while the
+                 backward pass runs
+    inference    the image and T (D + 2M) floats alive per image at the peak (the residual stream, the MLP
+                 hidden layer before and after GELU)
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
-from vitlab.errors import VitlabError
+from vitlab.errors import VitlabError, check_range
 from vitlab.models.cnn import ResNetConfig
 from vitlab.models.vit import ViTConfig
-from vitlab.runtime import machine_memory
+from vitlab.runtime import check_precision, machine_memory
 
 BYTES_FP32 = 4
 
@@ -108,33 +111,6 @@ def parameters(cfg: ViTConfig | ResNetConfig) -> int:
 # Memory
 
 
-@dataclass
-class MemoryEstimate:
-    """Bytes for training at one batch size in fp32 with AdamW.
-
-    Activations are the tensors autograd keeps for the backward pass (counted per block below);
-    weights, gradients and AdamW's two moment buffers are 4 bytes each per parameter (16 in all).
-    """
-
-    batch_size: int
-    params: int
-    activations: int  # with fused attention (SDPA keeps no T x T matrix)
-    attention_matrices: int  # extra, when the explicit path keeps softmax(QK^T/sqrt(d)) per layer
-    rows: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def weights(self) -> int:
-        return self.params * BYTES_FP32
-
-    @property
-    def optimizer_state(self) -> int:
-        return self.params * BYTES_FP32 * 3  # gradients + AdamW exp_avg + exp_avg_sq
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.optimizer_state + self.activations
-
-
 def activation_elements(cfg: ViTConfig) -> dict[str, int]:
     """Elements autograd saves per image in one training forward pass (fused attention, no dropout).
 
@@ -143,7 +119,7 @@ def activation_elements(cfg: ViTConfig) -> dict[str, int]:
     input and output (D + D), the GELU input and output (M + M): 8D + 2M; plus each LayerNorm's mean
     and 1/std (2 + 2) and SDPA's log-sum-exp (h). Before the blocks, the image (the patch projection's
     input); after them, the final LN's input, output and statistics, and the loss's log-softmax.
-    The test checks this against what autograd actually saves (`measure_saved_activations`).
+    A test checks this against what autograd actually saves (`vitlab.analysis.flops.measure_saved_activations`).
     """
     T, D, M, L = cfg.num_patches + cfg.num_prefix_tokens, cfg.dim, cfg.hidden_dim, cfg.depth
     H, W = cfg.img_size
@@ -152,17 +128,6 @@ def activation_elements(cfg: ViTConfig) -> dict[str, int]:
         "blocks": L * T * (8 * D + 2 * M + 4 + cfg.heads),
         "final norm + head": T * (2 * D + 2) + cfg.num_classes,
     }
-
-
-def training_memory(cfg: ViTConfig, batch_size: int, params: int | None = None) -> MemoryEstimate:
-    """An estimate of training memory at `batch_size` (fp32, AdamW); see `activation_elements`."""
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise VitlabError(f"batch_size must be at least 1; found {batch_size}", arg="batch_size")
-    params = vit_parameters(cfg)["total"] if params is None else params
-    T = cfg.num_patches + cfg.num_prefix_tokens
-    rows = {k: v * batch_size * BYTES_FP32 for k, v in activation_elements(cfg).items()}
-    attn = cfg.depth * cfg.heads * T * T * batch_size * BYTES_FP32  # one (h, T, T) matrix per layer
-    return MemoryEstimate(batch_size, params, sum(rows.values()), attn, rows)
 
 
 def _resnet_activations(cfg: ResNetConfig, *, training: bool) -> int:
@@ -176,25 +141,63 @@ def _resnet_activations(cfg: ResNetConfig, *, training: bool) -> int:
     return cfg.in_chans * H * W + 2 * w * H * W + sum(5 * b * c * n + 2 * c * n for c, n in maps)
 
 
-def inference_bytes(cfg: ViTConfig | ResNetConfig, batch_size: int = 1, *, attention: bool = False) -> int:
-    """Weights and the peak of one forward pass without gradients at `batch_size` (fp32); with `attention`,
-    every layer's (h, T, T) attention weights kept, as `return_attention=True` does."""
-    weights = parameters(cfg) * BYTES_FP32
+def estimate_memory(
+    cfg: ViTConfig | ResNetConfig,
+    batch_size: int,
+    *,
+    train: bool = True,
+    precision: str = "fp32",
+    grad_checkpointing: bool = False,
+    attention: bool = False,
+) -> dict[str, int]:
+    """Bytes a run needs, by part, counted from the config before anything is built: weights, and for
+    training gradients, AdamW's two moments, the saved activations and the backward pass's working
+    gradient; for inference the activations alive at the peak; and their `total`. `vitlab bench --memory`
+    prints it next to the measured peak, and `check_fits` refuses what it says cannot fit.
+
+    Training keeps, per block, the tensors autograd saves (`activation_elements`: ~T (8D + 2M) per image),
+    and while the backward pass runs it holds the gradient of the widest activation, the MLP's hidden layer
+    before and after GELU (T 2M). With gradient checkpointing only each block's input (T D) is kept, plus
+    one block's saved tensors while it is recomputed. Under bf16 autocast the saved matrix-product inputs
+    are bf16 (about half of them); the weights and AdamW state stay fp32.
+    Inference keeps no activations: the peak is the input images (fp32) and the largest few live tensors
+    of one block (the residual stream, the MLP's hidden layer before and after GELU: T (D + 2M) per image).
+    `attention`: the explicit path's softmax(QK^T/sqrt(d)) kept, an (h, T, T) matrix per layer (training:
+    saved for backward; inference: every layer's map returned, as `return_attention=True` does, and the
+    one being computed), in fp32.
+    Not counted: the allocator's slack, the framework itself (~0.3-0.5 GB of libraries for torch).
+    """
+    check_range("batch_size", batch_size, low=1, integer=True)
+    check_precision(precision)
+    params = parameters(cfg)
+    out = {"weights": params * BYTES_FP32}
+    if train:
+        out["gradients"] = params * BYTES_FP32
+        out["optimizer"] = 2 * params * BYTES_FP32  # AdamW's exp_avg, exp_avg_sq
     if isinstance(cfg, ResNetConfig):
-        return weights + batch_size * _resnet_activations(cfg, training=False) * BYTES_FP32
-    T = cfg.num_patches + cfg.num_prefix_tokens
-    H, W = cfg.img_size
-    per_image = cfg.in_chans * H * W + T * (4 * cfg.dim + cfg.hidden_dim)
+        out["activations"] = batch_size * _resnet_activations(cfg, training=train) * BYTES_FP32
+        out["total"] = sum(out.values())
+        return out
+    act_bytes = 3.0 if precision == "bf16" else 4.0  # bf16: ~half the saved tensors are 2-byte casts
+    T, D, M, L, h = cfg.num_patches + cfg.num_prefix_tokens, cfg.dim, cfg.hidden_dim, cfg.depth, cfg.heads
+    if train:
+        per_image = activation_elements(cfg)
+        if grad_checkpointing:
+            block = per_image["blocks"] // L
+            kept = L * T * D + block + per_image["input image"] + per_image["final norm + head"]
+        else:
+            kept = sum(per_image.values())
+        out["activations"] = int(batch_size * kept * act_bytes)
+        out["backward"] = batch_size * T * 2 * M * BYTES_FP32  # the gradient of the MLP's hidden layer
+    else:
+        H, W = cfg.img_size
+        per_image = cfg.in_chans * H * W * BYTES_FP32 + T * (D + 2 * M) * (2 if precision == "bf16" else BYTES_FP32)
+        out["activations"] = batch_size * per_image  # the input images, and one block's widest tensors
     if attention:
-        per_image += (cfg.depth + 1) * cfg.heads * T * T  # the kept maps, and the one being computed
-    return weights + batch_size * per_image * BYTES_FP32
-
-
-def training_bytes(cfg: ViTConfig | ResNetConfig, batch_size: int) -> int:
-    """Weights, gradients, AdamW's two moments and the saved activations of one training step at `batch_size`."""
-    if isinstance(cfg, ViTConfig):
-        return training_memory(cfg, batch_size).total
-    return 4 * resnet_parameters(cfg) * BYTES_FP32 + batch_size * _resnet_activations(cfg, training=True) * BYTES_FP32
+        layers = L if train else L + 1  # inference: the maps kept, and the one being computed
+        out["attention maps"] = batch_size * layers * h * T * T * BYTES_FP32
+    out["total"] = sum(out.values())
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -250,20 +253,12 @@ def check_fits(
     )
     if batch_size is None:
         return
+    estimate = estimate_memory(cfg, batch_size, train=training, attention=attention)["total"]
     if training:
-        check_memory(
-            training_bytes(cfg, batch_size),
-            f"training {shape} at batch {batch_size:,}",
-            arg=arg,
-            fix="; lower the batch size or the image size",
-        )
+        doing = f"training {shape} at batch {batch_size:,}"
     else:
-        check_memory(
-            inference_bytes(cfg, batch_size, attention=attention),
-            f"running {shape} on {batch_size:,} image(s){' with its attention maps' if attention else ''}",
-            arg=arg,
-            fix="; lower the batch size or the image size",
-        )
+        doing = f"running {shape} on {batch_size:,} image(s){' with its attention maps' if attention else ''}"
+    check_memory(estimate, doing, arg=arg, fix="; lower the batch size or the image size")
 
 
 __all__ = [
@@ -271,11 +266,8 @@ __all__ = [
     "vit_parameters",
     "resnet_parameters",
     "parameters",
-    "MemoryEstimate",
     "activation_elements",
-    "training_memory",
-    "inference_bytes",
-    "training_bytes",
+    "estimate_memory",
     "format_bytes",
     "describe_size",
     "check_memory",

@@ -3,7 +3,7 @@ schedule (optim.py), a run on a dataset as the commands start it (run.py), sever
 (distributed.py), what a run ends with (report.py, diagnostics.py)."""
 
 from vitlab.train.engine import Callback, History, TensorLoader, evaluate, fit, train_one_epoch
-from vitlab.train.recipe import RECIPES, Recipe, get_recipe
+from vitlab.train.recipe import RECIPES, Recipe
 from vitlab.train.run import TrainJob, run
 
 __all__ = [
@@ -15,7 +15,6 @@ __all__ = [
     "train_one_epoch",
     "RECIPES",
     "Recipe",
-    "get_recipe",
     "TrainJob",
     "run",
 ]

@@ -237,12 +237,6 @@ def schedule(recipe: Recipe, steps_per_epoch: int) -> list[Stage]:
     return stages
 
 
-def get_recipe(name: str) -> Recipe:
-    if name not in RECIPES:
-        raise VitlabError(f"unknown recipe {name!r}; expected one of {', '.join(RECIPES)}", arg="recipe")
-    return RECIPES[name]
-
-
 def in_force(
     recipe: Recipe,
     *,
@@ -403,7 +397,6 @@ def _notes(given: Recipe, r: Recipe, stages: list[Stage], steps: int) -> list[st
 __all__ = [
     "Recipe",
     "RECIPES",
-    "get_recipe",
     "AUTO_AUGMENTS",
     "AUG_MIN_EPOCHS",
     "auto_crop_scale",
