@@ -211,11 +211,6 @@ def config_from_meta(meta: dict, **overrides):
     return config_cls(**known).replace(**overrides) if overrides else config_cls(**known)
 
 
-def build_from_meta(meta: dict, **overrides) -> nn.Module:
-    """A new model of the kind and configuration `read_meta` returned (weights not loaded)."""
-    return KINDS[meta["kind"]][1](config_from_meta(meta, **overrides))
-
-
 def read_weights(folder: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """The weights of a checkpoint folder (or an exported .safetensors file), checked: floating point, all
     finite (formats.check_tensors)."""
@@ -305,7 +300,6 @@ __all__ = [
     "resolve_checkpoint",
     "read_meta",
     "check_meta",
-    "build_from_meta",
     "read_weights",
     "read_state",
     "find_runs",
