@@ -51,7 +51,7 @@ from torch import nn
 from vitlab.analysis.flops import _bytes, activation_elements, count_macs
 from vitlab.errors import VitlabError, check_range
 from vitlab.inference.export import export_onnx
-from vitlab.models.factory import create_model
+from vitlab.models.factory import build_on_meta, create_model
 from vitlab.models.registry import get_config, get_variant
 from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.runtime import autocast, check_precision, process_pool, resolve_device
@@ -622,8 +622,7 @@ def estimate_memory(
     """
     check_range("batch_size", batch_size, low=1, integer=True)
     check_precision(precision)
-    with torch.device("meta"):
-        params = sum(p.numel() for p in VisionTransformer(cfg).parameters())
+    params = sum(p.numel() for p in build_on_meta(cfg).parameters())
     f32 = 4
     act_bytes = 3.0 if precision == "bf16" else 4.0  # bf16: ~half the saved tensors are 2-byte casts
     T, D, M = cfg.num_patches + cfg.num_prefix_tokens, cfg.dim, cfg.hidden_dim
