@@ -28,69 +28,7 @@ from vitlab.errors import VitlabError
 from vitlab.models.pretrained_cfg import PREPROCESSING
 from vitlab.models.vit import ACTS, ViTConfig
 
-# The tensors (shapes only, on the meta device) a model of a config holds: what a file is checked against.
-ModelTensors = Callable[[ViTConfig], dict[str, torch.Tensor]]
-
-# The ViTConfig fields a checkpoint fixes; a named model that disagrees on any of them cannot load it.
-STRUCTURAL_FIELDS = (
-    "patch_size",
-    "in_chans",
-    "dim",
-    "depth",
-    "heads",
-    "mlp_dim",
-    "qkv_bias",
-    "class_token",
-    "pool",
-    "fc_norm",
-    "pos_embed",
-    "dist_token",
-    "dist_head",
-    "reg_tokens",
-    "layer_scale",
-    "no_embed_class",
-    "pre_norm",
-    "patch_bias",
-    "act",
-)
-
-
 LAYER_SCALE_INIT = 1e-5  # the initial gain of an inferred LayerScale (DINOv2's); the loaded gammas replace it
-
-
-def structural_value(cfg: ViTConfig, f: str):
-    """A ViTConfig's value of a STRUCTURAL_FIELDS entry, with the defaults resolved (LayerScale: on/off)."""
-    if f == "layer_scale":
-        return cfg.layer_scale is not None
-    return {"mlp_dim": cfg.hidden_dim, "fc_norm": cfg.use_fc_norm, "dist_head": cfg.use_dist_head}.get(
-        f, getattr(cfg, f, None)
-    )
-
-
-def inferred_value(inferred: dict, f: str):
-    """The same for a checkpoint's inferred fields; None where the checkpoint does not say."""
-    value = inferred.get(f)
-    if f == "layer_scale":
-        return value is not None if "layer_scale" in inferred else None
-    return value
-
-
-def diff_keys(model_sd: dict, sd: dict, skip: tuple[str, ...] = ()) -> str:
-    """Missing keys, unexpected keys and shape differences of `sd` against a model's state dict, in one
-    line (at most 8 of each); "" when they agree. `skip`: keys the model may miss (a new head)."""
-    missing = sorted(k for k in model_sd if k not in sd and k not in skip)
-    unexpected = sorted(k for k in sd if k not in model_sd)
-    shapes = sorted(
-        f"{k} model {tuple(model_sd[k].shape)} vs checkpoint {tuple(sd[k].shape)}"
-        for k in sd
-        if k in model_sd and model_sd[k].shape != sd[k].shape
-    )
-    parts = []
-    for title, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape differences", shapes)):
-        if items:
-            more = f" ... and {len(items) - 8} more" if len(items) > 8 else ""
-            parts.append(f"{title} ({len(items)}): {'; '.join(items[:8])}{more}")
-    return ". ".join(parts)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -333,6 +271,71 @@ def bare_file_preprocessing(cfg: dict, family) -> tuple[dict, list[str]]:
             f"{side} px images: crop 1.0, as timm's ViTs at 384 px (vit_base_patch16_384.augreg_in21k_ft_in1k)"
         )
     return out, rules
+
+
+# ----------------------------------------------------------------------------------------------------
+# Comparing a config with a checkpoint: the fields it fixes, the tensors a model of the config holds
+
+# The tensors (shapes only, on the meta device) a model of a config holds: what a file is checked against.
+ModelTensors = Callable[[ViTConfig], dict[str, torch.Tensor]]
+
+# The ViTConfig fields a checkpoint fixes; a named model that disagrees on any of them cannot load it.
+STRUCTURAL_FIELDS = (
+    "patch_size",
+    "in_chans",
+    "dim",
+    "depth",
+    "heads",
+    "mlp_dim",
+    "qkv_bias",
+    "class_token",
+    "pool",
+    "fc_norm",
+    "pos_embed",
+    "dist_token",
+    "dist_head",
+    "reg_tokens",
+    "layer_scale",
+    "no_embed_class",
+    "pre_norm",
+    "patch_bias",
+    "act",
+)
+
+
+def structural_value(cfg: ViTConfig, f: str):
+    """A ViTConfig's value of a STRUCTURAL_FIELDS entry, with the defaults resolved (LayerScale: on/off)."""
+    if f == "layer_scale":
+        return cfg.layer_scale is not None
+    return {"mlp_dim": cfg.hidden_dim, "fc_norm": cfg.use_fc_norm, "dist_head": cfg.use_dist_head}.get(
+        f, getattr(cfg, f, None)
+    )
+
+
+def inferred_value(inferred: dict, f: str):
+    """The same for a checkpoint's inferred fields; None where the checkpoint does not say."""
+    value = inferred.get(f)
+    if f == "layer_scale":
+        return value is not None if "layer_scale" in inferred else None
+    return value
+
+
+def diff_keys(model_sd: dict, sd: dict, skip: tuple[str, ...] = ()) -> str:
+    """Missing keys, unexpected keys and shape differences of `sd` against a model's state dict, in one
+    line (at most 8 of each); "" when they agree. `skip`: keys the model may miss (a new head)."""
+    missing = sorted(k for k in model_sd if k not in sd and k not in skip)
+    unexpected = sorted(k for k in sd if k not in model_sd)
+    shapes = sorted(
+        f"{k} model {tuple(model_sd[k].shape)} vs checkpoint {tuple(sd[k].shape)}"
+        for k in sd
+        if k in model_sd and model_sd[k].shape != sd[k].shape
+    )
+    parts = []
+    for title, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape differences", shapes)):
+        if items:
+            more = f" ... and {len(items) - 8} more" if len(items) > 8 else ""
+            parts.append(f"{title} ({len(items)}): {'; '.join(items[:8])}{more}")
+    return ". ".join(parts)
 
 
 __all__ = [

@@ -131,10 +131,9 @@ def _own_config(
     known = {f.name for f in fields(ViTConfig)} - {"num_classes"}
     start = get_config(name) if name is not None else ViTConfig()
     ruled = _family_config(family, inferred, ckpt, notes) if name is None else {}
+    fields_read = {k: v for k, v in {**ruled, **inferred}.items() if k in known}
     try:
-        return name, start.replace(**{k: v for k, v in {**ruled, **inferred}.items() if k in known}).replace(
-            **overrides
-        )
+        return name, start.replace(**fields_read).replace(**overrides)
     except VitlabError as e:  # the tensors describe no model: say which tensors do not fit, not why dim fails
         stated = _stated_config(start, ckpt)
         raise VitlabError(
@@ -142,73 +141,6 @@ def _own_config(
             f"{name or 'the model its config describes'}: "
             f"{_key_report(stated, ckpt, model_tensors) or e}"
         ) from e
-
-
-def _fit_tensors(ckpt: Checkpoint, cfg: ViTConfig, ckpt_classes: int, notes: list[str]) -> tuple[dict, str]:
-    """(the state dict to load into a model of `cfg`, the head's state): the position tables resampled to
-    its grid, the head dropped for another number of classes; a warning for each change to the head."""
-    sd = dict(ckpt.state_dict)
-    head = _head_state(sd, ckpt_classes)
-    target_classes = cfg.num_classes
-    old_grid = ckpt.grid_size
-    if (
-        old_grid is not None
-        and tuple(old_grid) != cfg.grid_size
-        and cfg.pos_embed in ("learned", "learned2d", "relative")
-    ):
-        sd = resample_position_tables(sd, old_grid, cfg.grid_size, num_prefix_tokens=cfg.num_pos_prefix_tokens)
-        notes.append(
-            f"position embedding ({cfg.pos_embed}) resampled from a {old_grid[0]}x{old_grid[1]} to a "
-            f"{cfg.grid_size[0]}x{cfg.grid_size[1]} grid"
-        )
-    if target_classes != ckpt_classes or head == "absent":
-        for key in HEAD_KEYS:
-            sd.pop(key, None)
-        if target_classes == 0:  # a feature extractor: no head at all
-            notes.append("no head (num_classes=0): the model returns the pooled features")
-            head = "none"
-        elif head != "absent":
-            _warn(
-                f"{ckpt.path}: the checkpoint's head has {ckpt_classes} classes; made a new zero-initialised head "
-                f"for {target_classes} classes"
-            )
-            head = "new"
-    if head == "absent":
-        _warn(
-            f"{ckpt.path}: the checkpoint has no classification head (a backbone or pre-training checkpoint); "
-            f"the model's {target_classes}-class head is zero-initialised and must be fine-tuned"
-        )
-    elif head == "zero":
-        _warn(
-            f"{ckpt.path}: the checkpoint's {ckpt_classes}-class head is all zeros (ImageNet-21k pre-training "
-            "checkpoints ship it zeroed); its predictions are meaningless until it is fine-tuned"
-        )
-    for note in ckpt.notes:
-        _warn(f"{ckpt.path}: {note}")
-    return sd, head
-
-
-def _plan_pretrained_cfg(
-    ckpt: Checkpoint, cfg: ViTConfig, name: str | None, family, notes: list[str], inferred: dict, head: str, source
-) -> PretrainedCfg:
-    """The source's PretrainedCfg made the model's: its preprocessing (a bare file's inferred, with a
-    warning), class names where the head was loaded, input size, head state and provenance."""
-    preprocessing = _plan_preprocessing(ckpt, name, family, notes, inferred)
-    labels = ckpt.pretrained_cfg.label_names if head in ("loaded", "zero") else None
-    if labels is not None and len(labels) != cfg.num_classes:
-        labels = None
-    if labels is None and cfg.num_classes == 1000 and head in ("loaded", "zero"):
-        labels = tuple(imagenet_class_names())
-    return ckpt.pretrained_cfg.replace(
-        **preprocessing,
-        input_size=(cfg.in_chans, *cfg.img_size),
-        num_classes=cfg.num_classes,
-        label_names=labels,
-        source=str(source if source is not None else ckpt.path),
-        architecture=name,
-        head=head,
-        notes=tuple(notes),
-    )
 
 
 def _heads_from_rule(dim: int, ckpt: Checkpoint, notes: list[str]) -> int:
@@ -250,6 +182,19 @@ def _stated_config(start: ViTConfig, ckpt: Checkpoint) -> ViTConfig:
         return start.replace(**ckpt.stated)
     except (VitlabError, TypeError):
         return start
+
+
+def _key_report(cfg: ViTConfig, ckpt: Checkpoint, model_tensors: ModelTensors) -> str:
+    """Missing keys, unexpected keys and shape differences between a model of `cfg` and the checkpoint."""
+    try:
+        grid = ckpt.grid_size
+        size = tuple(g * cfg.patch_size for g in grid) if grid else cfg.img_size
+        model_sd = model_tensors(
+            cfg.replace(img_size=size, num_classes=ckpt.config.get("num_classes", cfg.num_classes))
+        )
+    except VitlabError:
+        return ""
+    return diff_keys(model_sd, ckpt.state_dict)
 
 
 def _check_architecture(
@@ -311,20 +256,52 @@ def _matching_variants(inferred: dict) -> list[str]:
     return out[:4]
 
 
-def _key_report(cfg: ViTConfig, ckpt: Checkpoint, model_tensors: ModelTensors) -> str:
-    """Missing keys, unexpected keys and shape differences between a model of `cfg` and the checkpoint."""
-    try:
-        grid = ckpt.grid_size
-        size = tuple(g * cfg.patch_size for g in grid) if grid else cfg.img_size
-        model_sd = model_tensors(
-            cfg.replace(img_size=size, num_classes=ckpt.config.get("num_classes", cfg.num_classes))
+def _fit_tensors(ckpt: Checkpoint, cfg: ViTConfig, ckpt_classes: int, notes: list[str]) -> tuple[dict, str]:
+    """(the state dict to load into a model of `cfg`, the head's state): the position tables resampled to
+    its grid, the head dropped for another number of classes; a warning for each change to the head."""
+    sd = dict(ckpt.state_dict)
+    head = _head_state(sd, ckpt_classes)
+    target_classes = cfg.num_classes
+    old_grid = ckpt.grid_size
+    if (
+        old_grid is not None
+        and tuple(old_grid) != cfg.grid_size
+        and cfg.pos_embed in ("learned", "learned2d", "relative")
+    ):
+        sd = resample_position_tables(sd, old_grid, cfg.grid_size, num_prefix_tokens=cfg.num_pos_prefix_tokens)
+        notes.append(
+            f"position embedding ({cfg.pos_embed}) resampled from a {old_grid[0]}x{old_grid[1]} to a "
+            f"{cfg.grid_size[0]}x{cfg.grid_size[1]} grid"
         )
-    except VitlabError:
-        return ""
-    return diff_keys(model_sd, ckpt.state_dict)
+    if target_classes != ckpt_classes or head == "absent":
+        for key in HEAD_KEYS:
+            sd.pop(key, None)
+        if target_classes == 0:  # a feature extractor: no head at all
+            notes.append("no head (num_classes=0): the model returns the pooled features")
+            head = "none"
+        elif head != "absent":
+            _warn(
+                f"{ckpt.path}: the checkpoint's head has {ckpt_classes} classes; made a new zero-initialised head "
+                f"for {target_classes} classes"
+            )
+            head = "new"
+    if head == "absent":
+        _warn(
+            f"{ckpt.path}: the checkpoint has no classification head (a backbone or pre-training checkpoint); "
+            f"the model's {target_classes}-class head is zero-initialised and must be fine-tuned"
+        )
+    elif head == "zero":
+        _warn(
+            f"{ckpt.path}: the checkpoint's {ckpt_classes}-class head is all zeros (ImageNet-21k pre-training "
+            "checkpoints ship it zeroed); its predictions are meaningless until it is fine-tuned"
+        )
+    for note in ckpt.notes:
+        _warn(f"{ckpt.path}: {note}")
+    return sd, head
 
 
 def _head_state(sd: dict, num_classes: int) -> str:
+    """The checkpoint's head: "absent" (none, or no classes), "zero" (all zeros), or "loaded"."""
     if "head.weight" not in sd or num_classes == 0:
         return "absent"
     if not sd["head.weight"].any() and ("head.bias" not in sd or not sd["head.bias"].any()):
@@ -340,6 +317,29 @@ def _check_keys(
     if report:
         what = f"model {name!r}" if name else "the model its tensors and config describe"
         raise VitlabError(f"checkpoint {ckpt.path} ({ckpt.format} layout) does not load into {what}: {report}")
+
+
+def _plan_pretrained_cfg(
+    ckpt: Checkpoint, cfg: ViTConfig, name: str | None, family, notes: list[str], inferred: dict, head: str, source
+) -> PretrainedCfg:
+    """The source's PretrainedCfg made the model's: its preprocessing (a bare file's inferred, with a
+    warning), class names where the head was loaded, input size, head state and provenance."""
+    preprocessing = _plan_preprocessing(ckpt, name, family, notes, inferred)
+    labels = ckpt.pretrained_cfg.label_names if head in ("loaded", "zero") else None
+    if labels is not None and len(labels) != cfg.num_classes:
+        labels = None
+    if labels is None and cfg.num_classes == 1000 and head in ("loaded", "zero"):
+        labels = tuple(imagenet_class_names())
+    return ckpt.pretrained_cfg.replace(
+        **preprocessing,
+        input_size=(cfg.in_chans, *cfg.img_size),
+        num_classes=cfg.num_classes,
+        label_names=labels,
+        source=str(source if source is not None else ckpt.path),
+        architecture=name,
+        head=head,
+        notes=tuple(notes),
+    )
 
 
 def _plan_preprocessing(ckpt: Checkpoint, name: str | None, family, notes: list[str], inferred: dict) -> dict:
