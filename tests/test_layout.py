@@ -129,6 +129,76 @@ def test_every_module_imports_only_its_own_layer_and_the_layers_below():
     assert _layer("vitlab.speed.fastpath") < _layer("vitlab.train.engine") < _layer("vitlab.bench")
 
 
+# ----------------------------------------------------------------------------------------------------
+# Only the factory builds models: no module outside models/ calls a model class's constructor
+
+
+def _model_classes() -> set[str]:
+    """The nn.Module classes models/ defines, read from its modules' syntax trees: a class whose base is
+    one of torch's modules (nn.Module, nn.Sequential, ...) or one of these classes."""
+    bases = {}
+    for f in (SRC / "models").rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = [ast.unparse(b) for b in node.bases]
+    found: set[str] = set()
+    while True:
+        more = {
+            name
+            for name, of in bases.items()
+            if name not in found and any(b.startswith(("nn.", "torch.nn.")) or b in found for b in of)
+        }
+        if not more:
+            return found
+        found |= more
+
+
+def _constructor_calls(source: str, classes: set[str]) -> list[str]:
+    """Each call of a class in `classes` in `source`, by name or through a module (`vit.VisionTransformer(`),
+    as "line N: what was called"; a mention without a call (isinstance, an annotation) is not one."""
+    calls = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+            if name in classes:
+                calls.append(f"line {node.lineno}: {ast.unparse(func)}(")
+    return sorted(calls)
+
+
+def test_the_constructor_check_finds_a_model_built_by_name_or_through_its_module():
+    source = (
+        "import torch\n"
+        "from vitlab.models import vit\n"
+        "from vitlab.models.vit import VisionTransformer, ViTConfig\n"
+        "def count(cfg: ViTConfig) -> int:\n"
+        "    with torch.device('meta'):\n"
+        "        model = VisionTransformer(cfg)\n"
+        "    assert isinstance(model, VisionTransformer)\n"
+        "    return vit.VisionTransformer(ViTConfig()).num_classes\n"
+    )
+    assert _constructor_calls(source, {"VisionTransformer"}) == [
+        "line 6: VisionTransformer(",
+        "line 8: vit.VisionTransformer(",
+    ]
+    assert _constructor_calls(source, {"ResNetMini"}) == []
+
+
+def test_model_classes_are_built_only_in_models():
+    classes = _model_classes()
+    # the models, their layers; not the configs (dataclasses, built everywhere)
+    assert {"VisionTransformer", "ResNetMini", "ConvStem", "PatchEmbed", "Block"} <= classes, sorted(classes)
+    assert not {"ViTConfig", "ResNetConfig", "PretrainedCfg"} & classes
+    models = SRC / "models"
+    built = [
+        f"{f.relative_to(SRC.parent)} {call}"
+        for f in sorted(SRC.rglob("*.py"))
+        if models not in f.parents
+        for call in _constructor_calls(f.read_text(), classes)
+    ]
+    assert not built, f"models are built by vitlab.models.factory (create_model, build_on_meta) only: {built}"
+
+
 MODEL_COMMANDS = {  # command -> (the other arguments it needs, its rule for the weights)
     "predict": (["x.png"], "required"),
     "export": (["--out", "m.onnx"], "required"),

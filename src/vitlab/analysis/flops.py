@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from vitlab.errors import check_range
-from vitlab.models.factory import create_model
+from vitlab.models.factory import build_on_meta, create_model
 from vitlab.models.registry import get_config, get_variant
 from vitlab.models.size import check_fits, estimate_memory, format_bytes, vit_parameters
 from vitlab.models.vit import VisionTransformer, ViTConfig
@@ -52,12 +52,6 @@ TABLE1 = (
 
 # ----------------------------------------------------------------------------------------------------
 # Parameters
-
-
-def build_on_meta(cfg: ViTConfig) -> VisionTransformer:
-    """The model with shapes only (device "meta"): instant and free even for ViT-H."""
-    with torch.device("meta"):
-        return VisionTransformer(cfg)
 
 
 def _component(name: str) -> str:

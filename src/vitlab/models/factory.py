@@ -12,21 +12,28 @@ weights' gives a new zero-initialised head (paper Section 3.2); `img_size` diffe
 resamples the position embedding (Section 3.2); `overrides` are other config fields. Every model comes
 with a typed `model.pretrained_cfg` (vitlab.models.pretrained_cfg.PretrainedCfg): its preprocessing,
 class names and provenance. Loaded weights come in eval mode; a new model in train mode.
+
+This is the one place outside the model files that constructs a model class (tests/test_layout.py reads
+every module): `build_on_meta` gives the shapes-only model that counting and FLOP tracing need, and
+`meta_state_dict` the tensors vitlab.weights checks a file against, so vitlab.weights never builds one.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from vitlab.errors import VitlabError, check_range
-from vitlab.models.cnn import ResNetMini
+from vitlab.models.cnn import ResNetConfig, ResNetMini
 from vitlab.models.registry import get_config, get_variant
 from vitlab.models.size import check_fits
 from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.weights import checkpoint as ckpt_format
-from vitlab.weights.pretrained import diff_keys, load_checkpoint, plan_load
+from vitlab.weights.infer import diff_keys
+from vitlab.weights.plan import plan_load
+from vitlab.weights.source import load_checkpoint
 
 
 def create_model(
@@ -57,11 +64,29 @@ def create_model(
     variant = get_variant(name)
     config = get_config(name, num_classes=num_classes, img_size=img_size, **overrides)
     check_fits(config, what=f"model {name}")  # counted from the config: nothing is allocated for a size that cannot fit
-    model = VisionTransformer(config) if isinstance(config, ViTConfig) else ResNetMini(config)
+    model = _build(config)
     model.pretrained_cfg = variant.pretrained_cfg.replace(
         architecture=name, input_size=(config.in_chans, *config.img_size), num_classes=config.num_classes
     )
     return model
+
+
+def build_on_meta(cfg: ViTConfig | ResNetConfig) -> nn.Module:
+    """The model of `cfg` with shapes only (device "meta"): instant and free even for ViT-H, for what needs
+    the module but runs no numbers (parameters counted, FLOPs traced, the tensors a file must hold)."""
+    with torch.device("meta"):
+        return _build(cfg)
+
+
+def meta_state_dict(cfg: ViTConfig | ResNetConfig) -> dict[str, torch.Tensor]:
+    """The tensors a model of `cfg` holds, shapes only: what vitlab.weights checks a file against
+    (`vitlab.weights.infer.ModelTensors`)."""
+    return build_on_meta(cfg).state_dict()
+
+
+def _build(cfg: ViTConfig | ResNetConfig) -> nn.Module:
+    """A new model of `cfg`, its weights initialised: the one constructor call of every model class."""
+    return VisionTransformer(cfg) if isinstance(cfg, ViTConfig) else ResNetMini(cfg)
 
 
 def check_source(name: str | None, pretrained, checkpoint) -> None:
@@ -84,10 +109,11 @@ def _from_weights(name, source, label: str, num_classes, img_size, overrides) ->
             "loads with checkpoint=",
             arg="model",
         )
+    ckpt = load_checkpoint(source, model_tensors=meta_state_dict)
     plan = plan_load(
-        load_checkpoint(source), name, num_classes=num_classes, img_size=img_size, source=label, **overrides
+        ckpt, name, model_tensors=meta_state_dict, num_classes=num_classes, img_size=img_size, source=label, **overrides
     )
-    model = VisionTransformer(plan.config)
+    model = _build(plan.config)
     model.load_state_dict(plan.state_dict, strict=plan.strict)
     model.pretrained_cfg = plan.pretrained_cfg
     return model.eval()
@@ -110,7 +136,7 @@ def _from_checkpoint(name, path: Path, num_classes, img_size, overrides) -> nn.M
         overrides["img_size"] = img_size
     config = ckpt_format.config_from_meta(meta, **overrides)
     check_fits(config, what=f"the model of checkpoint {folder}")
-    model = ResNetMini(config)
+    model = _build(config)
     weights = ckpt_format.read_weights(folder)
     differences = diff_keys(model.state_dict(), weights)
     if differences:
@@ -130,4 +156,4 @@ def _from_checkpoint(name, path: Path, num_classes, img_size, overrides) -> nn.M
     return model.eval()
 
 
-__all__ = ["create_model", "check_source"]
+__all__ = ["create_model", "build_on_meta", "meta_state_dict", "check_source"]

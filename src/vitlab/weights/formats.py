@@ -18,8 +18,8 @@ The layouts (names of block i):
                     embedding/kernel (P, P, C, D), permuted (3, 2, 0, 1) to PyTorch's (D, C, P, P)
     DINOv2 .pth     timm's names, plus mask_token and register_tokens (facebookresearch/dinov2's release)
 
-What the converted tensors say about the architecture, and loading them into a model, is
-`vitlab.weights.pretrained`.
+What the converted tensors say about the architecture is `vitlab.weights.infer`; the source read and
+described, `vitlab.weights.source`; the plan of loading them into a model, `vitlab.weights.plan`.
 """
 
 from __future__ import annotations
