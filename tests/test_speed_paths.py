@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 
 from vitlab import bench
 from vitlab.cli import main
+from vitlab.errors import VitlabError
 from vitlab.fileio import cache_root
 from vitlab.inference.export import export_model
 from vitlab.models.factory import create_model
@@ -144,6 +145,25 @@ def test_a_plan_reads_back_and_refuses_what_is_not_a_plan():
             Plan.from_dict({**plan.to_dict(), **bad} if isinstance(bad, dict) else bad)
 
 
+def test_a_plans_source_says_where_it_came_from_and_is_left_out_of_equality():
+    tuned, rules_ = Plan("explicit", "onednn", True, 4, "tuned"), Plan("explicit", "onednn", True, 4, "rules (x)")
+    assert tuned == rules_ and hash(tuned) == hash(rules_) and tuned.describe() != rules_.describe()
+    assert tuned != Plan("fused", "onednn", True, 4, "tuned") and Plan(source="--fast-path off") == rules.AS_BUILT
+    assert {tuned, rules_} == {tuned}  # a set of plans holds each way of running once
+
+
+def test_a_fast_path_is_a_word_a_plan_or_none_and_auto_is_the_one_default():
+    model = _small_model()
+    kw = dict(mode="inference", precision="fp32", batch_size=4, items=1, device=CPU)
+    given = Plan("explicit", source="mine")
+    assert fastpath.choose_plan(model, fast=given, **kw) == given  # taken as it is
+    assert fastpath.choose_plan(model, fast=None, **kw) == rules.AS_BUILT
+    assert fastpath.choose_plan(model, fast="off", **kw).source == "--fast-path off"
+    assert fastpath.DEFAULT_FAST_PATH == "auto" and fastpath.DEFAULT_FAST_PATH in fastpath.FAST_PATHS
+    with pytest.raises(VitlabError, match=r"fast_path must be one of auto, .* found 'fast'"):
+        fastpath.choose_plan(model, fast="fast", **kw)
+
+
 # ----------------------------------------------------------------------------------------------------
 # What each path computes
 
@@ -199,9 +219,9 @@ def test_an_inference_plan_gives_the_models_logits_and_leaves_the_model_as_it_wa
 
 def test_fit_trains_on_a_plan_and_gives_the_model_back_as_it_came(tmp_path):
     """A tuned plan (written here, as `vitlab tune` would keep it) with the explicit attention products: the
-    model trains through it, its modules, Parameter objects and attention kernel are those it came with, the plan is said, kept in the History and in every checkpoint, and a resumed run takes the
-    plan it was started with, whatever the fast path asked for now. The losses equal the model as built's
-    to float rounding."""
+    model trains through it, its modules, Parameter objects and attention kernel are those it came with, the
+    plan is said, kept in the History and in every checkpoint, and a resumed run takes the plan it was started
+    with, whatever the fast path asked for now. The losses equal the model as built's to float rounding."""
     x = torch.randn(32, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     y = torch.arange(32) % 10
     recipe = Recipe(epochs=2, batch_size=8, lr=1e-3, warmup_epochs=0, seed=3)

@@ -2,7 +2,8 @@
 bundled dataset, a model from any source, a Recipe, a run folder; under torchrun on several processes.
 
     from vitlab.train import RECIPES, TrainJob, run
-    run(TrainJob(dataset="fashion-mnist", model="vit_mini", train_size=10_000, recipe=RECIPES["scratch"], out="runs/vit"))
+    run(TrainJob(dataset="fashion-mnist", model="vit_mini", train_size=10_000, recipe=RECIPES["scratch"],
+                 out="runs/vit"))
     run(TrainJob(data="my_photos", model="vit_tiny_patch16_224", pretrained="weights.safetensors", img_size=64,
                  recipe=RECIPES["finetune"], out="runs/ft"))
 
@@ -201,7 +202,8 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     train_loader, val_loader = make_loaders(data, model, recipe, dist=dist, workers=job.workers)
     if isinstance(train_loader, MemoryLoader):
         say(
-            f"data in memory as uint8 tensors; augmentation per batch on {dist.device}: {train_loader.transform.describe()}"
+            f"data in memory as uint8 tensors; augmentation per batch on {dist.device}: "
+            f"{train_loader.transform.describe()}"
         )
 
     K = recipe.freeze_epochs
