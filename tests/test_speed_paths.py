@@ -8,8 +8,10 @@ benchmarks/. Where a test needs a measurement, the clock is replaced by a fake o
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
+import inspect
 import itertools
 import json
 import os
@@ -26,20 +28,24 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from vitlab import bench
-from vitlab.cli import main
+from vitlab.analysis import attention, plots
+from vitlab.cli import build_parser, main
 from vitlab.errors import VitlabError
 from vitlab.fileio import cache_root
 from vitlab.inference.export import export_model
+from vitlab.inference.predict import predict_files
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config
 from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.runtime import num_threads
+from vitlab.serve.models import LoadedModel, ModelStore
 from vitlab.speed import compiled, fastpath, onednn, rules, tune
 from vitlab.speed.machine import Machine, kind_of, this_machine
 from vitlab.speed.paths import inference_fn
 from vitlab.speed.rules import Plan
 from vitlab.train.engine import TensorLoader, fit
 from vitlab.train.recipe import Recipe
+from vitlab.train.run import TrainJob
 
 SMALL = dict(img_size=32, patch_size=8, dim=64, depth=2, heads=4, num_classes=10)
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -162,6 +168,22 @@ def test_a_fast_path_is_a_word_a_plan_or_none_and_auto_is_the_one_default():
     assert fastpath.DEFAULT_FAST_PATH == "auto" and fastpath.DEFAULT_FAST_PATH in fastpath.FAST_PATHS
     with pytest.raises(VitlabError, match=r"fast_path must be one of auto, .* found 'fast'"):
         fastpath.choose_plan(model, fast="fast", **kw)
+
+
+def test_every_command_and_function_that_runs_a_model_takes_the_one_default_fast_path():
+    default = fastpath.DEFAULT_FAST_PATH
+    takers = [fit, TrainJob, predict_files, plots.write_figure7, ModelStore, LoadedModel]
+    takers += [fastpath.InferenceRunner, fastpath.serving_model]
+    takers += [attention.iter_attention, attention.cls_attention, attention.rollout]
+    takers += [attention.explain, attention.mean_attention_distance]
+    for taker in takers:
+        params = inspect.signature(taker).parameters
+        assert params["fast_path" if "fast_path" in params else "fast"].default == default, taker
+    assert inspect.signature(bench.bench_model).parameters["fast_paths"].default == (default,)
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    flags = {name: p.get_default("fast_path") for name, p in commands.items() if p.get_default("fast_path")}
+    assert {"train", "finetune", "predict", "attention", "inspect", "serve", "reproduce", "bench"} <= set(flags)
+    assert all(flag in (default, [default]) for flag in flags.values()), flags
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from vitlab.models.factory import check_source, create_model
 from vitlab.models.size import check_fits
 from vitlab.models.vit import VisionTransformer
 from vitlab.runtime import seed_everything
-from vitlab.speed.fastpath import check_fast_path
+from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, check_fast_path
 from vitlab.train import diagnostics, distributed, report
 from vitlab.train.callbacks import EpochPrinter, TensorBoardLogger
 from vitlab.train.engine import check_run_folder, fit
@@ -72,9 +72,7 @@ class TrainJob:
     force: bool = False  # write a new run into a non-empty folder that holds no vitlab run
     device: str = "auto"
     workers: int | None = None  # data-loading processes (default: 0 on CPU, up to 8 on GPU)
-    fast_path: str = (
-        "auto"  # vitlab.speed.fastpath: auto | tuned | compile | eager | off (float rounding aside, the same numbers)
-    )
+    fast_path: FastPath = DEFAULT_FAST_PATH  # vitlab.speed.fastpath: auto | tuned | compile | eager | off, or a Plan
 
     def check(self) -> None:
         if (self.data is None) == (self.dataset is None):
