@@ -130,8 +130,9 @@ def add_fast_path(p: argparse.ArgumentParser, help: str | None = None) -> None:
         default=DEFAULT_FAST_PATH,
         help=help
         or (
-            "auto: the plan fixed rules give this kind of CPU, precision and run (nothing timed: the same command gives "
-            "the same numbers); tuned: the plan `vitlab tune` measured fastest here (measured first if need be); "
+            "auto (the default): the plan fixed rules give this kind of CPU, precision and run (nothing timed: the "
+            "same command gives the same numbers); tuned: the plan `vitlab tune` measured fastest here (measured "
+            "first if need be); "
             "compile / eager: the rules' plan compiled / never compiled; off: the model exactly as built. Every path "
             "gives the same numbers to float rounding; the plan is printed"
         ),

@@ -34,8 +34,8 @@ def register(subparsers) -> None:
             "Measures the machine's matmul rate (2048^3, fp32 and bf16), then inference (and with --train, "
             "training-step) images/s of each model on vitlab's path and on each peer of --against, the same "
             "weights, inputs, precision and threads, run alternately: warm-up, then the median of --repeats. "
-            "MFU (model FLOP utilisation) = achieved FLOP/s over the matmul rate of the same precision. Compile times are "
-            "printed below the table. --memory measures peak resident memory instead."
+            "MFU (model FLOP utilisation) = achieved FLOP/s over the matmul rate of the same precision. Compile "
+            "times are printed below the table. --memory measures peak resident memory instead."
         ),
     )
     p.add_argument(

@@ -1,6 +1,8 @@
 """Top-k predictions for image files, with the preprocessing of the weights' source.
 
-    model = vitlab.create_model("vit_base_patch16_224", pretrained="hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")
+    model = vitlab.create_model(
+        "vit_base_patch16_224", pretrained="hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"
+    )
     results = predict_files(model, ["cat.jpg"], topk=5)
 
 One bad file does not stop the others: its result carries an `error` (a one-line message naming the
