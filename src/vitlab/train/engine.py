@@ -18,6 +18,11 @@ exact: the stage is a function of the epoch number alone. Resuming restores weig
 schedule, EMA, every process's RNG and the metrics, so on CPU a killed-and-resumed run ends bitwise
 equal to an uninterrupted one.
 
+A run is a `TrainState` (the model, its optimizer, schedule and EMA, the epochs done and their metrics,
+the plan): `fit` builds it, new or resumed (`TrainState.resume`, the one place a run is restored), then
+each epoch sets the stage, trains, evaluates, checkpoints and calls the callbacks. The model comes back
+with the trained (last) weights and otherwise as it came: its requires_grad flags and train/eval modes.
+
 Small datasets live in memory as tensors (`TensorLoader`): at the mini experiment's scale the cost
 of a step is Python and dispatch overhead, not arithmetic, so batches are sliced from one tensor,
 metrics are accumulated on the device and read once per epoch, and AdamW runs as one fused step.
@@ -493,7 +498,8 @@ def _run_epoch(
     stats.pop("lr")
     stats = distributed.all_mean(stats, dist)
     if not math.isfinite(stats["train_loss"]):
-        kept = str(ckpt.resolve_checkpoint(out / "last.json")) if out and (out / "last.json").exists() else None
+        written = out is not None and (out / "last.json").exists()
+        kept = str(ckpt.resolve_checkpoint(out / "last.json")) if written else None
         finding = diagnostics.nan_loss(epoch + 1, stats["train_loss"], kept)
         say(str(finding))
         raise VitlabError(f"training stopped: {finding.evidence}")
