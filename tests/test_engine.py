@@ -13,6 +13,7 @@ from vitlab.data.synthetic import dataset_x_splits, make_dataset_x
 from vitlab.errors import check_range
 from vitlab.train import RECIPES, Callback, Recipe, TensorLoader, fit
 from vitlab.train.optim import build_optimizer, param_groups, staged_warmup_cosine
+from vitlab.weights import checkpoint as ckpt
 
 
 def test_dataset_x_is_deterministic_balanced_and_has_the_seed_structure():
@@ -89,6 +90,37 @@ def test_short_training_run_learns_dataset_x():
     history = fit(model, train, val, RECIPES["mini"].replace(epochs=8, warmup_epochs=1), device="cpu")
     assert history.rows[0]["train_loss"] > history.rows[-1]["train_loss"]
     assert history.last["val_acc"] >= 0.95
+
+
+def test_fit_hands_the_model_back_as_it_came_with_the_trained_weights(tmp_path):
+    """Staged fine-tuning freezes and unfreezes parameters and evaluates in eval mode: afterwards the model's
+    requires_grad flags and train/eval modes are those it came with (a part the caller froze included), and its
+    weights are the last epoch's (the last checkpoint's), not the best one's."""
+    train, val = _loaders(128, 64)
+    torch.manual_seed(0)
+    model = create_model("vit_mini_x")
+    model.patch_embed.requires_grad_(False)
+    model.blocks[0].eval()
+    flags = [p.requires_grad for p in model.parameters()]
+    modes = [m.training for m in model.modules()]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stages = []
+
+    class Stages(Callback):
+        def on_stage(self, epoch, stage, trainable):
+            stages.append((epoch, stage, trainable))
+
+    recipe = RECIPES["mini"].replace(epochs=2, freeze_epochs=1, unfreeze="last:1")
+    fit(model, train, val, recipe, device="cpu", out=tmp_path, callbacks=[Stages()])
+    assert [s[:2] for s in stages] == [(0, 1), (1, 2)] and stages[0][2] < stages[1][2] < sum(
+        p.numel() for p in model.parameters()
+    )
+    assert [p.requires_grad for p in model.parameters()] == flags
+    assert [m.training for m in model.modules()] == modes
+    last = ckpt.read_weights(ckpt.resolve_checkpoint(tmp_path / "last.json"))
+    assert all(torch.equal(v, last[k]) for k, v in model.state_dict().items())
+    assert not torch.equal(model.head.weight, before["head.weight"])  # trained, in both stages
+    assert not torch.equal(model.blocks[-1].mlp.fc1.weight, before["blocks.1.mlp.fc1.weight"])
 
 
 class _Crash(Exception):

@@ -8,8 +8,10 @@ benchmarks/. Where a test needs a measurement, the clock is replaced by a fake o
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
+import inspect
 import itertools
 import json
 import os
@@ -26,21 +28,26 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from vitlab import bench
+from vitlab.analysis import attention, plots
 from vitlab.analysis.flops import count_macs
-from vitlab.cli import main
+from vitlab.cli import build_parser, main
+from vitlab.errors import VitlabError
 from vitlab.fileio import cache_root
 from vitlab.inference.export import export_model
+from vitlab.inference.predict import predict_files
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config
 from vitlab.models.size import estimate_memory
 from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.runtime import num_threads
+from vitlab.serve.models import LoadedModel, ModelStore
 from vitlab.speed import compiled, fastpath, onednn, rules, tune
 from vitlab.speed.machine import Machine, kind_of, this_machine
 from vitlab.speed.paths import inference_fn
 from vitlab.speed.rules import Plan
 from vitlab.train.engine import TensorLoader, fit
 from vitlab.train.recipe import Recipe
+from vitlab.train.run import TrainJob
 
 SMALL = dict(img_size=32, patch_size=8, dim=64, depth=2, heads=4, num_classes=10)
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -146,6 +153,41 @@ def test_a_plan_reads_back_and_refuses_what_is_not_a_plan():
             Plan.from_dict({**plan.to_dict(), **bad} if isinstance(bad, dict) else bad)
 
 
+def test_a_plans_source_says_where_it_came_from_and_is_left_out_of_equality():
+    tuned, rules_ = Plan("explicit", "onednn", True, 4, "tuned"), Plan("explicit", "onednn", True, 4, "rules (x)")
+    assert tuned == rules_ and hash(tuned) == hash(rules_) and tuned.describe() != rules_.describe()
+    assert tuned != Plan("fused", "onednn", True, 4, "tuned") and Plan(source="--fast-path off") == rules.AS_BUILT
+    assert {tuned, rules_} == {tuned}  # a set of plans holds each way of running once
+
+
+def test_a_fast_path_is_a_word_a_plan_or_none_and_auto_is_the_one_default():
+    model = _small_model()
+    kw = dict(mode="inference", precision="fp32", batch_size=4, items=1, device=CPU)
+    given = Plan("explicit", source="mine")
+    assert fastpath.choose_plan(model, fast=given, **kw) == given  # taken as it is
+    assert fastpath.choose_plan(model, fast=None, **kw) == rules.AS_BUILT
+    assert fastpath.choose_plan(model, fast="off", **kw).source == "--fast-path off"
+    assert fastpath.DEFAULT_FAST_PATH == "auto" and fastpath.DEFAULT_FAST_PATH in fastpath.FAST_PATHS
+    with pytest.raises(VitlabError, match=r"fast_path must be one of auto, .* found 'fast'"):
+        fastpath.choose_plan(model, fast="fast", **kw)
+
+
+def test_every_command_and_function_that_runs_a_model_takes_the_one_default_fast_path():
+    default = fastpath.DEFAULT_FAST_PATH
+    takers = [fit, TrainJob, predict_files, plots.write_figure7, ModelStore, LoadedModel]
+    takers += [fastpath.InferenceRunner, fastpath.serving_model]
+    takers += [attention.iter_attention, attention.cls_attention, attention.rollout]
+    takers += [attention.explain, attention.mean_attention_distance]
+    for taker in takers:
+        params = inspect.signature(taker).parameters
+        assert params["fast_path" if "fast_path" in params else "fast"].default == default, taker
+    assert inspect.signature(bench.bench_model).parameters["fast_paths"].default == (default,)
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    flags = {name: p.get_default("fast_path") for name, p in commands.items() if p.get_default("fast_path")}
+    assert {"train", "finetune", "predict", "attention", "inspect", "serve", "reproduce", "bench"} <= set(flags)
+    assert all(flag in (default, [default]) for flag in flags.values()), flags
+
+
 # ----------------------------------------------------------------------------------------------------
 # What each path computes
 
@@ -201,9 +243,9 @@ def test_an_inference_plan_gives_the_models_logits_and_leaves_the_model_as_it_wa
 
 def test_fit_trains_on_a_plan_and_gives_the_model_back_as_it_came(tmp_path):
     """A tuned plan (written here, as `vitlab tune` would keep it) with the explicit attention products: the
-    model trains through it, its modules, Parameter objects and attention kernel are those it came with, the plan is said, kept in the History and in every checkpoint, and a resumed run takes the
-    plan it was started with, whatever the fast path asked for now. The losses equal the model as built's
-    to float rounding."""
+    model trains through it, its modules, Parameter objects and attention kernel are those it came with, the
+    plan is said, kept in the History and in every checkpoint, and a resumed run takes the plan it was started
+    with, whatever the fast path asked for now. The losses equal the model as built's to float rounding."""
     x = torch.randn(32, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     y = torch.arange(32) % 10
     recipe = Recipe(epochs=2, batch_size=8, lr=1e-3, warmup_epochs=0, seed=3)

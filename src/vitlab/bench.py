@@ -60,7 +60,7 @@ from vitlab.models.vit import VisionTransformer
 from vitlab.runtime import autocast, check_precision, process_pool, resolve_device
 from vitlab.speed import onednn
 from vitlab.speed.compiled import compile_model
-from vitlab.speed.fastpath import check_fast_path, choose_plan
+from vitlab.speed.fastpath import DEFAULT_FAST_PATH, check_fast_path, choose_plan
 from vitlab.speed.machine import this_machine
 from vitlab.speed.paths import inference_fn, training
 from vitlab.speed.tune import race as _race
@@ -290,7 +290,7 @@ def bench_model(
     precision: str = "fp32",
     mode: str = "inference",
     against: list[str] = (),
-    fast_paths: list[str] = ("auto",),
+    fast_paths: list[str] = (DEFAULT_FAST_PATH,),
     grad_checkpointing: bool = False,
     matmul_flops: dict[str, float],
     warmup: int = 1,
@@ -478,7 +478,7 @@ def run_bench(
     precisions: list[str],
     modes: list[str] = ("inference",),
     against: list[str] = (),
-    fast_paths: list[str] = ("auto",),
+    fast_paths: list[str] = (DEFAULT_FAST_PATH,),
     grad_checkpointing: bool = False,
     warmup: int = 1,
     repeats: int = 5,

@@ -43,7 +43,7 @@ from torch import nn
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.size import check_memory
 from vitlab.models.vit import VisionTransformer
-from vitlab.speed.fastpath import InferenceRunner
+from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, InferenceRunner
 
 HEAD_FUSIONS = ("mean", "max", "min")
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB of attention weights held per forward pass
@@ -157,7 +157,7 @@ def iter_attention(
     batch_size: int | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     out_device: str | torch.device | None = "cpu",
-    fast_path: str = "off",
+    fast_path: FastPath = DEFAULT_FAST_PATH,
     log: Callable[[str], None] | None = None,
 ) -> Iterator[dict[int, torch.Tensor]]:
     """Yield, per chunk of images, {layer: (b, h, T, T) float32 attention weights}.
@@ -165,8 +165,9 @@ def iter_attention(
     Runs the model in eval mode without gradients on the model's device, asking
     `forward_features(x, return_attention=group)` for one group of layers at a time (the other layers
     take the fast path). `batch_size=None` picks the chunk size from `max_bytes`. `fast_path`
-    (`vitlab.speed.fastpath`, for images given as one (B, C, H, W) tensor): "auto" runs the passes on the
-    plan the fixed rules give this machine and run (`vitlab.speed.rules`), "off" the model as it is; the
+    (a `vitlab.speed.fastpath.FastPath`, for images given as one (B, C, H, W) tensor): "auto" (the default)
+    runs the passes on the plan the fixed rules give this machine and run (`vitlab.speed.rules`), a Plan on
+    that plan, "off" or None the model as it is; the
     model itself is left as it is either way. `log` gets the path taken.
     """
     check_vit(model)
@@ -265,7 +266,7 @@ def cls_attention(
     *,
     batch_size: int | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
-    fast_path: str = "off",
+    fast_path: FastPath = DEFAULT_FAST_PATH,
     log: Callable[[str], None] | None = None,
 ) -> dict[int, torch.Tensor]:
     """Per chosen layer, the attention of the token the head reads (the CLS row, or for a GAP model the
@@ -363,7 +364,7 @@ def rollout(
     end_layer: int = -1,
     batch_size: int | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
-    fast_path: str = "off",
+    fast_path: FastPath = DEFAULT_FAST_PATH,
     log: Callable[[str], None] | None = None,
 ) -> torch.Tensor:
     """The rollout map the classifier reads, (B, gh, gw): the CLS row of the rollout matrix over the
@@ -395,7 +396,7 @@ def explain(
     discard_ratio: float = 0.0,
     start_layer: int = 0,
     batch_size: int | None = None,
-    fast_path: str = "off",
+    fast_path: FastPath = DEFAULT_FAST_PATH,
     log: Callable[[str], None] | None = None,
 ) -> tuple[torch.Tensor, list[str], list[str]]:
     """The maps `vitlab attention` draws: (B, R, C, gh, gw) plus row and column labels.
@@ -485,7 +486,7 @@ def mean_attention_distance(
     *,
     batch_size: int | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
-    fast_path: str = "off",
+    fast_path: FastPath = DEFAULT_FAST_PATH,
     log: Callable[[str], None] | None = None,
 ) -> tuple[list[int], torch.Tensor]:
     """Figure 7 (right): per layer and head, the attention-weighted distance in pixels between query

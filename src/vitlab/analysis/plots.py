@@ -28,6 +28,7 @@ from PIL import Image
 from vitlab.analysis import attention as A
 from vitlab.errors import VitlabError
 from vitlab.fileio import atomic_write, write_csv
+from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath
 
 DPI = 100
 
@@ -256,7 +257,14 @@ def figure7c(
 
 
 def write_figure7(
-    model, images, out_dir: str | Path, *, batch_size: int | None = None, k: int = 28, fast_path: str = "off", log=None
+    model,
+    images,
+    out_dir: str | Path,
+    *,
+    batch_size: int | None = None,
+    k: int = 28,
+    fast_path: FastPath = DEFAULT_FAST_PATH,
+    log=None,
 ) -> dict:
     """The paper's Figure 7 for `model`, as PNGs and CSVs in `out_dir`; returns what was written and
     the headline numbers. (a) needs a patch stem and (b) an absolute position embedding; a model

@@ -18,7 +18,7 @@ from torch import nn
 from vitlab.errors import VitlabError
 from vitlab.models.factory import create_model
 from vitlab.runtime import PRECISIONS
-from vitlab.speed.fastpath import FAST_PATHS
+from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FAST_PATHS
 
 
 class Formatter(argparse.HelpFormatter):
@@ -127,11 +127,12 @@ def add_fast_path(p: argparse.ArgumentParser, help: str | None = None) -> None:
     p.add_argument(
         "--fast-path",
         choices=FAST_PATHS,
-        default="auto",
+        default=DEFAULT_FAST_PATH,
         help=help
         or (
-            "auto: the plan fixed rules give this kind of CPU, precision and run (nothing timed: the same command gives "
-            "the same numbers); tuned: the plan `vitlab tune` measured fastest here (measured first if need be); "
+            "auto (the default): the plan fixed rules give this kind of CPU, precision and run (nothing timed: the "
+            "same command gives the same numbers); tuned: the plan `vitlab tune` measured fastest here (measured "
+            "first if need be); "
             "compile / eager: the rules' plan compiled / never compiled; off: the model exactly as built. Every path "
             "gives the same numbers to float rounding; the plan is printed"
         ),

@@ -20,7 +20,8 @@ from vitlab.fileio import check_out_folder, output_folder, write_csv
 from vitlab.runtime import resolve_device
 
 HELP = "draw where a ViT attends: class-token attention or rollout"  # its line in `vitlab --help`
-EXAMPLE = "vitlab attention runs/digits/val/3/0013.png --checkpoint runs/digits_vit --out runs/attention"  # the last line of its --help
+# the last line of its --help
+EXAMPLE = "vitlab attention runs/digits/val/3/0013.png --checkpoint runs/digits_vit --out runs/attention"
 
 
 def add_analysis_arguments(p) -> None:
@@ -43,8 +44,8 @@ def register(subparsers) -> None:
         help=HELP,
         epilog=example(EXAMPLE),
         description="Heatmaps of the attention of the token the classifier reads (the class token, or "
-        "the mean of the patch tokens for models that pool by averaging them) to every patch, from the explicit attention path, "
-        "upsampled and blended on the image; or attention rollout (Abnar & Zuidema 2020).",
+        "the mean of the patch tokens for models that pool by averaging them) to every patch, from the explicit "
+        "attention path, upsampled and blended on the image; or attention rollout (Abnar & Zuidema 2020).",
     )
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders of images")
     add_analysis_arguments(p)

@@ -17,6 +17,7 @@ from vitlab.cli._common import add_device, add_threads, example
 from vitlab.models.registry import get_config
 from vitlab.models.size import check_fits, check_memory
 from vitlab.runtime import PRECISIONS, check_threads, num_threads, resolve_device
+from vitlab.speed.fastpath import DEFAULT_FAST_PATH
 
 HELP = "speed and memory next to timm, compiled timm and ONNX Runtime"  # its line in `vitlab --help`
 EXAMPLE = "vitlab bench --model vit_small_patch16_224 --batch-size 1 --threads 1"  # the last line of its --help
@@ -33,8 +34,8 @@ def register(subparsers) -> None:
             "Measures the machine's matmul rate (2048^3, fp32 and bf16), then inference (and with --train, "
             "training-step) images/s of each model on vitlab's path and on each peer of --against, the same "
             "weights, inputs, precision and threads, run alternately: warm-up, then the median of --repeats. "
-            "MFU (model FLOP utilisation) = achieved FLOP/s over the matmul rate of the same precision. Compile times are "
-            "printed below the table. --memory measures peak resident memory instead."
+            "MFU (model FLOP utilisation) = achieved FLOP/s over the matmul rate of the same precision. Compile "
+            "times are printed below the table. --memory measures peak resident memory instead."
         ),
     )
     p.add_argument(
@@ -97,7 +98,7 @@ def register(subparsers) -> None:
         "--fast-path",
         nargs="+",
         choices=list(bench.OURS),
-        default=["auto"],
+        default=[DEFAULT_FAST_PATH],
         help="vitlab's row(s): auto, the plan the fixed rules give this machine for a long run; tuned, the "
         "plan `vitlab tune` measured fastest here (measured first if need be), row vitlab-tuned",
     )

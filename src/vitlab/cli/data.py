@@ -27,8 +27,8 @@ def register(subparsers) -> None:
         epilog=example(EXAMPLE),
         description="Datasets as image folders: `digits` writes scikit-learn's bundled 8x8 digits (1,797 real "
         "images, 10 classes, no download) as DIR/train/<digit>/*.png and DIR/val/<digit>/*.png; `fashion-mnist` "
-        "writes Fashion-MNIST (60,000 + 10,000 grey 28x28 photos) as DIR/train/<class>/*.png and DIR/val/<class>/*.png; "
-        "`scan` checks a folder the way `vitlab finetune --data` will.",
+        "writes Fashion-MNIST (60,000 + 10,000 grey 28x28 photos) as DIR/train/<class>/*.png and "
+        "DIR/val/<class>/*.png; `scan` checks a folder the way `vitlab finetune --data` will.",
     )
     sub = p.add_subparsers(dest="data_command", metavar="WHAT", parser_class=type(p))
     d = sub.add_parser(

@@ -37,6 +37,7 @@ def run(args) -> int:
     print(f"wrote {', '.join(report['files'])}")
     if "max_abs_diff" in report:
         print(
-            f"ONNX Runtime vs PyTorch: max abs difference {report['max_abs_diff']:.2e} (tolerance {report['tolerance']:.0e})"
+            f"ONNX Runtime vs PyTorch: max abs difference {report['max_abs_diff']:.2e} "
+            f"(tolerance {report['tolerance']:.0e})"
         )
     return 0

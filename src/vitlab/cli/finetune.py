@@ -17,7 +17,10 @@ from vitlab.cli.train import add_training_arguments
 from vitlab.train.recipe import RECIPES
 
 HELP = "fine-tune a model on your image folder, head first"  # its line in `vitlab --help`
-EXAMPLE = "vitlab finetune --data runs/digits --checkpoint runs/digits_vit --epochs 4 --freeze-epochs 1 --unfreeze last:2 --out runs/digits_ft"  # the last line of its --help
+EXAMPLE = (  # the last line of its --help
+    "vitlab finetune --data runs/digits --checkpoint runs/digits_vit --epochs 4 --freeze-epochs 1 --unfreeze last:2 "
+    "--out runs/digits_ft"
+)
 
 
 def register(subparsers) -> None:
@@ -27,8 +30,9 @@ def register(subparsers) -> None:
         epilog=example(EXAMPLE),
         description="Fine-tune on an image folder with a staged recipe: a new zero-initialised head, "
         "--freeze-epochs of head-only training, then --unfreeze last:N|all with layer-wise lr decay; AdamW, "
-        "warmup+cosine, clipping, MixUp/CutMix, a moving average of the weights (--ema), checkpoints every epoch (--resume), metrics.csv, "
-        "TensorBoard, confusion matrix, curves, summary.json. Runs under torchrun for several processes.",
+        "warmup+cosine, clipping, MixUp/CutMix, a moving average of the weights (--ema), checkpoints every epoch "
+        "(--resume), metrics.csv, TensorBoard, confusion matrix, curves, summary.json. Runs under torchrun for "
+        "several processes.",
         formatter_class=DefaultsFormatter,
     )
     add_training_arguments(p, RECIPES["finetune"], finetune=True)

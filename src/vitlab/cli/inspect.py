@@ -24,7 +24,8 @@ from vitlab.fileio import output_folder
 from vitlab.runtime import resolve_device
 
 HELP = "the paper's Figure 7 and the token norms of a model"  # its line in `vitlab --help`
-EXAMPLE = "vitlab inspect --checkpoint runs/digits_vit --images runs/digits/val/3 --out runs/inspect"  # the last line of its --help
+# the last line of its --help
+EXAMPLE = "vitlab inspect --checkpoint runs/digits_vit --images runs/digits/val/3 --out runs/inspect"
 
 
 def register(subparsers) -> None:

@@ -51,8 +51,8 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
         choices=tuple(BUNDLED),
         help="a bundled dataset instead of --data: fashion-mnist "
         "(70,000 grey 28x28 photos, 10 classes; Debian's dataset-fashion-mnist package, --root, $VITLAB_DATA, or "
-        "a download), digits (scikit-learn's, 10 classes) or x (dataset X of the mini experiment: 2,000 / 500 synthetic 32x32 images, left or right half "
-        "brighter, 2 classes)",
+        "a download), digits (scikit-learn's, 10 classes) or x (dataset X of the mini experiment: 2,000 / 500 "
+        "synthetic 32x32 images, left or right half brighter, 2 classes)",
     )
     d.add_argument(
         "--root",

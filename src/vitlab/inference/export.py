@@ -160,8 +160,9 @@ def export_onnx(model: nn.Module, out: Path, *, check: bool = True, opset: int |
             report["tolerance"] = ONNX_TOLERANCE
             if not report["max_abs_diff"] <= ONNX_TOLERANCE:  # NaN compares false: it fails too
                 raise VitlabError(
-                    f"ONNX export to {out}: ONNX Runtime's logits differ from PyTorch's by {report['max_abs_diff']:.2e} "
-                    f"(max abs), over the tolerance {ONNX_TOLERANCE:.0e}; nothing was written"
+                    f"ONNX export to {out}: ONNX Runtime's logits differ from PyTorch's by "
+                    f"{report['max_abs_diff']:.2e} (max abs), over the tolerance {ONNX_TOLERANCE:.0e}; nothing was "
+                    "written"
                 )
     return report
 

@@ -1,6 +1,8 @@
 """Top-k predictions for image files, with the preprocessing of the weights' source.
 
-    model = vitlab.create_model("vit_base_patch16_224", pretrained="hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")
+    model = vitlab.create_model(
+        "vit_base_patch16_224", pretrained="hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"
+    )
     results = predict_files(model, ["cat.jpg"], topk=5)
 
 One bad file does not stop the others: its result carries an `error` (a one-line message naming the
@@ -18,7 +20,7 @@ from vitlab.data.preprocess import eval_transform, load_images
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.size import check_fits
 from vitlab.runtime import autocast, check_precision, resolve_device
-from vitlab.speed.fastpath import InferenceRunner
+from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, InferenceRunner
 
 
 def class_names(model: nn.Module) -> list[str] | None:
@@ -70,7 +72,7 @@ def predict_files(
     precision: str = "fp32",
     batch_size: int = 16,
     img_size: int | tuple[int, int] | None = None,
-    fast_path: str = "auto",
+    fast_path: FastPath = DEFAULT_FAST_PATH,
     prepared: Callable | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[dict]:
@@ -78,9 +80,10 @@ def predict_files(
     {"file": path, "predictions": [{"rank", "index", "label", "prob"}, ...]} or {"file": path, "error": message}.
 
     The model's `pretrained_cfg` decides the preprocessing (resize, crop, interpolation, mean, std).
-    `fast_path` (`vitlab.speed.fastpath`): "auto" runs the batches on the plan the fixed rules give this
-    machine and run (oneDNN's products on AMD, torch.compile for a long run on an Intel Xeon with AMX; the
-    same logits to ~1e-5), "off" the model as it is; `model` itself is left as it is either way.
+    `fast_path` (a `vitlab.speed.fastpath.FastPath`): "auto" (the default) runs the batches on the plan the
+    fixed rules give this machine and run (oneDNN's products on AMD, torch.compile for a long run on an Intel
+    Xeon with AMX; the same logits to ~1e-5), a Plan on that plan, "off" or None the model as it is; `model`
+    itself is left as it is either way.
     `prepared`: what computes the logits, readied already (`vitlab serve`'s, from `fastpath.serving_model`),
     whatever `fast_path` says. `log` gets one line saying the path taken.
     """

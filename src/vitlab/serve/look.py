@@ -136,7 +136,14 @@ def attention_overlay(
         raise VitlabError(_named(str(e), path)) from e
     layers = {"last": -1, "all": "all"}.get(str(layer), layer)
     maps, rows, cols = A.explain(
-        model, x, method=method, layers=layers, head=head, discard_ratio=discard_ratio, start_layer=start_layer
+        model,
+        x,
+        method=method,
+        layers=layers,
+        head=head,
+        discard_ratio=discard_ratio,
+        start_layer=start_layer,
+        fast_path=None,  # the model as built: a faster copy for one image would cost more than it saves
     )  # (1, R, C, gh, gw)
     picture, final = plots.final_overlay(
         plots.display_image(x[0], model.pretrained_cfg), maps[0], alpha=alpha, mode=upsample
@@ -160,7 +167,7 @@ def figure7(loaded: LoadedModel, images: list[Image.Image | str | Path], out_dir
     `plots.write_figure7` (files, headline numbers, notes) plus "lines", the text `vitlab inspect` prints."""
     model = loaded.model
     x = images_tensor(images, model.pretrained_cfg, model.cfg.img_size)
-    summary = plots.write_figure7(model, x, out_dir)
+    summary = plots.write_figure7(model, x, out_dir, fast_path=None)  # the model as built, as the page's maps
     summary["lines"] = plots.figure7_lines(summary)
     summary["n_images"] = len(x)
     return summary

@@ -42,7 +42,7 @@ from vitlab.models.registry import get_config
 from vitlab.models.size import BYTES_FP32, format_bytes, parameters
 from vitlab.models.vit import VisionTransformer, count_parameters
 from vitlab.runtime import check_precision, machine_memory, resolve_device
-from vitlab.speed.fastpath import check_fast_path, serving_model
+from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, check_fast_path, serving_model
 from vitlab.weights import checkpoint as ckpt
 from vitlab.weights.formats import is_hub_id
 
@@ -131,7 +131,7 @@ class LoadedModel:
     device: torch.device
     precision: str
     notes: list[str] = field(default_factory=list)  # load warnings: a new head, dropped parts
-    fast_path: str = "off"
+    fast_path: FastPath = DEFAULT_FAST_PATH
     served: Callable | None = None  # what computes the top-k once it is ready (`serving_model`)
     path: str = "the model as built (a faster copy is being readied)"  # the top-k's path, in words
     ready: threading.Event = field(default_factory=threading.Event)
@@ -209,7 +209,7 @@ class ModelStore:
         device: str | torch.device = "auto",
         precision: str = "fp32",
         capacity: int = 3,
-        fast_path: str = "auto",
+        fast_path: FastPath = DEFAULT_FAST_PATH,
         memory_limit: int | None = None,
         loadable: tuple[str, ...] = KINDS,
     ):

@@ -1,17 +1,24 @@
 """The fast path a command takes, `--fast-path`, said out loud:
 
-    auto      (default) the plan `vitlab.speed.rules` gives this kind of machine, this precision, batch and
-              run length: fixed rules, nothing timed, so the same command gives the same numbers
+    auto      (the default, `DEFAULT_FAST_PATH`) the plan `vitlab.speed.rules` gives this kind of machine, this
+              precision, batch and run length: fixed rules, nothing timed, so the same command gives the same
+              numbers
     tuned     the plan `vitlab tune` measured fastest on this machine for this model, precision and batch
               (measured first, before the run starts, when it has not been)
     compile   the rules' plan, compiled (torch.compile; inference with freezing)
     eager     the rules' plan, never compiled
     off       the model exactly as built
 
-`choose_plan` makes the choice; `InferenceRunner` runs the batches of an inference run on it (`vitlab
+`choose_plan` is the one place a word becomes a plan, for a model and a run (what "auto" means is decided
+there, from the rules' table); `InferenceRunner` runs the batches of an inference run on it (`vitlab
 predict`, `attention`, `inspect`), `serving_model` readies a copy for a server that answers one image at a
 time (`vitlab serve`), and `fit` trains in `vitlab.speed.paths.training`. Each says its plan in one line,
 and a training run records it (`summary.json`, its checkpoints).
+
+A library function that runs a model takes its fast path as a `FastPath`: one of the words above (the plan
+is chosen for the run, which the function alone knows the length and batch of), a `Plan` chosen already, or
+None, the model exactly as built. Every such function, and every command's `--fast-path`, defaults to the
+one constant `DEFAULT_FAST_PATH`.
 """
 
 from __future__ import annotations
@@ -30,11 +37,18 @@ from vitlab.speed.paths import inference_fn, is_vit_on_cpu, usable
 from vitlab.speed.rules import AS_BUILT, Plan, plan_by_rules
 
 FAST_PATHS = ("auto", "tuned", "compile", "eager", "off")
+DEFAULT_FAST_PATH = "auto"  # of every command and library function that runs a model: the rules' plan, nothing timed
+
+FastPath = str | Plan | None  # a word of FAST_PATHS, a Plan chosen already, or None: the model exactly as built
 
 
-def check_fast_path(fast: str) -> str:
-    if fast not in FAST_PATHS:
-        raise VitlabError(f"fast_path must be one of {', '.join(FAST_PATHS)}; found {fast!r}", arg="fast_path")
+def check_fast_path(fast: FastPath) -> FastPath:
+    if not (fast is None or isinstance(fast, Plan) or (isinstance(fast, str) and fast in FAST_PATHS)):
+        raise VitlabError(
+            f"fast_path must be one of {', '.join(FAST_PATHS)}, a vitlab.speed.rules.Plan, or None (the model as "
+            f"built); found {fast!r}",
+            arg="fast_path",
+        )
     return fast
 
 
@@ -52,7 +66,7 @@ def flops_per_image(model: nn.Module) -> float:
 def choose_plan(
     model: nn.Module,
     *,
-    fast: str,
+    fast: FastPath,
     mode: str,
     precision: str,
     batch_size: int,
@@ -60,10 +74,14 @@ def choose_plan(
     device: torch.device,
     log: Callable[[str], None] | None = None,
 ) -> Plan:
-    """The plan of a run of `items` images (inference) or training steps (train) of `batch_size` images."""
+    """The plan of a run of `items` images (inference) or training steps (train) of `batch_size` images, for
+    `fast` (a FastPath): a word of FAST_PATHS chosen here, a Plan taken as it is, None the model as built.
+    Each less what cannot run for `model` here (`vitlab.speed.paths.usable`)."""
     check_fast_path(fast)
-    if fast == "off":
-        return replace(AS_BUILT, source="--fast-path off")
+    if isinstance(fast, Plan):
+        return usable(fast, model, precision, mode)
+    if fast is None or fast == "off":
+        return replace(AS_BUILT, source="as built" if fast is None else "--fast-path off")
     plan = plan_by_rules(
         this_machine(),
         mode=mode,
@@ -97,7 +115,7 @@ class InferenceRunner:
         batch_size: int,
         images: int,
         device: torch.device,
-        fast: str = "auto",
+        fast: FastPath = DEFAULT_FAST_PATH,
         method: str = "forward",
         log: Callable[[str], None] | None = None,
     ):
@@ -122,7 +140,7 @@ class InferenceRunner:
 
 
 def serving_model(
-    model: nn.Module, *, precision: str, device: torch.device, fast: str = "auto"
+    model: nn.Module, *, precision: str, device: torch.device, fast: FastPath = DEFAULT_FAST_PATH
 ) -> tuple[Callable, str]:
     """What answers a server's requests, one image at a time, and its path in words; `model` is left as it
     is (the attention maps need it so). How long a server runs is not known, so the rules do not compile
@@ -136,4 +154,13 @@ def serving_model(
     return fn, plan.describe()
 
 
-__all__ = ["FAST_PATHS", "check_fast_path", "choose_plan", "flops_per_image", "InferenceRunner", "serving_model"]
+__all__ = [
+    "FAST_PATHS",
+    "DEFAULT_FAST_PATH",
+    "FastPath",
+    "check_fast_path",
+    "choose_plan",
+    "flops_per_image",
+    "InferenceRunner",
+    "serving_model",
+]

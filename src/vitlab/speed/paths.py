@@ -14,7 +14,7 @@ from torch import nn
 from vitlab.models.vit import VisionTransformer
 from vitlab.speed import onednn
 from vitlab.speed.compiled import CompiledModel, in_pieces
-from vitlab.speed.rules import Plan
+from vitlab.speed.rules import AS_BUILT, Plan
 
 
 def tokens(model: nn.Module) -> int:
@@ -27,9 +27,12 @@ def is_vit_on_cpu(model: nn.Module) -> bool:
     return isinstance(model, VisionTransformer) and next(model.parameters()).device.type == "cpu"
 
 
-def usable(plan: Plan, model: nn.Module, precision: str, mode: str = "inference") -> Plan:
+def usable(plan: Plan | None, model: nn.Module, precision: str, mode: str = "inference") -> Plan:
     """`plan` less what cannot run for `model` here: its own choices only apply to a ViT on the CPU, and oneDNN's
-    packed products to inference in a torch build that has them (the public fallback: torch's own)."""
+    packed products to inference in a torch build that has them (the public fallback: torch's own). None: the
+    model as built."""
+    if plan is None:
+        return AS_BUILT
     if not is_vit_on_cpu(model):
         return Plan(compile=plan.compile, source=plan.source)
     if plan.products == "onednn" and (mode == "train" or not onednn.available(precision)):
@@ -38,13 +41,15 @@ def usable(plan: Plan, model: nn.Module, precision: str, mode: str = "inference"
     return plan
 
 
-def inference_fn(model: nn.Module, plan: Plan, *, precision: str, batch_size: int, method: str = "forward") -> Callable:
+def inference_fn(
+    model: nn.Module, plan: Plan | None, *, precision: str, batch_size: int, method: str = "forward"
+) -> Callable:
     """`model.<method>` on `plan`'s path, for batches of `batch_size`: the model itself when the plan changes
-    nothing, else a copy with the plan's attention kernel and products, compiled (with freezing) if it says
+    nothing (or is None), else a copy with the plan's attention kernel and products, compiled (with freezing) if it says
     so, run `plan.pieces` images at a time (a copy is in eval mode; the model itself is called as it is). Call
     it under `torch.inference_mode()` and the precision's autocast, as the model."""
     plan = usable(plan, model, precision)
-    if plan == Plan(source=plan.source):
+    if plan == AS_BUILT:
         return getattr(model, method)
     rows = (plan.pieces or batch_size) * tokens(model)
     ready = onednn.packed_copy(model, precision, rows) if plan.products == "onednn" else copy.deepcopy(model).eval()
@@ -55,10 +60,10 @@ def inference_fn(model: nn.Module, plan: Plan, *, precision: str, batch_size: in
 
 
 @contextlib.contextmanager
-def training(model: nn.Module, plan: Plan, *, precision: str) -> Iterator[nn.Module]:
-    """Train `model` on `plan`'s path inside the context: yields the module to call (the model, or its
-    compiled graph, which shares its parameters), with the plan's attention kernel, set back to what it was
-    when the context ends. Training takes torch's own products (`vitlab.speed.onednn` is for inference)."""
+def training(model: nn.Module, plan: Plan | None, *, precision: str) -> Iterator[nn.Module]:
+    """Train `model` on `plan`'s path (None: as built) inside the context: yields the module to call (the model,
+    or its compiled graph, which shares its parameters), with the plan's attention kernel, set back to what it
+    was when the context ends. Training takes torch's own products (`vitlab.speed.onednn` is for inference)."""
     plan = usable(plan, model, precision, mode="train")
     fused = [b.attn.fused for b in model.blocks] if isinstance(model, VisionTransformer) else None
     if fused is not None:

@@ -33,7 +33,7 @@ Each row of the table is the fastest path measured on that kind of machine, with
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from vitlab.speed.machine import Machine
 
@@ -46,13 +46,14 @@ COMPILE_FLOPS = 5e13  # a run's forward FLOPs from which compiling pays (ViT-S/1
 
 @dataclass(frozen=True)
 class Plan:
-    """How a model runs. Each field changes speed, and a result only by float rounding."""
+    """How a model runs. Each field but `source` changes speed, and a result only by float rounding; `source`
+    says where the plan came from and is left out of equality (two plans that run the same are equal)."""
 
     attention: str = "fused"  # fused: torch's scaled_dot_product_attention; explicit: softmax(q k^T / sqrt(d)) v
     products: str = "aten"  # aten: nn.Linear as built (MKL on x86); onednn: `vitlab.speed.onednn`
     compile: bool = False  # torch.compile (inference: with freezing)
     pieces: int = 0  # images per forward pass of a batch; 0: the whole batch
-    source: str = "as built"  # where the plan came from: "rules (<kind>)", "tuned", "as built", ...
+    source: str = field(default="as built", compare=False)  # where it came from: "rules (<kind>)", "tuned", ...
 
     def describe(self) -> str:
         """The plan in a few words, as a command prints it."""

@@ -2,7 +2,7 @@
 schedule (optim.py), a run on a dataset as the commands start it (run.py), several processes
 (distributed.py), what a run ends with (report.py, diagnostics.py)."""
 
-from vitlab.train.engine import Callback, History, TensorLoader, evaluate, fit, train_one_epoch
+from vitlab.train.engine import Callback, History, TensorLoader, TrainState, evaluate, fit, train_one_epoch
 from vitlab.train.recipe import RECIPES, Recipe
 from vitlab.train.run import TrainJob, run
 
@@ -10,6 +10,7 @@ __all__ = [
     "Callback",
     "History",
     "TensorLoader",
+    "TrainState",
     "evaluate",
     "fit",
     "train_one_epoch",

@@ -79,7 +79,8 @@ def diagnose(rows: list[dict], *, warmup_epochs: float, num_classes: int, stage_
             out.append(
                 Finding(
                     "training loss is not falling after warmup",
-                    f"train loss {ref:.3f} after warmup, best later {best_after:.3f}; chance level is {chance_loss:.3f}",
+                    f"train loss {ref:.3f} after warmup, best later {best_after:.3f}; "
+                    f"chance level is {chance_loss:.3f}",
                     "Try another --lr (10x smaller if it jumped around, 3-10x larger if it crawled), check the "
                     "inputs are normalised (mean/std of the weights' pretrained_cfg), and that augmentation keeps "
                     "the labels true (--no-hflip where a mirror image is another class)",

@@ -18,6 +18,11 @@ exact: the stage is a function of the epoch number alone. Resuming restores weig
 schedule, EMA, every process's RNG and the metrics, so on CPU a killed-and-resumed run ends bitwise
 equal to an uninterrupted one.
 
+A run is a `TrainState` (the model, its optimizer, schedule and EMA, the epochs done and their metrics,
+the plan): `fit` builds it, new or resumed (`TrainState.resume`, the one place a run is restored), then
+each epoch sets the stage, trains, evaluates, checkpoints and calls the callbacks. The model comes back
+with the trained (last) weights and otherwise as it came: its requires_grad flags and train/eval modes.
+
 Small datasets live in memory as tensors (`TensorLoader`): at the mini experiment's scale the cost
 of a step is Python and dispatch overhead, not arithmetic, so batches are sliced from one tensor,
 metrics are accumulated on the device and read once per epoch, and AdamW runs as one fused step.
@@ -25,10 +30,11 @@ metrics are accumulated on the device and read once per epoch, and AdamW runs as
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -42,7 +48,7 @@ from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import check_out_folder, mark_folder, write_csv
 from vitlab.runtime import autocast, seed_everything
 from vitlab.speed import paths
-from vitlab.speed.fastpath import check_fast_path, choose_plan
+from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, choose_plan
 from vitlab.speed.rules import Plan
 from vitlab.train import diagnostics, distributed
 from vitlab.train.distributed import DistInfo
@@ -264,6 +270,95 @@ def set_stage(model: nn.Module, ids: dict[str, int], threshold: int) -> int:
     return n
 
 
+@dataclass
+class TrainState:
+    """What a run carries from one epoch to the next, and what its checkpoints keep: the model, its optimizer,
+    schedule and EMA, the epochs done with their metrics rows, and the plan it trains on. `start` builds a new
+    run's; `resume` brings it to where the run in a folder stopped; `to_state` is a checkpoint's state.pt."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    ema: AveragedModel | None
+    plan: Plan
+    lr_steps: tuple[list[float], list[float]]  # the head's lr at every optimizer step, for the curves
+    epoch: int = 0  # epochs done
+    rows: list[dict] = field(default_factory=list)  # one per epoch done: metrics.csv
+    best: float = -1.0  # the val_acc of the checkpoint best.json points at (-1: none yet)
+
+    @classmethod
+    def start(cls, model: nn.Module, recipe: Recipe, *, steps_per_epoch: int, plan: Plan) -> TrainState:
+        optimizer, scheduler, lr_steps = _optimizer(model, recipe, steps=steps_per_epoch)
+        ema = None
+        if recipe.ema:
+            ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(recipe.ema), use_buffers=True)
+        return cls(model, optimizer, scheduler, ema, plan, lr_steps)
+
+    def resume(self, out: Path, recipe: Recipe, identity: dict, dist: DistInfo, say: Callable[[str], None]) -> None:
+        """Continue the run in `out` from the checkpoint its last.json points at: the weights, optimizer,
+        schedule, EMA, every process's RNG, the metrics, and the plan the run was started on (a state from
+        before plans were kept: this run's). Rank 0 reads it from its `out` and hands it to the other
+        processes, whose machines need not see that folder; every field is checked (check_state) before
+        anything is restored from it or written."""
+        folder, state, weights, pointer_epoch = distributed.on_main(lambda: _read_last(out), dist)
+        _check_same_run(out, state, recipe, identity)
+        epoch = check_state(
+            state, folder / "state.pt", recipe=recipe, pointer_epoch=pointer_epoch, ema=self.ema is not None
+        )
+        saved = self._load(folder, state, weights)
+        self.epoch, self.rows = epoch, [dict(r) for r in state["history"]]
+        _restore_rng(state, epoch, recipe, dist)
+        say(f"resumed from {out}/last.json at epoch {epoch} of {recipe.epochs}")
+        if saved is not None and saved != self.plan:
+            say(f"fast path: the run's own, as it was started ({saved.describe()})")
+        self.plan = saved or self.plan
+        if dist.is_main:
+            _repair_best(out, self.rows)
+        self.best = max(r["val_acc"] for r in self.rows)
+
+    def _load(self, folder: Path, state: dict, weights: dict[str, torch.Tensor]) -> Plan | None:
+        """The checked state into the model, optimizer, schedule and EMA; returns the run's plan. What the
+        schema cannot see (shapes against this model) is a message too, not a traceback."""
+        try:
+            self.model.load_state_dict(weights)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            if self.ema is not None:
+                self.ema.load_state_dict(state["ema"])
+            return Plan.from_dict(state["plan"]) if "plan" in state else None
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+            if isinstance(e, VitlabError):
+                raise
+            raise VitlabError(
+                f"resume: {folder} does not fit this run ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                "resume from an earlier checkpoint or start a new run",
+                arg="resume",
+            ) from e
+
+    def to_state(self, recipe: Recipe, identity: dict, rng: list[torch.Tensor], dist: DistInfo) -> dict:
+        """The training state a checkpoint keeps beside the weights (state.pt): `rng` is every process's."""
+        state = {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng_cpu": rng,
+            "history": [dict(r) for r in self.rows],
+            "recipe": recipe.to_dict(),
+            "identity": identity,
+            "world_size": dist.world_size,
+            "plan": self.plan.to_dict(),  # a resumed run trains on the path it started on
+        }
+        if dist.device.type == "cuda":
+            state["rng_cuda"] = torch.cuda.get_rng_state(dist.device)
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
+        return state
+
+    def history(self) -> History:
+        return History(rows=self.rows, ema=self.ema, lr_steps=self.lr_steps, plan=self.plan)
+
+
 def fit(
     model: nn.Module,
     train_loader,
@@ -281,7 +376,7 @@ def fit(
     desc: str = "train",
     save_every: int = 1,
     force: bool = False,
-    fast_path: str = "auto",
+    fast_path: FastPath = DEFAULT_FAST_PATH,
 ) -> History:
     """Train `model` as `recipe` says; evaluate every epoch; with `out`, write metrics.csv and a
     checkpoint every `save_every` epochs (and the last), with last.json and best.json pointers.
@@ -295,168 +390,194 @@ def fit(
     force: write a new run into a non-empty `out` that holds no vitlab run (files of the same names are replaced).
     A write that fails (a full disk) stops the run with a VitlabError that says which checkpoint last.json
     still points at: checkpoints are complete or absent, never torn.
-    fast_path (`vitlab.speed.fastpath`): "auto" trains on the plan the fixed rules give this kind of machine
-        (`vitlab.speed.rules`: the attention kernel, oneDNN's products on AMD, no compile), "tuned" on the plan
-        `vitlab tune` measured fastest here (measured before the first step if it has not been), "compile"
-        compiled (one process only), "eager" never compiled, "off" exactly as built. Each gives the same
-        numbers to float rounding, and the same command gives the same numbers bitwise. The plan is said,
-        kept in the History and the checkpoints, and a resumed run takes the plan it was started with. The
-        model comes back with the modules and attention kernel it came with.
+    fast_path (a `vitlab.speed.fastpath.FastPath`): "auto" (DEFAULT_FAST_PATH) trains on the plan the fixed
+        rules give this kind of machine (`vitlab.speed.rules`: the attention kernel, no compile), "tuned" on
+        the plan `vitlab tune` measured fastest here (measured before the first step if it has not been),
+        "compile" compiled (one process only), "eager" never compiled, "off" or None exactly as built; a
+        Plan is taken as it is. Each gives the same numbers to float rounding, and the same command gives
+        the same numbers bitwise. The plan is said, kept in the History and the checkpoints, and a resumed
+        run takes the plan it was started with.
+
+    The model comes back with the trained (last) weights, on the run's device, and otherwise as it came:
+    its requires_grad flags, train/eval modes, modules and attention kernel (the best epoch's weights are
+    in `out`'s best.json checkpoint).
     """
     check_loaders(train_loader, val_loader)
-    if not isinstance(recipe, Recipe):
-        raise VitlabError(
-            f"recipe must be a vitlab.train.Recipe (e.g. RECIPES['scratch'].replace(epochs=5)); found "
-            f"{type(recipe).__name__}",
-            arg="recipe",
-        )
+    _check_recipe(recipe)
     dist = dist or distributed.single_process(device)
-    dev = dist.device
     out = Path(out).expanduser() if out is not None else None
+    identity = dict(identity or {})
     callbacks = list(callbacks) if dist.is_main else []
     say = log if (log is not None and dist.is_main) else (lambda message: None)
     if out is not None or resume:  # `out` is rank 0's (vitlab.train.distributed): a per-machine folder will do
         distributed.on_main(lambda: check_run_folder(out, resume, force), dist)
 
     seed_everything(recipe.seed + dist.rank)  # each process its own augmentation and dropout stream
-    model.to(dev)
-    check_fast_path(fast_path)
-    steps = math.ceil(len(train_loader) / recipe.grad_accum) * recipe.epochs
+    model.to(dist.device)
+    steps = math.ceil(len(train_loader) / recipe.grad_accum)  # optimizer steps per epoch
     plan = choose_plan(
         model,
         fast=fast_path,
         mode="train",
         precision=recipe.precision,
         batch_size=recipe.batch_size,
-        items=steps,
-        device=dev,
+        items=steps * recipe.epochs,
+        device=dist.device,
         log=say,
     )
+    state = TrainState.start(model, recipe, steps_per_epoch=steps, plan=plan)
+    if resume:
+        state.resume(out, recipe, identity, dist, say)
+    state.plan = _for_processes(state.plan, dist)
+    say(f"fast path: {state.plan.describe()}")
+
     ids, L = layer_ids(model)
-    K = recipe.freeze_epochs
     thresholds = (L + 2, freeze_threshold(recipe.unfreeze, L))  # stage 1: the head only; stage 2: `unfreeze`
-    optimizer, scheduler, lr_steps = _optimizer(model, recipe, steps=math.ceil(len(train_loader) / recipe.grad_accum))
-    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(recipe.ema), use_buffers=True) if recipe.ema else None
-    mix = (
-        mix_transform(
-            num_classes=model.head.out_features,
-            mixup=recipe.mixup,
-            cutmix=recipe.cutmix,
-            switch_prob=recipe.mix_switch_prob,
-        )
-        if recipe.mixes
-        else None
-    )
-    identity = dict(identity or {})
-
-    start = 0
-    if resume:
-        start, rows, saved = _restore(out, model, optimizer, scheduler, ema, recipe, identity, dist)
-        say(f"resumed from {out}/last.json at epoch {start} of {recipe.epochs}")
-        if saved is not None and saved != plan:
-            say(f"fast path: the run's own, as it was started ({saved.describe()})")
-        plan = saved or plan
-    if dist.world_size > 1 and plan.compile:
-        plan = Plan(
-            plan.attention, plan.products, False, plan.pieces, f"{plan.source}; not compiled: several processes"
-        )
-    say(f"fast path: {plan.describe()}")
-    history = History(ema=ema, lr_steps=lr_steps, plan=plan)
-    if resume:
-        history.rows = rows
-        if dist.is_main:
-            _repair_best(out, history.rows)
-    best = history.best_val_acc if history.rows else -1.0
-
-    with paths.training(model, plan, precision=recipe.precision) as trained:  # the model's own kernels back after
-        current, wrapped = None, model
-        bar = tqdm(
-            range(start, recipe.epochs),
-            desc=desc,
-            initial=start,
-            total=recipe.epochs,
-            leave=False,
-            disable=not (progress and dist.is_main),
-        )
+    loaders, mix, show = (train_loader, val_loader), _mix(model, recipe), progress and dist.is_main
+    epochs = range(state.epoch, recipe.epochs)
+    bar = tqdm(epochs, desc=desc, initial=state.epoch, total=recipe.epochs, leave=False, disable=not show)
+    with paths.training(model, state.plan, precision=recipe.precision) as trained, _as_given(model):
+        current, net = None, trained
         for epoch in bar:
-            stage = 1 if epoch < K else (2 if K else 1)
-            threshold = thresholds[0] if epoch < K else thresholds[1]
+            stage, threshold = _stage(epoch, recipe, thresholds)
             if threshold != current:
-                current = threshold
-                trainable = set_stage(model, ids, threshold)
-                wrapped = distributed.wrap(model, dist)  # DDP fixes its parameter set when it is built
-                for cb in callbacks:
-                    cb.on_stage(epoch, stage, trainable)
-            _set_epoch(epoch, train_loader, val_loader)
-            t0 = time.perf_counter()
-            net = trained if wrapped is model else wrapped  # (the compiled graph is for one process)
-            stats = train_one_epoch(
-                net,
-                train_loader,
-                optimizer,
-                _AfterStep(scheduler, ema, model),
-                device=dev,
-                clip_grad=recipe.clip_grad,
-                label_smoothing=recipe.label_smoothing,
-                precision=recipe.precision,
-                grad_accum=recipe.grad_accum,
-                batch_transform=mix,
-                progress=f"epoch {epoch + 1}" if progress and dist.is_main else False,
-            )
-            stats.pop("lr")
-            stats = distributed.all_mean(stats, dist)
-            if not math.isfinite(stats["train_loss"]):
-                kept = (
-                    str(ckpt.resolve_checkpoint(out / "last.json"))
-                    if out is not None and (out / "last.json").exists()
-                    else None
-                )
-                finding = diagnostics.nan_loss(epoch + 1, stats["train_loss"], kept)
-                say(str(finding))
-                raise VitlabError(f"training stopped: {finding.evidence}")
-            row = {"epoch": epoch + 1, "stage": stage, "lr": max(g["lr"] for g in optimizer.param_groups), **stats}
-            row.update(
-                {
-                    k: v
-                    for k, v in evaluate(model, val_loader, device=dev, precision=recipe.precision).items()
-                    if k != "confusion"
-                }
-            )
-            if ema is not None:
-                e = evaluate(ema.module, val_loader, device=dev, precision=recipe.precision)
-                row.update(val_loss_ema=e["val_loss"], val_acc_ema=e["val_acc"])
-            row["time_s"] = time.perf_counter() - t0
-            history.rows.append(row)
+                current, net = threshold, _enter_stage(model, trained, ids, threshold, epoch, stage, dist, callbacks)
+            row = _run_epoch(state, net, epoch, stage, loaders, recipe, dist, mix=mix, show=show, out=out, say=say)
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", val_acc=f"{row['val_acc']:.3f}")
             if out is not None:
-                save = (epoch + 1) % save_every == 0 or epoch + 1 == recipe.epochs
-                rng = _gather_rng(dist) if save else None  # every process takes part in the gather
-                if dist.is_main:
-                    try:
-                        mark_folder(out, "run")
-                        write_csv(out / "metrics.csv", history.rows)
-                        if save:
-                            name = f"epoch_{epoch + 1:04d}"
-                            ckpt.save_checkpoint(
-                                out,
-                                name,
-                                model,
-                                _state(
-                                    epoch, optimizer, scheduler, ema, history.rows, recipe, identity, rng, dist, plan
-                                ),
-                            )
-                            if row["val_acc"] > best:
-                                best = row["val_acc"]
-                                ckpt.mark_best(out, name, {"epoch": epoch + 1, "val_acc": best})
-                    except VitlabError as e:  # a full disk: say what is left to resume from
-                        raise VitlabError(f"training stopped at epoch {epoch + 1}: {e}; {_kept(out)}") from e
+                _checkpoint(out, state, recipe, identity, dist, save_every)
             for cb in callbacks:
                 cb.on_epoch_end(row)
             distributed.barrier(dist)
         bar.close()
+    history = state.history()
     for cb in callbacks:
         cb.on_fit_end(history)
     return history
+
+
+def _stage(epoch: int, recipe: Recipe, thresholds: tuple[int, int]) -> tuple[int, int]:
+    """The stage of 0-based `epoch` (1: the head only, for the first freeze_epochs; 2: `unfreeze`) and its
+    layer-id threshold: a function of the epoch number alone, so a resumed run is in the stage it left."""
+    if epoch < recipe.freeze_epochs:
+        return 1, thresholds[0]
+    return (2 if recipe.freeze_epochs else 1), thresholds[1]
+
+
+def _enter_stage(model, trained, ids, threshold: int, epoch: int, stage: int, dist: DistInfo, callbacks) -> nn.Module:
+    """Set the stage's trainable parameters; returns what its epochs call: `trained` (the model on its plan)
+    with one process, else the model wrapped anew (DDP fixes its parameter set when it is built)."""
+    trainable = set_stage(model, ids, threshold)
+    wrapped = distributed.wrap(model, dist)
+    for cb in callbacks:
+        cb.on_stage(epoch, stage, trainable)
+    return trained if wrapped is model else wrapped  # (the compiled graph is for one process)
+
+
+def _run_epoch(
+    state: TrainState, net, epoch: int, stage: int, loaders, recipe: Recipe, dist: DistInfo, *, mix, show, out, say
+) -> dict:
+    """Train 0-based `epoch` through `net`, evaluate the model (and its EMA); the epoch's metrics row,
+    appended to `state`. A non-finite training loss stops the run (diagnostics.nan_loss)."""
+    train_loader, val_loader = loaders
+    _set_epoch(epoch, train_loader, val_loader)
+    t0 = time.perf_counter()
+    stats = train_one_epoch(
+        net,
+        train_loader,
+        state.optimizer,
+        _AfterStep(state.scheduler, state.ema, state.model),
+        device=dist.device,
+        clip_grad=recipe.clip_grad,
+        label_smoothing=recipe.label_smoothing,
+        precision=recipe.precision,
+        grad_accum=recipe.grad_accum,
+        batch_transform=mix,
+        progress=f"epoch {epoch + 1}" if show else False,
+    )
+    stats.pop("lr")
+    stats = distributed.all_mean(stats, dist)
+    if not math.isfinite(stats["train_loss"]):
+        written = out is not None and (out / "last.json").exists()
+        kept = str(ckpt.resolve_checkpoint(out / "last.json")) if written else None
+        finding = diagnostics.nan_loss(epoch + 1, stats["train_loss"], kept)
+        say(str(finding))
+        raise VitlabError(f"training stopped: {finding.evidence}")
+    row = {"epoch": epoch + 1, "stage": stage, "lr": max(g["lr"] for g in state.optimizer.param_groups), **stats}
+    val = evaluate(state.model, val_loader, device=dist.device, precision=recipe.precision)
+    row.update({k: v for k, v in val.items() if k != "confusion"})
+    if state.ema is not None:
+        e = evaluate(state.ema.module, val_loader, device=dist.device, precision=recipe.precision)
+        row.update(val_loss_ema=e["val_loss"], val_acc_ema=e["val_acc"])
+    row["time_s"] = time.perf_counter() - t0
+    state.rows.append(row)
+    state.epoch = epoch + 1
+    return row
+
+
+def _checkpoint(out: Path, state: TrainState, recipe: Recipe, identity: dict, dist: DistInfo, save_every: int) -> None:
+    """metrics.csv after every epoch; a checkpoint every `save_every` epochs and after the last, with last.json,
+    and best.json while the validation accuracy improves (the first of equals). A write that fails (a full
+    disk) stops the run, saying what last.json still points at."""
+    save = state.epoch % save_every == 0 or state.epoch == recipe.epochs
+    rng = _gather_rng(dist) if save else None  # every process takes part in the gather
+    if not dist.is_main:
+        return
+    try:
+        mark_folder(out, "run")
+        write_csv(out / "metrics.csv", state.rows)
+        if save:
+            name = f"epoch_{state.epoch:04d}"
+            ckpt.save_checkpoint(out, name, state.model, state.to_state(recipe, identity, rng, dist))
+            val_acc = state.rows[-1]["val_acc"]
+            if val_acc > state.best:
+                state.best = val_acc
+                ckpt.mark_best(out, name, {"epoch": state.epoch, "val_acc": val_acc})
+    except VitlabError as e:  # a full disk: say what is left to resume from
+        raise VitlabError(f"training stopped at epoch {state.epoch}: {e}; {_kept(out)}") from e
+
+
+@contextlib.contextmanager
+def _as_given(model: nn.Module) -> Iterator[None]:
+    """The model's requires_grad flags and train/eval modes, set back when the context ends: the stages and
+    the evaluations change them, and `fit` hands the model back as it came, less its trained weights."""
+    grads = [(p, p.requires_grad) for p in model.parameters()]
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for p, flag in grads:
+            p.requires_grad_(flag)
+        for m, flag in modes:
+            m.training = flag
+
+
+def _for_processes(plan: Plan, dist: DistInfo) -> Plan:
+    """Several processes train uncompiled: DDP wraps the model itself (the compiled graph is for one process)."""
+    if dist.world_size > 1 and plan.compile:
+        return replace(plan, compile=False, source=f"{plan.source}; not compiled: several processes")
+    return plan
+
+
+def _check_recipe(recipe) -> None:
+    if not isinstance(recipe, Recipe):
+        raise VitlabError(
+            f"recipe must be a vitlab.train.Recipe (e.g. RECIPES['scratch'].replace(epochs=5)); found "
+            f"{type(recipe).__name__}",
+            arg="recipe",
+        )
+
+
+def _mix(model: nn.Module, recipe: Recipe) -> Callable | None:
+    """The recipe's MixUp/CutMix as a batch transform, or None."""
+    if not recipe.mixes:
+        return None
+    return mix_transform(
+        num_classes=model.head.out_features,
+        mixup=recipe.mixup,
+        cutmix=recipe.cutmix,
+        switch_prob=recipe.mix_switch_prob,
+    )
 
 
 def check_loaders(train_loader, val_loader) -> None:
@@ -471,10 +592,9 @@ def check_loaders(train_loader, val_loader) -> None:
                 arg=arg,
             ) from None
         if n == 0:
+            what = "no images to train on" if arg == "train_loader" else "nothing to validate on"
             raise VitlabError(
-                f"{arg} has no batches: {'no images to train on' if arg == 'train_loader' else 'nothing to validate on'} "
-                "(an empty dataset, or fewer images than a batch with drop_last)",
-                arg=arg,
+                f"{arg} has no batches: {what} (an empty dataset, or fewer images than a batch with drop_last)", arg=arg
             )
 
 
@@ -515,28 +635,6 @@ STATE_KEYS = ("epoch", "optimizer", "scheduler", "rng_cpu", "history", "recipe")
 def _gather_rng(dist: DistInfo) -> list[torch.Tensor]:
     """Every process's CPU RNG state (rank 0 gets the list; with one process, a list of one)."""
     return distributed.all_gather_object(torch.get_rng_state(), dist)
-
-
-def _state(
-    epoch, optimizer, scheduler, ema, rows, recipe: Recipe, identity: dict, rng, dist: DistInfo, plan: Plan
-) -> dict:
-    state = {
-        "version": STATE_VERSION,
-        "epoch": epoch + 1,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng_cpu": rng,
-        "history": [dict(r) for r in rows],
-        "recipe": recipe.to_dict(),
-        "identity": identity,
-        "world_size": dist.world_size,
-        "plan": plan.to_dict(),  # a resumed run trains on the path it started on
-    }
-    if dist.device.type == "cuda":
-        state["rng_cuda"] = torch.cuda.get_rng_state(dist.device)
-    if ema is not None:
-        state["ema"] = ema.state_dict()
-    return state
 
 
 def _read_last(out: Path) -> tuple[Path, dict, dict[str, torch.Tensor], int | None]:
@@ -648,42 +746,24 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _restore(
-    out: Path, model, optimizer, scheduler, ema, recipe: Recipe, identity: dict, dist: DistInfo
-) -> tuple[int, list[dict], Plan | None]:
-    """Load the training state of `out`'s last checkpoint; returns its epoch, its metrics rows and the plan the
-    run trained on (None for a state from before plans were kept). Rank 0 reads it from its `out` and hands
-    it to the other processes, whose machines need not see that folder; every field is checked (check_state)
-    before anything is restored from it or written."""
-    folder, state, weights, pointer_epoch = distributed.on_main(lambda: _read_last(out), dist)
+def _check_same_run(out: Path, state: dict, recipe: Recipe, identity: dict) -> None:
+    """A resumed run's recipe and identity are those it was started with (checked first: the likelier mistake)."""
     saved = state.get("recipe")
-    if isinstance(saved, dict) and state.get("version") == STATE_VERSION:  # settings first: the likelier mistake
-        diff = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in recipe.to_dict().items() if saved.get(k) != v]
-        theirs = state.get("identity") if isinstance(state.get("identity"), dict) else {}
-        diff += [f"{k} {theirs.get(k)!r} -> {v!r}" for k, v in identity.items() if theirs.get(k) != v]
-        if diff:
-            raise VitlabError(
-                f"resume {out}: the run being resumed was made with other settings ({'; '.join(diff)}); "
-                "resume with the same ones, or start a new run in another folder",
-                arg="resume",
-            )
-    epoch = check_state(state, folder / "state.pt", recipe=recipe, pointer_epoch=pointer_epoch, ema=ema is not None)
-    try:  # what the schema cannot see (shapes against this model) is a message too, not a traceback
-        model.load_state_dict(weights)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if ema is not None:
-            ema.load_state_dict(state["ema"])
-        plan = Plan.from_dict(state["plan"]) if "plan" in state else None
-    except (KeyError, ValueError, TypeError, RuntimeError) as e:
-        if isinstance(e, VitlabError):
-            raise
+    if not isinstance(saved, dict) or state.get("version") != STATE_VERSION:
+        return  # check_state says what is wrong with it
+    diff = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in recipe.to_dict().items() if saved.get(k) != v]
+    theirs = state.get("identity") if isinstance(state.get("identity"), dict) else {}
+    diff += [f"{k} {theirs.get(k)!r} -> {v!r}" for k, v in identity.items() if theirs.get(k) != v]
+    if diff:
         raise VitlabError(
-            f"resume: {folder} does not fit this run ({type(e).__name__}: {str(e).splitlines()[0]}); "
-            "resume from an earlier checkpoint or start a new run",
+            f"resume {out}: the run being resumed was made with other settings ({'; '.join(diff)}); "
+            "resume with the same ones, or start a new run in another folder",
             arg="resume",
-        ) from e
-    rows = [dict(r) for r in state["history"]]
+        )
+
+
+def _restore_rng(state: dict, epoch: int, recipe: Recipe, dist: DistInfo) -> None:
+    """Every process's random generator as it was saved; with another number of processes, a new stream."""
     rng = state["rng_cpu"]
     if len(rng) == dist.world_size:
         torch.set_rng_state(rng[dist.rank])
@@ -696,7 +776,6 @@ def _restore(
             )
     if "rng_cuda" in state and dist.device.type == "cuda":
         torch.cuda.set_rng_state(state["rng_cuda"], dist.device)
-    return epoch, rows, plan
 
 
 def _repair_best(out: Path, rows: list[dict]) -> None:
@@ -708,4 +787,16 @@ def _repair_best(out: Path, rows: list[dict]) -> None:
         ckpt.mark_best(out, f"epoch_{epoch:04d}", {"epoch": epoch, "val_acc": best["val_acc"]})
 
 
-__all__ = ["TensorLoader", "train_one_epoch", "evaluate", "fit", "History", "Callback", "set_stage", "check_run_folder"]
+__all__ = [
+    "TensorLoader",
+    "train_one_epoch",
+    "evaluate",
+    "fit",
+    "TrainState",
+    "History",
+    "Callback",
+    "set_stage",
+    "check_run_folder",
+    "check_loaders",
+    "check_state",
+]

@@ -270,7 +270,8 @@ def in_force(
             if r.epochs >= AUG_MIN_EPOCHS
             else f"asked by {', '.join(recipe.asked_augmentation)}"
             if recipe.asked_augmentation
-            else f"the run has {r.epochs} epochs, fewer than {AUG_MIN_EPOCHS}: it learns faster on the images as they are"
+            else f"the run has {r.epochs} epochs, fewer than {AUG_MIN_EPOCHS}: it learns faster on the images as "
+            "they are"
         )
         auto.append(f"augmentation {'on' if r.augment else 'off'}: {why}")
     if recipe.crop_scale is None and r.augment:
@@ -367,7 +368,8 @@ def _notes(given: Recipe, r: Recipe, stages: list[Stage], steps: int) -> list[st
                 notes.append(
                     f"--warmup-epochs {given.warmup_epochs:g} covers {where} ({s.warmup_steps} warmup steps of "
                     f"{s.steps}): the learning rate rises to the end and never decays; without the flag the "
-                    f"warmup is {given.warmup_fraction:.3g} of it ({math.floor(round(given.warmup_fraction * s.steps, 6))} steps)"
+                    f"warmup is {given.warmup_fraction:.3g} of it "
+                    f"({math.floor(round(given.warmup_fraction * s.steps, 6))} steps)"
                 )
             elif s.warmup_steps < asked:
                 notes.append(

@@ -4,6 +4,7 @@ written atomically (vitlab.fileio)."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 from pathlib import Path
@@ -118,11 +119,13 @@ def finish_run(
 ) -> dict:
     """The end of a run in `out`: the best checkpoint evaluated (confusion matrix, per-class accuracy),
     the curves, the EMA weights, the diagnostics; printed, and written to summary.json with the recipe
-    in force (`vitlab.train.recipe.in_force`: what the run printed at its start)."""
+    in force (`vitlab.train.recipe.in_force`: what the run printed at its start). The best weights are
+    evaluated on a copy of `model`, which keeps its own (the last epoch's)."""
     best_ptr = ckpt.read_pointer(out / "best.json")
     device = next(model.parameters()).device
-    model.load_state_dict(ckpt.read_weights(ckpt.resolve_checkpoint(out / "best.json"), device))
-    ev = evaluate(model, val_loader, device=device, precision=recipe.precision, num_classes=len(scan.classes))
+    best_model = copy.deepcopy(model)
+    best_model.load_state_dict(ckpt.read_weights(ckpt.resolve_checkpoint(out / "best.json"), device))
+    ev = evaluate(best_model, val_loader, device=device, precision=recipe.precision, num_classes=len(scan.classes))
     confusion = ev["confusion"]
     counts = confusion.sum(1).tolist()
     per_class = [c / n if n else None for c, n in zip(confusion.diag().tolist(), counts)]  # None: no val image

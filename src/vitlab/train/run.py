@@ -2,7 +2,8 @@
 bundled dataset, a model from any source, a Recipe, a run folder; under torchrun on several processes.
 
     from vitlab.train import RECIPES, TrainJob, run
-    run(TrainJob(dataset="fashion-mnist", model="vit_mini", train_size=10_000, recipe=RECIPES["scratch"], out="runs/vit"))
+    run(TrainJob(dataset="fashion-mnist", model="vit_mini", train_size=10_000, recipe=RECIPES["scratch"],
+                 out="runs/vit"))
     run(TrainJob(data="my_photos", model="vit_tiny_patch16_224", pretrained="weights.safetensors", img_size=64,
                  recipe=RECIPES["finetune"], out="runs/ft"))
 
@@ -37,7 +38,7 @@ from vitlab.models.factory import check_source, create_model
 from vitlab.models.size import check_fits
 from vitlab.models.vit import VisionTransformer
 from vitlab.runtime import seed_everything
-from vitlab.speed.fastpath import check_fast_path
+from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, check_fast_path
 from vitlab.train import diagnostics, distributed, report
 from vitlab.train.callbacks import EpochPrinter, TensorBoardLogger
 from vitlab.train.engine import check_run_folder, fit
@@ -71,9 +72,7 @@ class TrainJob:
     force: bool = False  # write a new run into a non-empty folder that holds no vitlab run
     device: str = "auto"
     workers: int | None = None  # data-loading processes (default: 0 on CPU, up to 8 on GPU)
-    fast_path: str = (
-        "auto"  # vitlab.speed.fastpath: auto | tuned | compile | eager | off (float rounding aside, the same numbers)
-    )
+    fast_path: FastPath = DEFAULT_FAST_PATH  # vitlab.speed.fastpath: auto | tuned | compile | eager | off, or a Plan
 
     def check(self) -> None:
         if (self.data is None) == (self.dataset is None):
@@ -201,7 +200,8 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     train_loader, val_loader = make_loaders(data, model, recipe, dist=dist, workers=job.workers)
     if isinstance(train_loader, MemoryLoader):
         say(
-            f"data in memory as uint8 tensors; augmentation per batch on {dist.device}: {train_loader.transform.describe()}"
+            f"data in memory as uint8 tensors; augmentation per batch on {dist.device}: "
+            f"{train_loader.transform.describe()}"
         )
 
     K = recipe.freeze_epochs
