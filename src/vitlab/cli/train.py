@@ -42,6 +42,15 @@ RENAMED = {"smoothing": "label_smoothing"}
 
 def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetune: bool) -> None:
     """The flags of `vitlab train` and `vitlab finetune`: a TrainJob's fields, the recipe's defaults from `preset`."""
+    _data_and_model(p, finetune)
+    _recipe(p, preset, finetune)
+    _augmentation(p, preset)
+    _running(p, preset)
+    p.set_defaults(func=run, preset=preset, flag_names={field: f"--{flag}" for flag, field in RENAMED.items()})
+
+
+def _data_and_model(p: argparse.ArgumentParser, finetune: bool) -> None:
+    """Where the images come from, the model and its weights."""
     d = p.add_argument_group("data")
     d.add_argument(
         "--data", metavar="DIR", help="image folder: DIR/train/<class>/*, DIR/val/<class>/*, or DIR/<class>/*"
@@ -97,6 +106,10 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
     p.add_argument(
         "--drop-path", type=float, default=0.0, metavar="R", help="stochastic depth rate of the last block (ViTs)"
     )
+
+
+def _recipe(p: argparse.ArgumentParser, preset: Recipe, finetune: bool) -> None:
+    """The optimiser, its schedule and the stages."""
     r = p.add_argument_group("recipe")
     r.add_argument("--epochs", type=int, default=preset.epochs, metavar="E", help="epochs in total")
     r.add_argument(
@@ -179,6 +192,10 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
             help="std of the head's random weights; 0 = the zero head of the paper's fine-tuning (Section 3.2), "
             "slower from random weights",
         )
+
+
+def _augmentation(p: argparse.ArgumentParser, preset: Recipe) -> None:
+    """The training images' augmentation, batch mixing and the regularisers."""
     a = p.add_argument_group("augmentation and regularisation")
     a.add_argument(
         "--aug",
@@ -242,6 +259,10 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
         metavar="DECAY",
         help="keep an exponential moving average of the weights (e.g. 0.999); evaluated every epoch",
     )
+
+
+def _running(p: argparse.ArgumentParser, preset: Recipe) -> None:
+    """Precision, seed, device, the run folder and the speed path."""
     x = p.add_argument_group("running")
     add_precision(x, help="bf16 autocast or fp32")
     x.add_argument(
@@ -257,7 +278,6 @@ def add_training_arguments(p: argparse.ArgumentParser, preset: Recipe, *, finetu
     x.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_threads(x)
     add_fast_path(x)
-    p.set_defaults(func=run, preset=preset, flag_names={field: f"--{flag}" for flag, field in RENAMED.items()})
 
 
 def job_from_args(args) -> TrainJob:

@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from torch import nn
 from tqdm.auto import tqdm
 
 from vitlab.data.datasets import BUNDLED, RunData, bundled, load_data, make_loaders
@@ -143,29 +144,7 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     info = BUNDLED[job.dataset] if job.dataset is not None else None
     data = None if info is not None else _folder(job, dist, say, show)
     names = list(info.classes) if info is not None else data.scan.classes
-    shape = {}
-    if info is not None and from_scratch:  # a model for the images as they are: their size, their channels
-        shape = {"img_size": job.img_size or info.img_size, "in_chans": info.channels}
-    model = create_model(
-        job.model,
-        pretrained=job.pretrained,
-        checkpoint=job.checkpoint,
-        num_classes=len(names),
-        img_size=shape.get("img_size", job.img_size),
-        in_chans=shape.get("in_chans"),
-        drop_path=job.drop_path if job.drop_path > 0 else None,
-    )
-    if not from_scratch:  # pre-trained weights: a new zero-initialised head for these classes (paper Section 3.2)
-        model.reset_classifier(len(names))
-    elif isinstance(model, VisionTransformer) and (recipe.init, recipe.head_init) != ("trunc_normal", 0.0):
-        model.init_weights(recipe.init, head_std=recipe.head_init)  # the recipe's (create_model's is trunc_normal)
-    model.pretrained_cfg = model.pretrained_cfg.replace(num_classes=len(names), label_names=tuple(names), head="new")
-    # Evaluated (and trained, without augmentation) on the whole image, resized to the model's input, when the
-    # model starts from random weights: no weights' own preprocessing to keep, and a centre crop of a small
-    # image cuts off what training saw (docs/recipe.md)
-    crop_pct = job.crop_pct if job.crop_pct is not None else (1.0 if from_scratch else None)
-    if crop_pct is not None:
-        model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=crop_pct)
+    model = _model(job, names, info, from_scratch)
     if info is not None:
         data = load_data(
             dataset=job.dataset,
@@ -177,16 +156,7 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
         )
         say(data.scan.report())
     scan = data.scan
-    data_print = fingerprint(scan)
-    prints = distributed.all_gather_object(data_print, dist)  # every machine reads its own copy of the data
-    if len(set(prints)) > 1:
-        others = [r for r, p in enumerate(prints) if p != prints[0]]
-        raise VitlabError(
-            f"data {job.data or job.dataset}: process(es) {others} read other images or classes than "
-            "rank 0 (another folder at that path on their machine, or a different copy); every machine "
-            "needs the same data at the same path",
-            arg="data",
-        )
+    data_print = _same_data_everywhere(job, scan, dist)
     name = job.model or model.pretrained_cfg.architecture or type(model).__name__
     recipe = _batch_for(recipe, len(scan.train), dist, say)
     job = replace(job, recipe=recipe)
@@ -204,14 +174,7 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
             f"{train_loader.transform.describe()}"
         )
 
-    K = recipe.freeze_epochs
-    stages = f"{K} head-only, then unfreeze {recipe.unfreeze}" if K else f"unfreeze {recipe.unfreeze}"
-    accum = f" x {recipe.grad_accum} accumulation" if recipe.grad_accum > 1 else ""
-    say(
-        f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters, {len(names)} classes; {recipe.epochs} "
-        f"epochs ({stages}), global batch {recipe.batch_size * dist.world_size * recipe.grad_accum} = "
-        f"{recipe.batch_size} x {dist.world_size} process(es){accum}, {dist.device}, {recipe.precision}"
-    )
+    say(_describe_run(name, model, len(names), recipe, dist))
     weights = None if from_scratch else ("pretrained" if job.pretrained else "checkpoint")
     own_init = None if isinstance(model, VisionTransformer) else "PyTorch's defaults (the recipe's init is a ViT's)"
     used = in_force(
@@ -227,7 +190,7 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     for line in describe(used):
         say(line)
     start = int(ckpt.read_pointer(out / "last.json").get("epoch") or 0) if job.resume and dist.is_main else 0
-    callbacks = [EpochPrinter(say, recipe.epochs, staged=K > 0, unfreeze=recipe.unfreeze)]
+    callbacks = [EpochPrinter(say, recipe.epochs, staged=recipe.freeze_epochs > 0, unfreeze=recipe.unfreeze)]
     if dist.is_main:
         mark_folder(out, "run")
         callbacks.append(TensorBoardLogger(out, start_epoch=start))
@@ -267,6 +230,63 @@ def run(job: TrainJob, *, progress: bool | None = None) -> dict:
     distributed.barrier(dist)
     distributed.cleanup(dist)
     return summary
+
+
+def _model(job: TrainJob, names: list[str], info, from_scratch: bool) -> nn.Module:
+    """The job's model for these classes: from random weights at the bundled data's size and channels, or from
+    weights with a new head; its preprocessing's labels, head and crop set for the run."""
+    recipe = job.recipe
+    shape = {}
+    if info is not None and from_scratch:  # a model for the images as they are: their size, their channels
+        shape = {"img_size": job.img_size or info.img_size, "in_chans": info.channels}
+    model = create_model(
+        job.model,
+        pretrained=job.pretrained,
+        checkpoint=job.checkpoint,
+        num_classes=len(names),
+        img_size=shape.get("img_size", job.img_size),
+        in_chans=shape.get("in_chans"),
+        drop_path=job.drop_path if job.drop_path > 0 else None,
+    )
+    if not from_scratch:  # pre-trained weights: a new zero-initialised head for these classes (paper Section 3.2)
+        model.reset_classifier(len(names))
+    elif isinstance(model, VisionTransformer) and (recipe.init, recipe.head_init) != ("trunc_normal", 0.0):
+        model.init_weights(recipe.init, head_std=recipe.head_init)  # the recipe's (create_model's is trunc_normal)
+    model.pretrained_cfg = model.pretrained_cfg.replace(num_classes=len(names), label_names=tuple(names), head="new")
+    # Evaluated (and trained, without augmentation) on the whole image, resized to the model's input, when the
+    # model starts from random weights: no weights' own preprocessing to keep, and a centre crop of a small
+    # image cuts off what training saw (docs/recipe.md)
+    crop_pct = job.crop_pct if job.crop_pct is not None else (1.0 if from_scratch else None)
+    if crop_pct is not None:
+        model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=crop_pct)
+    return model
+
+
+def _same_data_everywhere(job: TrainJob, scan, dist) -> str:
+    """The data's fingerprint, the same on every process (each machine reads its own copy of the data)."""
+    data_print = fingerprint(scan)
+    prints = distributed.all_gather_object(data_print, dist)  # every machine reads its own copy of the data
+    if len(set(prints)) > 1:
+        others = [r for r, p in enumerate(prints) if p != prints[0]]
+        raise VitlabError(
+            f"data {job.data or job.dataset}: process(es) {others} read other images or classes than "
+            "rank 0 (another folder at that path on their machine, or a different copy); every machine "
+            "needs the same data at the same path",
+            arg="data",
+        )
+    return data_print
+
+
+def _describe_run(name: str, model: nn.Module, n_classes: int, recipe: Recipe, dist) -> str:
+    """The run in one line: the model, the classes, the stages and the global batch."""
+    K = recipe.freeze_epochs
+    stages = f"{K} head-only, then unfreeze {recipe.unfreeze}" if K else f"unfreeze {recipe.unfreeze}"
+    accum = f" x {recipe.grad_accum} accumulation" if recipe.grad_accum > 1 else ""
+    return (
+        f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters, {n_classes} classes; {recipe.epochs} "
+        f"epochs ({stages}), global batch {recipe.batch_size * dist.world_size * recipe.grad_accum} = "
+        f"{recipe.batch_size} x {dist.world_size} process(es){accum}, {dist.device}, {recipe.precision}"
+    )
 
 
 def _batch_for(recipe: Recipe, n_train: int, dist, say) -> Recipe:
