@@ -140,3 +140,38 @@ def test_the_api_page_documents_every_public_name(site):
     public = [n for n in vitlab.__all__ if callable(getattr(vitlab, n)) and not n.startswith("_")]
     assert len(public) >= 10
     assert not [n for n in public if f'id="vitlab.{n}"' not in page]
+
+
+# Words of how the software was made, which a user cannot look up: a tracker's numbers, "the issue's ...".
+PROCESS_WORDS = re.compile(r"\bissues? #?\d+|\bthe issue's\b|\bthis session\b", re.IGNORECASE)
+
+
+def _texts_users_read():
+    for pattern in (
+        "README.md",
+        "CONTRIBUTING.md",
+        "docs/**/*.md",
+        "docs/**/*.html",
+        "src/**/*.py",
+        "src/**/*.json",
+        "benchmarks/*.py",
+        "tests/*.py",
+    ):
+        for path in sorted(ROOT.glob(pattern)):
+            if path != Path(__file__).resolve():
+                yield path
+
+
+def test_the_docs_and_code_speak_of_the_software_not_of_its_making():
+    found = [
+        f"{p.relative_to(ROOT)}:{i}: {m.group(0)!r}"
+        for p in _texts_users_read()
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        for m in PROCESS_WORDS.finditer(line)
+    ]
+    assert not found, "process words in the docs or the code:\n" + "\n".join(found)
+
+
+def test_the_process_words_check_finds_them():
+    assert PROCESS_WORDS.search("the setup before issue 28") and PROCESS_WORDS.search("over the issue's 2 hours")
+    assert not PROCESS_WORDS.search("it must stop growing after the first round of requests")

@@ -334,7 +334,8 @@ def tmp_prefix(path: str | Path) -> str:
 
 
 def _writer_alive(name: str, stem: str) -> bool:
-    """Whether the process that made the temporary `name` (`stem` + PID-...) still runs: its write may be in progress."""
+    """Whether the process that made the temporary `name` (`stem` + PID-...) still runs: its write may be in
+    progress."""
     pid = name[len(stem) :].split("-", 1)[0]
     if not pid.isdigit():
         return False
@@ -348,7 +349,8 @@ def _writer_alive(name: str, stem: str) -> bool:
 
 
 def ordinary_permissions(path: str | Path) -> None:
-    """The permissions `open(path, "w")` would give a file (0666 less the umask): for files a library creates private."""
+    """The permissions `open(path, "w")` would give a file (0666 less the umask): for files a library creates
+    private."""
     os.chmod(path, FILE_MODE & ~umask())
 
 
