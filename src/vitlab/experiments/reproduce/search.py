@@ -141,9 +141,7 @@ def knob_recipe(knobs: dict) -> Recipe:
 def candidate(model: str, knobs: dict, n: int, *, epochs: int, n_val: int = HELD_OUT, aug: dict | None = None) -> Run:
     """The run of one recipe candidate: `model` with `knobs` (and the augmentation `aug`, if given) on `n` of the
     search's training images for `epochs`, warmed up over the knobs' fraction of them, seed 0."""
-    ov = dict(SHAPES[knobs["shape"]]) if model == VIT else {}
-    base = get_config(model)
-    ov = {k: v for k, v in ov.items() if getattr(base, k, None) != v}  # as shared.fashion_run drops them
+    ov = shared.own_overrides(model, dict(SHAPES[knobs["shape"]]) if model == VIT else {})
     rec = knob_recipe(knobs).replace(**(aug or {}))
     rec = rec.replace(epochs=epochs, warmup_epochs=rec.warmup_fraction * epochs, seed=0)
     return Run(data=search_data(n, n_val), model=model, recipe=rec, overrides=ov)

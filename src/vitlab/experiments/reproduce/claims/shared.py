@@ -124,6 +124,13 @@ def epochs_for(steps: int, n: int, batch: int, drop_last: bool = False) -> int:
     return max(1, round(steps / steps_per_epoch(n, batch, drop_last)))
 
 
+def own_overrides(model: str, overrides: dict) -> dict:
+    """The overrides that change the registered model: one equal to its own value is dropped, so that a run is
+    described (and cached) once however its arms spell it."""
+    base = get_config(model)
+    return {k: v for k, v in overrides.items() if getattr(base, k, None) != v}
+
+
 def fashion_run(
     model: str,
     n: int,
@@ -142,9 +149,7 @@ def fashion_run(
     ov = dict(FASHION_VIT) if model == VIT else {}
     if regularised and model == VIT:
         ov["drop_path"] = DROP_PATH
-    ov.update(overrides or {})
-    base = get_config(model)
-    ov = {k: v for k, v in ov.items() if getattr(base, k, None) != v}
+    ov = own_overrides(model, {**ov, **(overrides or {})})
     rec = RECIPES[model].replace(**(REGULARISED if regularised else {}))
     epochs = epochs_for(steps or steps_table(scale)[n], n, rec.batch_size, drop_last=regularised)
     rec = rec.replace(epochs=epochs, lr=lr, warmup_epochs=rec.warmup_fraction * epochs, seed=seed)
