@@ -189,7 +189,7 @@ def test_second_run_reads_the_cache(quick_report, capsys):
 def test_a_finished_run_is_a_vitlab_run_folder_that_create_model_loads(quick_report):
     run = EXPERIMENTS[0].plan(Scale("quick", (0, 1)))[0]  # claim 1: the ViT on dataset X
     folder = RunCache(quick_report / "cache").folder(run)
-    assert (folder / "last.json").is_file() and (folder / "result.json").is_file()
+    assert {p.name for p in folder.iterdir()} == {"last.json", "best.json", "checkpoints", "result.json"}
     model = vitlab.create_model(checkpoint=folder)  # through every checkpoint check
     assert model.cfg.pos_embed == "learned" and model.pretrained_cfg.crop_pct == 1.0
     _, val, _ = experiment_splits(run.data, run.seed)

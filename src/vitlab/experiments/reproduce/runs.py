@@ -28,7 +28,7 @@ from vitlab.models.vit import VisionTransformer
 from vitlab.runtime import num_threads, seed_everything
 from vitlab.train.engine import evaluate, fit
 from vitlab.train.recipe import Recipe
-from vitlab.weights.checkpoint import resolve_checkpoint, save_checkpoint
+from vitlab.weights.checkpoint import mark_best, resolve_checkpoint, save_checkpoint
 
 CACHE_VERSION = 3  # bump when a change to the training code changes what a cached run means
 # What every run's recipe starts from: AdamW, a warmup of one epoch then cosine, clipping at 1, the images as they
@@ -134,8 +134,8 @@ def transforms(run: Run, model: nn.Module, source_size: tuple[int, int]) -> tupl
 
 
 class RunCache:
-    """Finished runs on disk: `<root>/runs/<key>/`, a vitlab run folder (last.json and its checkpoint) with the
-    run's result.json, written last."""
+    """Finished runs on disk: `<root>/runs/<key>/`, a vitlab run folder (last.json and best.json pointing at
+    checkpoints/final/) with the run's result.json, written last."""
 
     def __init__(self, cache_dir: str | Path):
         self.cache_dir = Path(cache_dir)
@@ -163,8 +163,9 @@ class RunCache:
         """Keep a run that `train_run` trained (here or on another machine): its checkpoint, then its result."""
         model = build_model(run, result["num_classes"])
         model.load_state_dict(load(weights))
-        state = {"epoch": run.epochs, "recipe": run.recipe.to_dict(), "metrics": {"val_acc": result["val_acc"]}}
-        save_checkpoint(self.folder(run), "final", model, state)
+        metrics = {"epoch": run.epochs, "val_acc": result["val_acc"], "val_loss": result["val_loss"]}
+        save_checkpoint(self.folder(run), "final", model, {**metrics, "recipe": run.recipe.to_dict()})
+        mark_best(self.folder(run), "final", metrics)  # the one checkpoint: the last is the best
         write_json(self.folder(run) / "result.json", result, indent=1)  # written last: marks the run done
 
 
