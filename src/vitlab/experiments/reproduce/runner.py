@@ -293,8 +293,7 @@ def _reproduce(
 def budget_evidence(e: Experiment, outcome: Outcome, scale: Scale, record: dict | None) -> None:
     """A claim on Fashion-MNIST gets its convergence table from the recipe search (on held-out training images,
     at the budgets in code and twice them), when the search's record is for these budgets: the convergence
-    stage's rows of every arm, or, for claim 5 (the shared ViT and CNN themselves) when the search ran no
-    convergence stage, the budget stage's rows at the sizes whose budget in code is the one it found. An
+    stage's rows of every arm, or else what the claim's own `budget_evidence` hook reads from the record. An
     inconclusive verdict says why."""
     if not outcome.convergence and record and scale.name == "default":
         _from_search(e, outcome, record)
