@@ -416,20 +416,7 @@ def _cnn_report(name: str, img_size: int, batch_size: int) -> str:
     return "\n".join(lines)
 
 
-def forward_flops(model: nn.Module, x: torch.Tensor) -> int:
-    """FLOPs of one forward pass (2 per multiply-add), attention matmuls included: counted on the
-    explicit attention path, since FLOP counters do not see inside the fused attention kernels."""
-    model.eval()
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        if isinstance(model, VisionTransformer):
-            model(x, return_attention=True)
-        else:
-            model(x)
-    return int(counter.get_total_flops())
-
-
 __all__ = [
-    "forward_flops",
     "FlopCount",
     "MemoryEstimate",
     "parameter_breakdown",
