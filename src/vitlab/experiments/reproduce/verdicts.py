@@ -150,7 +150,3 @@ def _ms(values: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:
     if n == 0:
         return "n/a"
     return f"{scale * m:.{digits}f} +- {scale * s:.{digits}f}" if n > 1 else f"{scale * m:.{digits}f}"
-
-
-stats = _stats
-mean_std = _ms
