@@ -56,9 +56,10 @@ import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
 from vitlab.data.memory import MemoryLoader
+from vitlab.data.subsets import experiment_splits
 from vitlab.experiments.reproduce.claims.base import Scale
 from vitlab.experiments.reproduce.claims.shared import CNN, VIT, fashion_run
-from vitlab.experiments.reproduce.runs import build_model, dataset, transforms
+from vitlab.experiments.reproduce.runs import build_model, transforms
 from vitlab.runtime import seed_everything
 
 ARCHS = {  # name: (model, overrides of the shared setup)
@@ -79,10 +80,10 @@ def _specs(arch: str, seeds: list[int]):
 
 def _batches(spec, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The first `steps` training batches of the run `spec` (its data, order and augmentation)."""
-    train, _, k = dataset(spec.data, spec.seed)
+    train, _, k = experiment_splits(spec.data, spec.seed)
     model = build_model(spec, k)
     loader = MemoryLoader(
-        train, transforms(spec, model, train.size)[0], batch_size=spec.batch_size, shuffle=True, seed=spec.seed
+        train, transforms(spec, model, train.size)[0], batch_size=spec.recipe.batch_size, shuffle=True, seed=spec.seed
     )
     out = []
     for batch in loader:
@@ -210,7 +211,8 @@ def main() -> None:
     )
     batch = _specs(args.archs[0], [0])[0].batch_size
     print(
-        f"Fashion-MNIST, {N_TRAIN:,} training images, batch {batch}, {args.seeds} seeds per process, {args.processes} processes, "
+        f"Fashion-MNIST, {N_TRAIN:,} training images, batch {batch}, {args.seeds} seeds per process, "
+        f"{args.processes} processes, "
         f"{args.steps} steps per seed"
     )
     print(

@@ -7,7 +7,8 @@ not a test.
     PYTHONPATH=src python benchmarks/claim6_budget.py --out runs/claim6_budget --workers 2   # ~40 CPU-minutes
 
 The fine-tuned arms start from claim 5's ViT on all 60,000 Fashion-MNIST images (per seed), which is trained first
-(about 5 CPU-minutes a seed) when OUT/cache does not hold it (a copy of a default report's cache/runs/<key> folder will do).
+(about 5 CPU-minutes a seed) when OUT/cache does not hold it (a copy of a default report's cache/runs/<key> folder
+will do).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def main() -> None:
     args = p.parse_args()
     cache = RunCache(Path(args.out) / "cache")
     arms = claim6._runs(Scale("default", (0, 1, 2)), held_out=True)
-    specs = {e: [dataclasses.replace(s, epochs=e) for s in arms] for e in EPOCHS}
-    parents = list({s.init.key: s.init for s in arms if s.init is not None}.values())  # trained first
+    specs = {e: [dataclasses.replace(s, recipe=s.recipe.replace(epochs=e)) for s in arms] for e in EPOCHS}
+    parents = list({s.parent.key: s.parent for s in arms if s.parent is not None}.values())  # trained first
     todo = [s for s in parents + [s for group in specs.values() for s in group] if not cache.has(s)]
     with open_executor("pool", device="cpu", workers=args.workers, n_items=max(1, len(todo))) as ex, num_threads(1):
         for batch in (
@@ -42,7 +43,7 @@ def main() -> None:
         ):
             for _ in train_on(batch, ex, cache, "auto"):
                 pass
-    names = sorted({(s.init is None, s.lr) for s in arms})
+    names = sorted({(s.parent is None, s.lr) for s in arms})
     label = {k: f"{'from scratch' if k[0] else 'fine-tuned'}, lr {k[1]:g}" for k in names}
     print("held-out accuracy %, seeds 0 / 1 / 2 (mean)")
     print("| epochs | steps | " + " | ".join(label[k] for k in names) + " |")
@@ -50,7 +51,7 @@ def main() -> None:
     for e, group in specs.items():
         cells = []
         for k in names:
-            accs = [100 * cache.result(s)["val_acc"] for s in group if (s.init is None, s.lr) == k]
+            accs = [100 * cache.result(s)["val_acc"] for s in group if (s.parent is None, s.lr) == k]
             cells.append(" / ".join(f"{a:.1f}" for a in accs) + f" ({sum(accs) / len(accs):.2f})")
         print(f"| {e} | {group[0].steps:,} | " + " | ".join(cells) + " |")
 

@@ -5,7 +5,7 @@ what the chosen recipe's ViT and CNN reach at 1,000 training images (issue 28): 
     PYTHONPATH=src python benchmarks/reproduce_search_small.py --out runs/search_small \
         --budget 1000 --budget 50000:5000 --max-steps 10000 --workers 2   # one row at 50,000: 1.1 CPU-h more
 
-Four parts, every run through the reproduce machinery (`RunSpec`, the run cache under OUT/cache,
+Four parts, every run through the reproduce machinery (`Run`, the run cache under OUT/cache,
 --workers processes of one thread), so that a second invocation reads the cache:
 
     recipe     the search's recipe stage as `vitlab reproduce --tune` runs it (search.STAGES: 4,000 of the
@@ -39,30 +39,15 @@ from vitlab.experiments.executors import open_executor
 from vitlab.experiments.reproduce import search
 from vitlab.experiments.reproduce.claims.base import Scale
 from vitlab.experiments.reproduce.claims.shared import CNN, VIT, epochs_for, fashion_data
-from vitlab.experiments.reproduce.runs import RunCache, run_spec, train_on
-from vitlab.models.registry import get_config
+from vitlab.experiments.reproduce.runs import RunCache, train_on
 from vitlab.runtime import num_threads
 
 
 def test_run(model: str, knobs: dict, n: int, steps: int, seed: int):
     """The run `claims.shared.fashion_run` makes once the code holds `knobs` and the budget `steps`."""
-    ov = dict(search.SHAPES[knobs["shape"]]) if model == VIT else {}
-    base = get_config(model)
-    ov = {k: v for k, v in ov.items() if getattr(base, k, None) != v}
-    epochs = epochs_for(steps, n, knobs["batch_size"])
-    return run_spec(
-        fashion_data(n, Scale("default", (0, 1, 2))),
-        model,
-        overrides=ov,
-        aug=search.AUGS[knobs["aug"]],
-        epochs=epochs,
-        lr=knobs["lr"],
-        batch_size=knobs["batch_size"],
-        weight_decay=knobs["weight_decay"],
-        warmup_epochs=knobs["warmup"] * epochs,
-        seed=seed,
-        weight_init=knobs["weight_init"],
-    )
+    run = search.candidate(model, knobs, n, epochs=epochs_for(steps, n, knobs["batch_size"]))
+    data = fashion_data(n, Scale("default", (0, 1, 2)))
+    return dataclasses.replace(run, data=data, recipe=run.recipe.replace(seed=seed))
 
 
 def main() -> None:
@@ -95,7 +80,7 @@ def main() -> None:
                 r = cache.result(spec)
                 print(
                     f"    trained {search.arm_label(spec)} N={spec.n_train} steps {spec.steps} lr {spec.lr:g} "
-                    f"B {spec.batch_size}: {100 * r['val_acc']:.2f}% ({r['train_cpu_s']:.0f} CPU s)",
+                    f"B {spec.recipe.batch_size}: {100 * r['val_acc']:.2f}% ({r['train_cpu_s']:.0f} CPU s)",
                     flush=True,
                 )
 

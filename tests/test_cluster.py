@@ -26,7 +26,7 @@ import vitlab
 from vitlab.cli import main
 from vitlab.experiments.reproduce.claims import select
 from vitlab.experiments.reproduce.claims.base import Scale
-from vitlab.experiments.reproduce.runner import _all_runs
+from vitlab.experiments.reproduce.runs import all_runs
 
 RAY = Path(sys.executable).parent / "ray"  # the `ray` command of this environment
 HOW = "needs Ray, vitlab's cluster extra: pip install -c constraints.txt -e '.[cluster]'"
@@ -253,7 +253,7 @@ def _runs(out: Path) -> dict[str, tuple[dict, bytes]]:
         result = json.loads((folder / "result.json").read_text())
         runs[folder.name] = (
             {k: v for k, v in result.items() if k not in TIMINGS},
-            (folder / "model.safetensors").read_bytes(),
+            (folder / "checkpoints" / "final" / "model.safetensors").read_bytes(),
         )
     return runs
 
@@ -261,7 +261,7 @@ def _runs(out: Path) -> dict[str, tuple[dict, bytes]]:
 def _planned(only: str) -> list[str]:
     """The keys of the --quick grid's runs for the claims `only` names (2 seeds), as the plan lists them."""
     plan = [s for e in select(only) for s in e.plan(Scale("quick", (0, 1)))]
-    return sorted(s.key for s in _all_runs(plan))
+    return sorted(s.key for s in all_runs(plan))
 
 
 @pytest.fixture(scope="module")

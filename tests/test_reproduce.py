@@ -4,14 +4,19 @@ and a second run served from the cache)."""
 
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
+import vitlab
 from vitlab.cli import main
+from vitlab.data.memory import MemoryLoader
+from vitlab.data.subsets import DIGITS_HELD_OUT, experiment_splits
 from vitlab.experiments.reproduce import (
     EXPERIMENTS,
     INCONCLUSIVE,
@@ -24,8 +29,14 @@ from vitlab.experiments.reproduce import (
     greater,
     near,
     pe_structure,
+    runner,
+    search,
 )
+from vitlab.experiments.reproduce.claims import claim6_pretrain as claim6
 from vitlab.experiments.reproduce.claims.shared import FASHION_VIT
+from vitlab.experiments.reproduce.runner import claim_costs
+from vitlab.experiments.reproduce.runs import RunCache, all_runs, transforms
+from vitlab.train.engine import evaluate
 
 # ----------------------------------------------------------------------------------------------------
 # Verdict rules on hand-made numbers
@@ -82,7 +93,7 @@ def test_pe_structure_separates_2d_from_1d_embeddings():
 
 
 def _fashion_runs(plan):
-    return [s for s in plan if dict(s.data)["name"] == "fashion-mnist"]
+    return [s for s in plan if s.data.name == "fashion-mnist"]
 
 
 def test_claims_reuse_the_data_scale_runs_and_each_comparison_has_one_budget():
@@ -102,10 +113,10 @@ def test_claims_reuse_the_data_scale_runs_and_each_comparison_has_one_budget():
         )
         budgets = {}
         for s in _fashion_runs(plans[name]):
-            budgets.setdefault((s.n_train, s.model), set()).add((s.batch_size, s.weight_decay))
+            budgets.setdefault((s.n_train, s.model), set()).add((s.recipe.batch_size, s.recipe.weight_decay))
         assert all(len(b) == 1 for b in budgets.values()), (name, budgets)  # every arm of a model at one N: one recipe
     assert {s.key for s in plans["attention"]} <= grid  # Figure 7 is read off claim 5's ViTs on all 60,000
-    assert {s.init.key for s in plans["pretrain"] if s.init is not None} <= grid
+    assert {s.parent.key for s in plans["pretrain"] if s.parent is not None} <= grid
     assert max(s.n_train for s in plans["attention"]) == 60_000
 
 
@@ -113,9 +124,10 @@ def test_the_large_scale_trains_the_same_arms_longer():
     default, large = Scale("default", (0, 1, 2)), Scale("large", (0, 1, 2))
     for e in EXPERIMENTS:
         a, b = _fashion_runs(e.plan(default)), _fashion_runs(e.plan(large))
-        same = lambda s: (s.model, s.overrides, s.aug, s.n_train, s.lr, s.seed)  # noqa: E731
+        same = lambda s: (s.model, s.overrides, s.recipe.replace(epochs=1, warmup_epochs=0), s.n_train)  # noqa: E731
         assert [same(s) for s in a] == [same(s) for s in b], e.name
-        assert all(abs(y.steps - 2 * x.steps) <= 2 * -(-x.n_train // x.batch_size) for x, y in zip(a, b)), e.name
+        per_epoch = lambda s: -(-s.n_train // s.recipe.batch_size)  # noqa: E731
+        assert all(abs(y.steps - 2 * x.steps) <= 2 * per_epoch(x) for x, y in zip(a, b)), e.name
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -174,6 +186,36 @@ def test_second_run_reads_the_cache(quick_report, capsys):
     assert "all read from the cache" in md and f"the {trained['trained']} trained by an earlier invocation" in md
 
 
+def test_a_finished_run_is_a_vitlab_run_folder_that_create_model_loads(quick_report):
+    run = EXPERIMENTS[0].plan(Scale("quick", (0, 1)))[0]  # claim 1: the ViT on dataset X
+    folder = RunCache(quick_report / "cache").folder(run)
+    assert {p.name for p in folder.iterdir()} == {"last.json", "best.json", "checkpoints", "result.json"}
+    model = vitlab.create_model(checkpoint=folder)  # through every checkpoint check
+    assert model.cfg.pos_embed == "learned" and model.pretrained_cfg.crop_pct == 1.0
+    _, val, _ = experiment_splits(run.data, run.seed)
+    loader = MemoryLoader(val, transforms(run, model, val.size)[1], batch_size=500)
+    acc = evaluate(model, loader, device=torch.device("cpu"))["val_acc"]
+    assert acc == pytest.approx(json.loads((folder / "result.json").read_text())["val_acc"], abs=1e-6)
+
+
+def test_the_generic_code_names_no_claim():
+    """runner.py and search.py import no claim module and compare nothing with a claim's name: what is particular
+    to a claim is a hook on its Experiment."""
+    names = {e.name for e in EXPERIMENTS}
+    for module in (runner, search):
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [m for m in imported if re.search(r"claims\.claim\d", m or "")], module.__name__
+        compared = {
+            c.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Compare)
+            for c in [n.left, *n.comparators]
+            if isinstance(c, ast.Constant)
+        }
+        assert not compared & names, (module.__name__, compared & names)
+
+
 def test_unknown_experiment_or_two_scales_is_a_one_line_error(tmp_path, capsys):
     assert main(["reproduce", "--quick", "--only", "nope", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -195,11 +237,9 @@ def test_the_command_line_scale_is_default_unless_asked(monkeypatch, tmp_path):
 
 
 def test_the_estimate_by_claim_counts_each_run_once_in_the_first_claim_that_plans_it():
-    from vitlab.experiments.reproduce.runner import _all_runs, claim_costs
-
     scale = Scale("default", (0, 1, 2))
-    runs = _all_runs([s for e in EXPERIMENTS for s in e.plan(scale)])
-    costs = {s.key: float(s.steps * s.batch_size) for s in runs}  # any price per run
+    runs = all_runs([s for e in EXPERIMENTS for s in e.plan(scale)])
+    costs = {s.key: float(s.steps * s.recipe.batch_size) for s in runs}  # any price per run
     by = {e.name: t for e, t in claim_costs(EXPERIMENTS, scale, costs)}
     assert sum(by.values()) == pytest.approx(sum(costs.values()))
     assert by["attention"] == 0  # Figure 7 reads claim 5's ViTs, counted there
@@ -209,20 +249,17 @@ def test_the_estimate_by_claim_counts_each_run_once_in_the_first_claim_that_plan
 
 
 def test_claim6_chooses_each_arms_lr_on_held_out_digits_never_on_the_verdicts(tmp_path):
-    from vitlab.experiments.reproduce.claims import claim6_pretrain as claim6
-    from vitlab.experiments.reproduce.runs import DIGITS_HELD_OUT, dataset
-
     scale = Scale("default", (0, 1, 2))
-    train, verdict, _ = dataset(tuple(sorted(claim6._digits_data(scale).items())), 1)
-    train2, held, _ = dataset(tuple(sorted(claim6._digits_data(scale, held_out=True).items())), 1)
+    train, verdict, _ = experiment_splits(claim6._digits_data(scale), 1)
+    train2, held, _ = experiment_splits(claim6._digits_data(scale, held_out=True), 1)
     rows = lambda t: {bytes(x.numpy().tobytes()) for x in t.images}  # noqa: E731
     assert len(held) == DIGITS_HELD_OUT and len(verdict) == 1797 - 500 - DIGITS_HELD_OUT
     assert torch.equal(train.images, train2.images) and not rows(held) & rows(verdict) and not rows(train) & rows(held)
 
     class Fake:  # held out, lr 3e-4 is better for both arms; on the verdict's digits, 1e-3 would be
         def __getitem__(self, s):
-            held_out = dict(s.data).get("split") == "held_out"
-            base = 0.9 if s.init is not None else 0.8
+            held_out = s.data.split == "held_out"
+            base = 0.9 if s.parent is not None else 0.8
             return {"val_acc": base + (0.01 if (s.lr == 3e-4) == held_out else 0.0) + 0.001 * s.seed}
 
         def acc(self, specs):
@@ -232,4 +269,4 @@ def test_claim6_chooses_each_arms_lr_on_held_out_digits_never_on_the_verdicts(tm
     chosen = [r[:2] for r in o.rows if r[-1] == "chosen (held out)"]
     assert chosen == [["fine-tuned", "0.0003"], ["from scratch", "0.0003"]]
     assert "(lr 0.0003) - from scratch (lr 0.0003)" in o.verdict.detail
-    assert {dict(s.data).get("split") for s in claim6._plan(scale)} == {"held_out", None}
+    assert {s.data.split for s in claim6._plan(scale)} == {"held_out", "test"}

@@ -16,21 +16,23 @@ import torch
 
 from vitlab.cli import main
 from vitlab.data.fashion_mnist import load_fashion_mnist
-from vitlab.experiments.reproduce import EXPERIMENTS, Outcome, Scale, runner
-from vitlab.experiments.reproduce.claims import shared
+from vitlab.data.subsets import HELD_OUT, experiment_splits, search_split
+from vitlab.experiments.reproduce import EXPERIMENTS, Outcome, Scale
+from vitlab.experiments.reproduce.claims import claim5_data_scale, shared
 from vitlab.experiments.reproduce.claims.base import convergence_row
-from vitlab.experiments.reproduce.runner import _budget_evidence, budget_rows
-from vitlab.experiments.reproduce.runs import HELD_OUT, build_model, dataset, search_split
+from vitlab.experiments.reproduce.claims.shared import budget_rows, code_budgets, code_regularised_budgets
+from vitlab.experiments.reproduce.runner import budget_evidence
+from vitlab.experiments.reproduce.runs import BASE_RECIPE, build_model
 from vitlab.experiments.reproduce.search import (
+    AUG_FIELDS,
     MODELS,
     PLANS,
     START,
     Search,
     SearchPlan,
-    code_budgets,
     code_holds,
     code_recipe,
-    code_regularised_budgets,
+    knob_recipe,
     load_record,
     render,
     search_data,
@@ -38,6 +40,16 @@ from vitlab.experiments.reproduce.search import (
 from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, REPRODUCED, Verdict
 
 VIT, CNN = shared.VIT, shared.CNN
+
+
+def _aug(run) -> dict:
+    """A run's augmentation: the recipe's fields that say it."""
+    return {f: getattr(run.recipe, f) for f in AUG_FIELDS}
+
+
+def _as_aug(fields: dict) -> dict:
+    """The augmentation a dict of recipe fields (shared.PLAIN, shared.REGULARISATIONS) gives a run."""
+    return {f: getattr(BASE_RECIPE.replace(**fields), f) for f in AUG_FIELDS}
 
 
 class FakeCache:
@@ -67,7 +79,7 @@ def test_the_search_split_holds_out_training_images_and_never_a_test_image(fashi
     train_part, held = search_split()
     assert len(train_part) == 60_000 - HELD_OUT and len(held) == HELD_OUT
     assert torch.equal(torch.sort(torch.cat([train_part, held])).values, torch.arange(60_000))  # disjoint, all 60,000
-    train, val, k = dataset(tuple(sorted(search_data(300, 200).items())), 0)
+    train, val, k = experiment_splits(search_data(300, 200), 0)
     x_train, y_train = load_fashion_mnist(train=True)
     x_test, _ = load_fashion_mnist(train=False)
     assert k == 10 and len(train) == 300 and len(val) == 200
@@ -94,14 +106,14 @@ def test_recipe_stage_keeps_the_best_held_out_accuracy_and_the_current_value_on_
         ("lr", CNN, 1e-3),
         ("weight_decay", VIT, 0.05),
     ]
-    assert all(dict(s.data)["split"] == "search" and s.n_train == 100 and s.epochs == 2 for s in cache.trained)
+    assert all(s.data.split == "search" and s.n_train == 100 and s.epochs == 2 for s in cache.trained)
     assert len(cache.trained) == 3 + 3 + 1  # the weight decay stage's current value is the lr stage's run: cached
 
 
 def test_the_cnn_takes_the_vits_batch_size_and_its_own_accuracies_are_still_shown():
     plan = SearchPlan(100, 2, (("batch_size", (64, 128), (VIT, CNN)),), (100,), 2, 8, 50)
     # the ViT is best at batch 64, the CNN at 128: the CNN trains at 64 all the same (equal steps, equal images)
-    search, _ = _search(lambda s: 0.8 + (s.batch_size == (64 if s.model == VIT else 128)) / 100, plan)
+    search, _ = _search(lambda s: 0.8 + (s.recipe.batch_size == (64 if s.model == VIT else 128)) / 100, plan)
     recipe, stages = search.recipe()
     assert recipe[VIT]["batch_size"] == recipe[CNN]["batch_size"] == 64
     assert stages[0]["chosen"] == 64 and "rule" not in stages[0]
@@ -158,7 +170,7 @@ def test_convergence_rows_and_the_reason_an_inconclusive_verdict_gives():
         ([], "no convergence table"),
     ):
         o = Outcome(setup="", header=[], rows=[], verdict=Verdict(INCONCLUSIVE, "d = 1.0 +- 2.0"), convergence=rows)
-        _budget_evidence(e, o, scale, None)
+        budget_evidence(e, o, scale, None)
         assert o.verdict.detail.startswith("d = 1.0 +- 2.0. Inconclusive because") and reason in o.verdict.detail
     o = Outcome(
         setup="",
@@ -167,7 +179,7 @@ def test_convergence_rows_and_the_reason_an_inconclusive_verdict_gives():
         verdict=Verdict(REPRODUCED, "d = 5"),
         convergence=[convergence_row("a", 1000, 8, [0.8], [0.805])],
     )
-    _budget_evidence(e, o, scale, None)
+    budget_evidence(e, o, scale, None)
     assert o.verdict == Verdict(REPRODUCED, "d = 5")  # a decided verdict on converged budgets needs no reason
     o = Outcome(
         setup="",
@@ -176,7 +188,7 @@ def test_convergence_rows_and_the_reason_an_inconclusive_verdict_gives():
         verdict=Verdict(REPRODUCED, "d = 5"),
         convergence=[convergence_row("a", 1000, 8, [0.8], [0.9])],
     )
-    _budget_evidence(e, o, scale, None)
+    budget_evidence(e, o, scale, None)
     assert o.verdict.status == REPRODUCED and o.verdict.detail == (
         "d = 5. Not every arm's budget has converged (a: Budget table): a longer budget may change this verdict"
     )
@@ -190,11 +202,11 @@ def test_each_comparison_has_one_step_budget_and_the_budgets_are_the_codes():
         for e in EXPERIMENTS:
             budgets = {}
             for s in e.plan(scale):
-                if dict(s.data)["name"] == "fashion-mnist" and s.init is None:
-                    budgets.setdefault((s.n_train, s.model), set()).add((s.steps, s.batch_size))
+                if s.data.name == "fashion-mnist" and s.parent is None:
+                    budgets.setdefault((s.n_train, s.model), set()).add((s.steps, s.recipe.batch_size))
             for (n, model), b in budgets.items():
-                assert {batch for _, batch in b} == {shared.RECIPES[model]["batch_size"]}, (e.name, n, b)
-                per_epoch = -(-n // shared.RECIPES[model]["batch_size"])
+                assert {batch for _, batch in b} == {shared.RECIPES[model].batch_size}, (e.name, n, b)
+                per_epoch = -(-n // shared.RECIPES[model].batch_size)
                 want = shared.regularised_steps(model, n, scale) if e.name == "recipe" else shared.steps_table(scale)[n]
                 for steps, _ in b:
                     assert abs(steps - want) <= per_epoch / 2 + 1, (e.name, n, steps)
@@ -205,6 +217,7 @@ def test_the_code_holds_the_committed_searchs_choice():
     assert record is not None, "search.json (the recipe search's record) is missing beside search.py"
     # the recipe, claim 9's regularisation, the budgets and claim 3's learning rates in code are the search's
     assert code_holds(record) == []
+    assert all(knob_recipe(code_recipe()[m]) == shared.RECIPES[m] for m in MODELS)  # the knobs are the Recipes
     # the stage doubled every budget an arm still moved at, up to its most steps, and says where it stopped
     assert record["convergence"] and all(
         (r["outcome"] == "budget") == (not r["late"]) for r in record["convergence_rounds"]
@@ -213,7 +226,7 @@ def test_the_code_holds_the_committed_searchs_choice():
     late = {a for r in last.values() for a in r["late"]}
     assert all(r["converged"] or r["arm"] in late for rs in record["convergence"].values() for r in rs)
     assert code_holds({**record, "pooling": {**record["pooling"], "chosen": {"cls": 0.5, "mean": 0.5}}}) == [
-        "claim 3's learning rates (POOL_LR)"
+        "claim 3's learning rates (claim3_cls_vs_gap.POOL_LR)"
     ]
     assert code_holds({**record, "convergence_budgets": {**record["convergence_budgets"], "1000": 1}}) == [
         "the budgets (STEPS)"
@@ -225,7 +238,8 @@ def test_the_code_holds_the_committed_searchs_choice():
 
 
 def test_release_init_gives_xavier_scale_weights_and_keeps_the_zero_head():
-    spec = dataclasses.replace(shared.fashion_run(VIT, 1000, 0, Scale("default", (0,))), weight_init="release")
+    default_run = shared.fashion_run(VIT, 1000, 0, Scale("default", (0,)))
+    spec = dataclasses.replace(default_run, recipe=default_run.recipe.replace(init="jax"))  # the search's "release"
     torch.manual_seed(0)
     model = build_model(spec, 10)
     qkv = model.blocks[0].attn.qkv.weight  # (3D, D): three D x D maps, each Xavier-uniform: std sqrt(2 / 2D)
@@ -237,7 +251,7 @@ def test_release_init_gives_xavier_scale_weights_and_keeps_the_zero_head():
     assert model.cls_token.abs().max() == 0 and model.head.weight.abs().max() == 0
     assert 0 < model.blocks[0].mlp.fc1.bias.abs().max() < 1e-5
     torch.manual_seed(0)
-    default = build_model(dataclasses.replace(spec, weight_init="default"), 10)
+    default = build_model(default_run, 10)
     assert default.blocks[0].mlp.fc1.weight.std() < fc1.std() / 3  # the constructor's std 0.02: 4-6x smaller
 
 
@@ -298,8 +312,8 @@ def test_claim5_takes_the_budget_stages_rows_where_the_code_holds_its_budget():
     o = Outcome(setup="", header=[], rows=[], verdict=Verdict(INCONCLUSIVE, "d"))
     monkey_budgets = {**code_budgets(), 1000: 625}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "code_budgets", lambda: monkey_budgets)
-        _budget_evidence(data_scale, o, Scale("default", (0, 1, 2)), record)
+        mp.setattr(claim5_data_scale, "code_budgets", lambda: monkey_budgets)
+        budget_evidence(data_scale, o, Scale("default", (0, 1, 2)), record)
     assert len(o.convergence) == 2 and not o.convergence_complete and "1,000 training images only" in o.convergence_note
     assert "measured only in part" in o.verdict.detail
 
@@ -311,8 +325,7 @@ def test_claim9s_regularisation_is_chosen_on_the_vit_held_out_and_each_models_bu
     assert names == list(strength)
 
     def acc(s):
-        aug = dict(s.aug)
-        name = next((k for k, (a, _) in shared.REGULARISATIONS.items() if a == aug), None)
+        name = next((k for k, (a, _) in shared.REGULARISATIONS.items() if _as_aug(a) == _aug(s)), None)
         # with a regulariser the ViT gains 1 point per 10 steps up to 80 steps (20 -> 40 and 40 -> 80 move it 2 and 4
         # points), the CNN 0.1 point per 10 steps (converged from the first doubling)
         return 0.7 + (strength[name] + min(s.steps, 80) / (1e3 if s.model == VIT else 1e4) if name else 0.0)
@@ -325,10 +338,10 @@ def test_claim9s_regularisation_is_chosen_on_the_vit_held_out_and_each_models_bu
     assert reg["budget"] == {"ViT": 80, "CNN": 20} and reg["converged"] == {"ViT": True, "CNN": True}
     assert reg["rows"]["ViT"][1]["acc"] == pytest.approx([0.77, 0.81])
     mixing, drop_path = shared.REGULARISATIONS["mixing only"]
-    vit = [s for s in cache.trained if s.model == VIT and dict(s.aug) == mixing]
+    vit = [s for s in cache.trained if s.model == VIT and _aug(s) == _as_aug(mixing)]
     assert {s.steps for s in vit} == {20, 40, 80, 160} and all(dict(s.overrides)["drop_path"] == drop_path for s in vit)
-    assert all(dict(s.data)["split"] == "search" and s.n_train == 640 for s in cache.trained)
-    assert not [s for s in cache.trained if s.model == CNN and dict(s.aug) != mixing]  # the CNN only as the chosen
+    assert all(s.data.split == "search" and s.n_train == 640 for s in cache.trained)
+    assert not [s for s in cache.trained if s.model == CNN and _aug(s) != _as_aug(mixing)]  # the CNN only as the chosen
     # the plan's most steps stops the doubling: the budget is then said not to have converged
     search, _ = _search(acc, dataclasses.replace(plan, max_steps=80))
     reg = search.regularisation(code_recipe())
@@ -350,7 +363,7 @@ def test_claim9s_regularisation_is_chosen_on_the_vit_held_out_and_each_models_bu
     assert "| ViT | 40 | 80 | 77.00 -> 81.00 (+4.00) | **not converged** (the search stopped here) |" in md
     assert "| CNN | 20 | 40 | 73.20 -> 73.40 (+0.20) | **budget** |" in md
     # a tie keeps the code's choice
-    search, _ = _search(lambda s: 0.7 + 0.01 * bool(s.aug and dict(s.aug) != shared.PLAIN), plan)
+    search, _ = _search(lambda s: 0.7 + 0.01 * (_aug(s) != _as_aug(shared.PLAIN)), plan)
     assert search.regularisation(code_recipe())["chosen"] == shared.REGULARISATION
 
 
@@ -378,7 +391,7 @@ def test_claim9_takes_the_regularisation_stages_rows_where_the_code_holds_its_ch
     }
     record = {"tolerance": 0.01, "regularisation": reg, "budgets": {}}
     o = Outcome(setup="", header=[], rows=[], verdict=Verdict(INCONCLUSIVE, "d"))
-    _budget_evidence(recipe_claim, o, Scale("default", (0, 1, 2)), record)
+    budget_evidence(recipe_claim, o, Scale("default", (0, 1, 2)), record)
     assert [(r["arm"], r["n_train"], r["steps"], r["converged"]) for r in o.convergence] == [
         ("ViT + recipe", n, budget["ViT"], True),
         ("CNN + recipe", n, budget["CNN"], False),
@@ -386,7 +399,7 @@ def test_claim9_takes_the_regularisation_stages_rows_where_the_code_holds_its_ch
     assert not o.convergence_complete and "not every arm's budget has converged (CNN + recipe)" in o.verdict.detail
     for other in ({**reg, "chosen": "something else"}, {**reg, "budget": {m: b // 2 for m, b in budget.items()}}):
         o = Outcome(setup="", header=[], rows=[], verdict=Verdict(REPRODUCED, "d"))
-        _budget_evidence(recipe_claim, o, Scale("default", (0, 1, 2)), {**record, "regularisation": other})
+        budget_evidence(recipe_claim, o, Scale("default", (0, 1, 2)), {**record, "regularisation": other})
         assert o.convergence == []  # a search for another regularisation, or other budgets, says nothing of this one
 
 
@@ -402,7 +415,7 @@ def test_claim9_trains_each_models_arms_at_its_own_budget_and_shares_claim5s_run
             large = [s for s in claims["recipe"].plan(Scale("large", (0,))) if s.n_train == n and s.model == m]
             assert large and all(abs(s.steps - 2 * steps) < 1000 for s in large), (n, m)
     # at the shared budget (a model without its own budget at a size) the plain runs are claim 5's
-    shared_budget = {s.key for s in runs if not dict(s.aug).get("mixup") and s.model not in own.get(s.n_train, {})}
+    shared_budget = {s.key for s in runs if not s.recipe.mixup and s.model not in own.get(s.n_train, {})}
     assert len(shared_budget) == 3 * sum(m not in own.get(n, {}) for n in (4000, 60_000) for m in (VIT, CNN))
     assert shared_budget <= {s.key for s in claims["data_scale"].plan(scale)}
 
@@ -417,7 +430,7 @@ def test_the_convergence_stage_doubles_a_sizes_budget_until_no_arm_moves_and_cho
         ov, a = dict(s.overrides), 0.8
         if ov.get("pos_embed") == "none":
             a = 0.7 + 0.05 * min(s.steps, 4992) / 4992
-        if s.model == VIT and dict(s.aug).get("mixup") and s.n_train == 50_000:
+        if s.model == VIT and s.recipe.mixup and s.n_train == 50_000:
             a = 0.8 + 0.05 * min(s.steps, 19_000) / 19_000
         if ov.get("pool") == "mean":
             a += 0.001 * s.lr / 1e-3
@@ -439,8 +452,9 @@ def test_the_convergence_stage_doubles_a_sizes_budget_until_no_arm_moves_and_cho
     assert all(r["converged"] for rs in conv["claims"].values() for r in rs)  # every row at its size's budget found
     assert {r["budget"] for r in conv["claims"]["pos_embed"]} == {5000}
     assert len(conv["claims"]["cls_vs_gap"]) == 6  # claim 3's whole sweep, not only its plan's two arms
-    assert conv["pooling"]["chosen"] == {"cls": 1e-3, "mean": 4e-3} and conv["pooling"]["budget"] == 5000
-    assert all(dict(s.data)["split"] == "search" and s.seed == 0 for s in cache.trained)
+    pooling = conv["choices"]["pooling"]
+    assert pooling["chosen"] == {"cls": 1e-3, "mean": 4e-3} and pooling["budget"] == 5000
+    assert all(s.data.split == "search" and s.seed == 0 for s in cache.trained)
     record = {
         "held_out": 50,
         "search_n": 100,
@@ -456,7 +470,7 @@ def test_the_convergence_stage_doubles_a_sizes_budget_until_no_arm_moves_and_cho
         "convergence_budgets": {str(n): b for n, b in conv["budgets"].items()},
         "convergence_own_budgets": {str(n): b for n, b in conv["own_budgets"].items()},
         "convergence_rounds": conv["rounds"],
-        "pooling": conv["pooling"],
+        "pooling": pooling,
     }
     md = render(record)
     assert "| 1,000 | the shared budget's 14 | 2,500 | 5,000 | 2.50 | ViT, pos_embed none | doubled |" in md

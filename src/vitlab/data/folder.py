@@ -65,7 +65,8 @@ class FolderScan:
         how = how or f"one folder, seeded stratified val split {self.val_split:g}"
         width = max(5, *(len(c) for c in self.classes))
         lines = [
-            f"{self.given or self.root}: {len(self.classes)} classes, {len(self.train)} train / {len(self.val)} val images ({how})",
+            f"{self.given or self.root}: {len(self.classes)} classes, {len(self.train)} train / {len(self.val)} val "
+            f"images ({how})",
             f"  {'class':<{width}}  {'train':>6}  {'val':>5}",
         ]
         lines += [f"  {c:<{width}}  {t:>6}  {v:>5}" for c, t, v in zip(self.classes, tr, va)]

@@ -25,16 +25,18 @@ optimizer steps, and each claim's report shows its arms at their budget and at t
 `quick` (every code path in minutes; its verdicts mean nothing), `default` (the report), `large` (every
 budget doubled: the default's own check).
 
-Runs are cached one by one under `<out>/cache/runs/<hash of the run's configuration>/` (result.json
-and the weights): an experiment whose runs are all there is not rerun, and an interrupted run of the
-whole report resumes where it stopped. Tables, figures and verdicts are recomputed from the cached
+Runs are cached one by one under `<out>/cache/runs/<hash of the run's configuration>/`, each an ordinary vitlab
+run folder (last.json and its checkpoint, which `vitlab.create_model(checkpoint=...)` loads) with its result.json:
+an experiment whose runs are all there is not rerun, and an interrupted run of the whole report resumes where it
+stopped. Tables, figures and verdicts are recomputed from the cached
 numbers every time, so the report can be rewritten without training anything.
 
 Cost: the plan is priced before anything trains (a few timed steps per architecture and augmentation,
 times the number of images each run sees); the estimate is printed first and a progress bar follows it.
 
-The package, one concept per module: `verdicts` (the pre-registered rules), `runs` (one training run and
-the run cache), `claims` (one module per claim: its plan, analysis and `Experiment` entry; `EXPERIMENTS`),
+The package, one concept per module: `verdicts` (the pre-registered rules), `runs` (one training run, `Run`: its
+data, model and `Recipe`, and the run cache), `claims` (one module per claim: its plan, analysis and `Experiment`
+entry with its hooks into the search; `EXPERIMENTS`),
 `search` (the recipe search and its record, search.json), `figures`, `report` (Markdown and HTML) and
 `runner` (the plan, cost estimate, executor, `reproduce()`).
 """
@@ -42,18 +44,16 @@ the run cache), `claims` (one module per claim: its plan, analysis and `Experime
 from __future__ import annotations
 
 from vitlab.experiments.reproduce.claims import EXPERIMENTS, experiment_names, select
-from vitlab.experiments.reproduce.claims.base import SCALES, Experiment, Outcome, Results, Scale
+from vitlab.experiments.reproduce.claims.base import SCALES, Experiment, Outcome, Results, Scale, SearchChoice
 from vitlab.experiments.reproduce.claims.claim8_attention import pe_structure
 from vitlab.experiments.reproduce.runner import reproduce
 from vitlab.experiments.reproduce.runs import (
+    BASE_RECIPE,
     CACHE_VERSION,
+    Run,
     RunCache,
-    RunSpec,
     build_model,
-    execute_run,
-    forward_flops,
     inference_ms,
-    run_spec,
     train_run,
 )
 from vitlab.experiments.reproduce.verdicts import (
@@ -71,6 +71,7 @@ from vitlab.experiments.reproduce.verdicts import (
 )
 
 __all__ = [
+    "BASE_RECIPE",
     "CACHE_VERSION",
     "EXPERIMENTS",
     "Experiment",
@@ -81,24 +82,22 @@ __all__ = [
     "REPRODUCED",
     "Results",
     "SCALES",
+    "Run",
     "RunCache",
-    "RunSpec",
     "Scale",
+    "SearchChoice",
     "TOL",
     "Verdict",
     "at_least",
     "build_model",
     "close",
     "combine",
-    "execute_run",
     "experiment_names",
-    "forward_flops",
     "inference_ms",
     "greater",
     "near",
     "pe_structure",
     "reproduce",
-    "run_spec",
     "select",
     "train_run",
 ]

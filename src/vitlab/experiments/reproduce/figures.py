@@ -10,15 +10,15 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from vitlab.analysis.plots import save_figure
-from vitlab.experiments.reproduce.verdicts import _stats
+from vitlab.experiments.reproduce.verdicts import stats
 
 BLUE, ORANGE, GREEN, RED = "#4c72b0", "#dd8452", "#55a868", "#c44e52"
 
 
 def _errorbar_pct(runs: Sequence[Sequence[float]]) -> tuple[list[float], list[float]]:
     """Per configuration: mean and sample std in percent (std 0 for a single seed), for ax.errorbar."""
-    stats = [_stats(v) for v in runs]
-    return [100 * m for m, _, _ in stats], [100 * sd if n > 1 else 0.0 for _, sd, n in stats]
+    per = [stats(v) for v in runs]
+    return [100 * m for m, _, _ in per], [100 * sd if n > 1 else 0.0 for _, sd, n in per]
 
 
 def _save(fig, path: Path) -> Path:
@@ -151,7 +151,7 @@ def patch_figure(path: Path, patches: Sequence[int], acc: dict, flops: dict, tra
     ax.set_ylabel("forward MFLOPs / image (log)")
     ax.set_xticks(ps)
     ax = fig.add_subplot(1, 3, 3)
-    ax.plot(ps, [_stats(train_ms[p])[0] for p in ps], marker="o")
+    ax.plot(ps, [stats(train_ms[p])[0] for p in ps], marker="o")
     ax.set_yscale("log")
     ax.set_xlabel("patch size P")
     ax.set_ylabel("training ms / image (log)")

@@ -12,7 +12,7 @@ from pathlib import Path
 from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
@@ -27,7 +27,8 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 SCALE_TEXT = {
     "quick": "quick (smoke-test scale: every claim's code path on tiny data and few steps; its verdicts mean nothing)",
-    "default": "default (claims 2-9 on Fashion-MNIST at the step budgets of the recipe search, about 2 hours on 2 CPU cores)",
+    "default": "default (claims 2-9 on Fashion-MNIST at the step budgets of the recipe search, about 2 hours on 2 CPU "
+    "cores)",
     "large": "large (every budget of the default scale doubled: the default's verdicts, checked at twice the training)",
 }
 SCALE_FLAG = {"quick": " --quick", "default": "", "large": " --scale large"}
@@ -44,11 +45,11 @@ def _intro(meta: dict) -> list[str]:
     )
     timing = meta.get("trained_by", meta)  # the invocation that trained the runs
     load = timing.get("estimate_load_s", timing["estimate_s"])
-    at_load = f", {_duration(load)} at the machine's load then" if load > 1.15 * timing["estimate_s"] else ""
+    at_load = f", {duration(load)} at the machine's load then" if load > 1.15 * timing["estimate_s"] else ""
     took = (
         f"{meta['trained']} trained in this invocation, the rest read from the cache); this invocation took "
         if "trained_by" not in meta
-        else f"all read from the cache, this invocation took {_duration(meta['elapsed_s'])}; the {timing['trained']} "
+        else f"all read from the cache, this invocation took {duration(meta['elapsed_s'])}; the {timing['trained']} "
         f"trained by an earlier invocation); that one took "
     )
     ray = (
@@ -60,9 +61,10 @@ def _intro(meta: dict) -> list[str]:
         f"Made by `{command}`.",
         "",
         f"Scale: **{SCALE_TEXT[meta['scale']]}**; {meta['seeds']} seeds per configuration; device `{meta['device']}`; "
-        f"torch {meta['torch']}; {meta['runs']} training runs ({took}{_duration(timing['elapsed_s'])} with "
-        f"{timing['workers']} worker(s){ray} (estimate printed at start: {_duration(timing['estimate_s'])}{at_load}); the runs' own training times add up to "
-        f"{_duration(meta['train_s'])} (one thread each on CPU, measured when each run was trained).",
+        f"torch {meta['torch']}; {meta['runs']} training runs ({took}{duration(timing['elapsed_s'])} with "
+        f"{timing['workers']} worker(s){ray} (estimate printed at start: {duration(timing['estimate_s'])}{at_load}); "
+        "the runs' own training times add up to "
+        f"{duration(meta['train_s'])} (one thread each on CPU, measured when each run was trained).",
         "",
         "Every number is a validation accuracy after the last epoch (no early stopping, no picking the best epoch), "
         "as mean +- sample standard deviation over seeds; a seed fixes the training subset, the order of the batches, "
@@ -80,7 +82,8 @@ def _intro(meta: dict) -> list[str]:
         "says whether its budgets had converged. Where a setup changed after a result was seen, the claim's "
         "section says so.",
         "",
-        "**Verdict rules** (`vitlab/experiments/reproduce/verdicts.py`). For a difference d of means with standard error "
+        "**Verdict rules** (`vitlab/experiments/reproduce/verdicts.py`). For a difference d of means with standard "
+        "error "
         "se = sqrt(var_a/n_a + var_b/n_b): *a beats b by a margin* is reproduced when d - 2se > 0 and d >= margin, not "
         "reproduced when d + 2se < margin, inconclusive otherwise; *a and b are about equal* is reproduced when "
         "|d| <= tol, not reproduced when |d| - 2se > tol, inconclusive otherwise (and inconclusive when both arms stay "

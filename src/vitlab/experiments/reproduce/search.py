@@ -1,5 +1,5 @@
 """The recipe search of `vitlab reproduce --tune`: the shared setup's recipe and step budgets, chosen on
-10,000 Fashion-MNIST training images held out from the other 50,000 (`runs.search_split`), never on the
+10,000 Fashion-MNIST training images held out from the other 50,000 (`vitlab.data.subsets.search_split`), never on the
 10,000 test images that decide the verdicts. One seed (0) per configuration. Three stages:
 
     recipe       one knob at a time (STAGES), from the previous report's recipe, each model on its own: the
@@ -21,7 +21,7 @@ The recipe, the budgets and claim 3's learning rates are then written into the c
 (`claims/shared.py`, `claims/claim3_cls_vs_gap.py`; the search prints them), and the search's record is kept
 beside it (`search.json`, which the report shows; `code_holds` says where the code differs from it): the
 convergence stage runs only when the code holds the search's recipe. Every run goes through the reproduce
-machinery (`RunSpec`, the run cache, the executors), so a second invocation reads the cache and an
+machinery (`Run`, the run cache, the executors), so a second invocation reads the cache and an
 interrupted one resumes.
 """
 
@@ -33,22 +33,34 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from vitlab.data.subsets import HELD_OUT, ExperimentData
 from vitlab.errors import VitlabError
 from vitlab.experiments.executors import open_executor
 from vitlab.experiments.reproduce.claims import EXPERIMENTS, shared
 from vitlab.experiments.reproduce.claims.base import Scale
-from vitlab.experiments.reproduce.claims.claim3_cls_vs_gap import POOL_LR
-from vitlab.experiments.reproduce.claims.shared import CNN, VIT, epochs_for, steps_per_epoch
+from vitlab.experiments.reproduce.claims.shared import (
+    CNN,
+    VIT,
+    claim_size,
+    code_budgets,
+    code_regularised_budgets,
+    epochs_for,
+    search_size,
+    steps_per_epoch,
+)
 from vitlab.experiments.reproduce.report import md_table
-from vitlab.experiments.reproduce.runs import HELD_OUT, RunCache, RunSpec, run_spec, train_on
+from vitlab.experiments.reproduce.runs import BASE_RECIPE, Run, RunCache, train_on
 from vitlab.fileio import check_out_folder, output_folder, write_json, write_text
 from vitlab.models.registry import get_config
 from vitlab.runtime import num_threads
+from vitlab.train.recipe import Recipe
 
 RECORD = Path(__file__).with_name("search.json")  # the search whose choice claims/shared.py holds
 TOLERANCE = 0.01  # doubling the budget moves held-out accuracy by less than 1 point: converged
 MODELS = {VIT: "ViT", CNN: "CNN"}
-AUGS = {"flips": {"hflip": True}, "flips + crops": {"hflip": True, "crop_scale": 0.8}}
+AUGS = {"flips": {"augment": True, "hflip": True}, "flips + crops": {"augment": True, "hflip": True, "crop_scale": 0.8}}
+AUG_FIELDS = ("augment", "hflip", "crop_scale", "auto_augment", "reprob", "mixup", "cutmix")
+INITS = {"default": "trunc_normal", "release": "jax"}  # the weight_init knob: the constructor's, the original release's
 SHAPES = {
     "P=4, 6 blocks": {"patch_size": 4, "depth": 6},
     "P=7, 6 blocks": {"patch_size": 7, "depth": 6},
@@ -110,72 +122,56 @@ PLANS = {
 }
 
 
-def search_data(n: int, n_val: int = HELD_OUT) -> dict:
-    return {"name": "fashion-mnist", "split": "search", "n_train": n, "n_val": n_val, "img_size": 28, "channels": 1}
+def search_data(n: int, n_val: int = HELD_OUT) -> ExperimentData:
+    return ExperimentData("fashion-mnist", n_train=n, n_val=n_val, img_size=28, channels=1, split="search")
 
 
-def candidate(model: str, knobs: dict, n: int, *, epochs: int, n_val: int = HELD_OUT) -> RunSpec:
-    """The run of one recipe candidate: `model` with `knobs` on `n` of the search's training images, seed 0."""
-    ov = dict(SHAPES[knobs["shape"]]) if model == VIT else {}
-    base = get_config(model)
-    ov = {k: v for k, v in ov.items() if getattr(base, k, None) != v}  # as shared.fashion_run drops them
-    return run_spec(
-        search_data(n, n_val),
-        model,
-        overrides=ov,
-        aug=AUGS[knobs["aug"]],
-        epochs=epochs,
+def knob_recipe(knobs: dict) -> Recipe:
+    """The search's knobs as a recipe (but for its length and seed), as claims/shared.py's RECIPES holds them."""
+    return BASE_RECIPE.replace(
         lr=knobs["lr"],
-        batch_size=knobs["batch_size"],
         weight_decay=knobs["weight_decay"],
-        warmup_epochs=knobs["warmup"] * epochs,
-        seed=0,
-        weight_init=knobs["weight_init"],
+        batch_size=knobs["batch_size"],
+        warmup_fraction=knobs["warmup"],
+        init=INITS[knobs["weight_init"]],
+        **AUGS[knobs["aug"]],
     )
 
 
-def at_steps(model: str, knobs: dict, n: int, steps: int, n_val: int = HELD_OUT) -> RunSpec:
+def candidate(model: str, knobs: dict, n: int, *, epochs: int, n_val: int = HELD_OUT, aug: dict | None = None) -> Run:
+    """The run of one recipe candidate: `model` with `knobs` (and the augmentation `aug`, if given) on `n` of the
+    search's training images for `epochs`, warmed up over the knobs' fraction of them, seed 0."""
+    ov = shared.own_overrides(model, dict(SHAPES[knobs["shape"]]) if model == VIT else {})
+    rec = knob_recipe(knobs).replace(**(aug or {}))
+    rec = rec.replace(epochs=epochs, warmup_epochs=rec.warmup_fraction * epochs, seed=0)
+    return Run(data=search_data(n, n_val), model=model, recipe=rec, overrides=ov)
+
+
+def at_steps(model: str, knobs: dict, n: int, steps: int, n_val: int = HELD_OUT) -> Run:
     return candidate(model, knobs, n, epochs=epochs_for(steps, n, knobs["batch_size"]), n_val=n_val)
 
 
-def regularised(model: str, knobs: dict, name: str, n: int, steps: int, n_val: int = HELD_OUT) -> RunSpec:
+def regularised(model: str, knobs: dict, name: str, n: int, steps: int, n_val: int = HELD_OUT) -> Run:
     """The run `at_steps` makes with claim 9's regularisation `name` (shared.REGULARISATIONS) added."""
     aug, drop_path = shared.REGULARISATIONS[name]
-    plain = at_steps(model, knobs, n, steps, n_val)
-    ov = {**dict(plain.overrides), **({"drop_path": drop_path} if model == VIT else {})}
     epochs = epochs_for(steps, n, knobs["batch_size"], drop_last=True)  # mixing drops each epoch's short batch
-    return run_spec(
-        dict(plain.data),
-        model,
-        overrides=ov,
-        aug=aug,
-        epochs=epochs,
-        lr=plain.lr,
-        batch_size=plain.batch_size,
-        weight_decay=plain.weight_decay,
-        warmup_epochs=knobs["warmup"] * epochs,
-        seed=0,
-        weight_init=plain.weight_init,
-    )
+    run = candidate(model, knobs, n, epochs=epochs, n_val=n_val, aug=aug)
+    return run if model != VIT else dataclasses.replace(run, overrides={**dict(run.overrides), "drop_path": drop_path})
 
 
-def twin(spec: RunSpec, factor: int = 1, steps: int | None = None) -> RunSpec:
+def twin(run: Run, factor: int = 1, steps: int | None = None) -> Run:
     """A claim's run on the search's split (at most its 50,000 images), seed 0, for `factor` x its steps, or `factor` x
     the budget `steps` (placed, as the claim places its budget, at the whole epoch of its training set)."""
-    n = min(spec.n_train, 60_000 - HELD_OUT)
-    mixing = bool(dict(spec.aug).get("mixup"))  # mixing drops each epoch's short batch
+    n, batch, mixing = search_size(run.n_train), run.recipe.batch_size, run.recipe.mixes
     if steps is not None:
-        steps = epochs_for(steps, spec.n_train, spec.batch_size, drop_last=mixing) * steps_per_epoch(
-            spec.n_train, spec.batch_size, drop_last=mixing
-        )
-    epochs = epochs_for(factor * (spec.steps if steps is None else steps), n, spec.batch_size, drop_last=mixing)
-    data = tuple(sorted({**dict(spec.data), **search_data(n)}.items()))
-    return dataclasses.replace(
-        spec, data=data, epochs=epochs, warmup_epochs=spec.warmup_epochs / spec.epochs * epochs, seed=0
-    )
+        steps = epochs_for(steps, run.n_train, batch, mixing) * steps_per_epoch(run.n_train, batch, mixing)
+    epochs = epochs_for(factor * (run.steps if steps is None else steps), n, batch, drop_last=mixing)
+    data = dataclasses.replace(run.data, n_train=n, n_val=HELD_OUT, split="search")
+    rec = run.recipe.replace(epochs=epochs, warmup_epochs=run.recipe.warmup_epochs / run.epochs * epochs, seed=0)
+    return dataclasses.replace(run, data=data, recipe=rec)
 
 
-def arm_label(spec: RunSpec) -> str:
+def arm_label(spec: Run) -> str:
     """A claim's arm in words: the model, what differs from the shared setup, the recipe, the learning rate."""
     ov = dict(spec.overrides)
     if (
@@ -186,9 +182,9 @@ def arm_label(spec: RunSpec) -> str:
         ov = {k: v for k, v in ov.items() if shared.FASHION_VIT.get(k) != v}
     words = [MODELS.get(spec.model, spec.model)]
     words += [f"{k} {v}" for k, v in sorted(ov.items()) if k != "drop_path"]
-    if dict(spec.aug).get("mixup"):
+    if spec.recipe.mixup:
         words.append("+ regularisation recipe")
-    if spec.model in shared.RECIPES and spec.lr != shared.RECIPES[spec.model]["lr"]:
+    if spec.model in shared.RECIPES and spec.lr != shared.RECIPES[spec.model].lr:
         words.append(f"lr {spec.lr:g}")
     return ", ".join(words)
 
@@ -199,13 +195,13 @@ class Search:
     def __init__(
         self,
         cache: RunCache,
-        train: Callable[[Sequence[RunSpec]], None],
+        train: Callable[[Sequence[Run]], None],
         log: Callable[[str], None],
         plan: SearchPlan = PLANS["default"],
     ):
         self.cache, self._train, self.log, self.plan = cache, train, log, plan
 
-    def acc(self, specs: Sequence[RunSpec]) -> list[float]:
+    def acc(self, specs: Sequence[Run]) -> list[float]:
         todo = list({s.key: s for s in specs if not self.cache.has(s)}.values())
         if todo:
             self._train(todo)
@@ -315,25 +311,25 @@ class Search:
 
     def convergence(self, scale: Scale, budgets: dict[int, dict], regularisation: dict | None) -> dict:
         """The convergence stage: every arm of every Fashion-MNIST claim at the smallest and the largest training set
-        of its claim (claim 3's whole learning-rate sweep), at a budget and at twice it, on the search's split. The arms
-        at one size share a budget (claim 9's arms of each model have their own); it starts at the budget stage's there
-        (claim 9's at the regularisation stage's) and doubles until doubling moves no arm of it by TOLERANCE, or up to the
-        plan's `raise_to`. Returns each claim's rows at the budget found, the budgets found (which the code then holds), every
-        round, and claim 3's learning rates: each pooling's best held out at its budget."""
-        found = {60_000 if int(n) == 60_000 - HELD_OUT else int(n): b["steps"] for n, b in budgets.items()}
+        of its claim (its `search_plan`'s where it has one), at a budget and at twice it, on the search's split. The
+        arms at one size share a budget (a claim's with `budget_per_model`, one per model: claim 9's); it starts at
+        the budget stage's there (a model's own at the regularisation stage's) and doubles until doubling moves no
+        arm of it by TOLERANCE, or up to the plan's `raise_to`. Returns each claim's rows at the budget found, the
+        budgets found (which the code then holds), every round, and each claim's `search_choice` made at them."""
+        found = {claim_size(n): b["steps"] for n, b in budgets.items()}
         start = {n: found.get(n, s) for n, s in code_budgets().items()}
-        arms: dict[tuple, list[tuple[str, RunSpec]]] = {}  # (N, None): the size's shared budget; (N, model): claim 9's
+        arms: dict[tuple, list[tuple[str, Run]]] = {}  # (N, None): the size's shared budget; (N, model): a model's own
         for e in EXPERIMENTS:
             fashion = [
                 s
                 for s in (e.search_plan or e.plan)(scale)
-                if dict(s.data)["name"] == "fashion-mnist" and s.seed == scale.seeds[0]
+                if s.data.name == "fashion-mnist" and s.seed == scale.seeds[0]
             ]
             if not fashion:
                 continue
             ns = {min(s.n_train for s in fashion), max(s.n_train for s in fashion)}
             for s in {s.key: s for s in fashion if s.n_train in ns}.values():
-                arms.setdefault((s.n_train, s.model if e.name == "recipe" else None), []).append((e.name, s))
+                arms.setdefault((s.n_train, s.model if e.budget_per_model else None), []).append((e.name, s))
         budget = {g: start[g[0]] for g in arms}
         for m in MODELS if regularisation else ():  # claim 9's at its smaller size start at the regularisation stage's
             if (regularisation["n"], m) in arms:
@@ -398,60 +394,52 @@ class Search:
             "budgets": shared_found,
             "own_budgets": own,
             "rounds": sorted(rounds, key=lambda r: (r["n_train"], r["model"] or "")),
-            "pooling": self._pooling(arms, budget),
+            "choices": {e.search_choice.key: self._choice(e, arms, budget) for e in EXPERIMENTS if e.search_choice},
         }
 
-    def _pooling(self, arms: dict, budget: dict) -> dict | None:
-        """Claim 3's learning rates: each pooling's best held-out accuracy of the sweep at its budget (the code's on a tie)."""
-        sweep = [(g, s) for g, runs in arms.items() for name, s in runs if name == "cls_vs_gap"]
+    def _choice(self, e, arms: dict, budget: dict) -> dict | None:
+        """A claim's `search_choice`, from its search_plan's arms each at its budget."""
+        sweep = [(g, s) for g, runs in arms.items() for name, s in runs if name == e.name]
         if not sweep:
             return None
-        acc: dict[str, dict[str, float]] = {}
-        for g, s in sweep:
-            pool = "mean" if dict(s.overrides).get("pool") == "mean" else "cls"
-            acc.setdefault(pool, {})[f"{s.lr:g}"] = self.acc([twin(s, steps=budget[g])])[0]
-        chosen = {p: float(max(a, key=lambda lr: (a[lr], float(lr) == POOL_LR[p]))) for p, a in acc.items()}
-        return {"n_train": sweep[0][1].n_train, "budget": budget[sweep[0][0]], "acc": acc, "chosen": chosen}
+        acc = self.acc([twin(s, steps=budget[g]) for g, s in sweep])
+        return e.search_choice.choose([(s, a) for (_, s), a in zip(sweep, acc)], budget[sweep[0][0]])
 
 
-def _train(specs: Sequence[RunSpec], ex, cache: RunCache, fast_path: str, log: Callable[[str], None]) -> None:
+def _train(specs: Sequence[Run], ex, cache: RunCache, fast_path: str, log: Callable[[str], None]) -> None:
     for spec, _ in train_on(sorted(specs, key=lambda s: -s.epochs * s.n_train), ex, cache, fast_path):  # longest first
         r = cache.result(spec)
         log(
             f"    trained {arm_label(spec)}, N={spec.n_train:,}, {spec.steps:,} steps, lr {spec.lr:g}, batch "
-            f"{spec.batch_size}: {100 * r['val_acc']:.2f}% held out"
+            f"{spec.recipe.batch_size}: {100 * r['val_acc']:.2f}% held out"
         )
 
 
 def code_recipe() -> dict:
     """The recipe claims/shared.py holds, in the search's knobs."""
-    aug = next((k for k, v in AUGS.items() if v == shared.PLAIN), None)
     shape = next((k for k, v in SHAPES.items() if v == shared.FASHION_VIT), None)
-    return {
-        m: {
-            "weight_init": shared.VIT_INIT if m == VIT else "default",
-            "lr": shared.RECIPES[m]["lr"],
-            "weight_decay": shared.RECIPES[m]["weight_decay"],
-            "warmup": shared.RECIPES[m]["warmup"],
-            "batch_size": shared.RECIPES[m]["batch_size"],
-            "aug": aug,
+    out = {}
+    for m in MODELS:
+        r = shared.RECIPES[m]
+        same_aug = [
+            k
+            for k, v in AUGS.items()
+            if all(getattr(r, f) == x for f, x in BASE_RECIPE.replace(**v).to_dict().items() if f in AUG_FIELDS)
+        ]
+        out[m] = {
+            "weight_init": {v: k for k, v in INITS.items()}[r.init],
+            "lr": r.lr,
+            "weight_decay": r.weight_decay,
+            "warmup": r.warmup_fraction,
+            "batch_size": r.batch_size,
+            "aug": same_aug[0] if same_aug else None,
             **({"shape": shape} if m == VIT else {}),
         }
-        for m in MODELS
-    }
+    return out
 
 
-def code_budgets() -> dict[int, int]:
-    return dict(shared.STEPS["default"])
-
-
-def code_regularised_budgets() -> dict[int, dict[str, int]]:
-    """Claim 9's budgets in code where it has its own (shared.REGULARISED_STEPS), per training-set size and model:
-    each model's own there, or the shared one."""
-    return {
-        n: {MODELS[m]: b.get(m, shared.STEPS["default"][n]) for m in MODELS}
-        for n, b in sorted(shared.REGULARISED_STEPS["default"].items())
-    }
+def _choosers() -> list:
+    return [e for e in EXPERIMENTS if e.search_choice is not None]
 
 
 def make_record(
@@ -484,7 +472,7 @@ def make_record(
         "convergence_budgets": {str(n): s for n, s in conv["budgets"].items()} if convergence else None,
         "convergence_own_budgets": {str(n): s for n, s in conv["own_budgets"].items()} if convergence else None,
         "convergence_rounds": conv.get("rounds"),
-        "pooling": conv.get("pooling"),
+        **{e.search_choice.key: (conv.get("choices") or {}).get(e.search_choice.key) for e in _choosers()},
         "made_by": made_by,
         "runs": len(results),
         "train_cpu_s": sum(r["train_cpu_s"] for r in results),
@@ -492,7 +480,8 @@ def make_record(
 
 
 def hold_lines(convergence: dict) -> str:
-    """What the code must hold for the convergence stage's budgets and claim 3's learning rates, and whether it does."""
+    """What the code must hold for the convergence stage's budgets and the claims' search choices, and whether it
+    does."""
     own = {
         n: {m: b for m, b in bs.items() if b != convergence["budgets"].get(n)}
         for n, bs in convergence["own_budgets"].items()
@@ -501,16 +490,16 @@ def hold_lines(convergence: dict) -> str:
         f"  budgets found: {convergence['budgets']} (claims/shared.py STEPS['default']: {code_budgets()}); claim 9's "
         f"own: {own} (REGULARISED_STEPS: {code_regularised_budgets()})"
     ]
-    if convergence.get("pooling"):
-        lines.append(
-            f"  claim 3's learning rates: {convergence['pooling']['chosen']} (claim3_cls_vs_gap.POOL_LR: {POOL_LR})"
-        )
+    for e in _choosers():
+        if (convergence.get("choices") or {}).get(e.search_choice.key):
+            chosen = convergence["choices"][e.search_choice.key]["chosen"]
+            lines.append(f"  {e.search_choice.what}: {chosen} (in code: {e.search_choice.held()})")
     return "\n".join(lines)
 
 
 def code_holds(record: dict) -> list[str]:
     """Where the code differs from the search's record: the recipe, claim 9's regularisation, the budgets the
-    convergence stage found (or, without one, the budget stage's), claim 3's learning rates. Empty: it holds them."""
+    convergence stage found (or, without one, the budget stage's), the claims' search choices. Empty: it holds them."""
     bad = []
     if code_recipe() != record["recipe"]:
         bad.append("the recipe")
@@ -528,11 +517,13 @@ def code_holds(record: dict) -> list[str]:
             bad.append("claim 9's budgets (REGULARISED_STEPS)")
     else:
         for n, b in record["budgets"].items():
-            n = 60_000 if int(n) == 60_000 - HELD_OUT else int(n)
+            n = claim_size(n)
             if b["converged"] and code_budgets().get(n, b["steps"]) != b["steps"]:
                 bad.append(f"the budget at {n:,}")
-    if record.get("pooling") and record["pooling"]["chosen"] != POOL_LR:
-        bad.append("claim 3's learning rates (POOL_LR)")
+    for e in _choosers():
+        entry = record.get(e.search_choice.key)
+        if entry and entry["chosen"] != e.search_choice.held():
+            bad.append(e.search_choice.what)
     return bad
 
 
@@ -574,7 +565,8 @@ def tune(
                 )
             elif scale == "default":
                 log(
-                    "convergence stage (every claim's arms at a budget and twice it, doubling until none moves by a point):"
+                    "convergence stage (every claim's arms at a budget and twice it, doubling until none moves by a "
+                    "point):"
                 )
                 convergence = search.convergence(Scale("default", (0,)), budgets, regularisation)
                 log(hold_lines(convergence))
@@ -596,6 +588,132 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
+def _render_regularisation(record: dict) -> list[str]:
+    """Claim 9's regularisation stage in Markdown."""
+    reg = record.get("regularisation")
+    if not reg:
+        return []
+    lines: list[str] = []
+    lines += [
+        f"**Claim 9's regularisation**, chosen the same way: each candidate added to the chosen ViT's recipe on "
+        f"{reg['n']:,} images (the claim's smaller training set) for {reg['steps']:,} steps (the shared budget "
+        "there); "
+        "held-out accuracy in %, the best kept; then the chosen one on both models at that budget and at twice it:",
+        "",
+    ]
+    lines += [
+        md_table(
+            ["ViT plain"] + reg["values"],
+            [
+                [_pct(reg["plain"])]
+                + [f"**{_pct(a)}**" if k == reg["chosen"] else _pct(a) for k, a in zip(reg["values"], reg["acc"])]
+            ],
+        ),
+        "",
+    ]
+    lines += [
+        f"Then each model's budget with it at {reg['n']:,} images, as the budget stage finds one: steps doubling "
+        f"from {reg['steps']:,} until doubling moves the model by less than {100 * record['tolerance']:.0f} point "
+        "(held-out %):",
+        "",
+    ]
+    lines += [
+        md_table(
+            [f"model + {reg['chosen']}", "steps", "2x steps", "held-out %", ""],
+            [
+                [
+                    m,
+                    str(r["steps"]),
+                    str(2 * r["steps"]),
+                    f"{_pct(a)} -> {_pct(b)} ({100 * (b - a):+.2f})",
+                    ""
+                    if r["steps"] != reg["budget"][m]
+                    else "**budget**"
+                    if reg["converged"][m]
+                    else "**not converged** (the search stopped here)",
+                ]
+                for m, rs in reg["rows"].items()
+                for r in rs
+                for a, b in [r["acc"]]
+            ],
+        ),
+        "",
+    ]
+    return lines
+
+
+def _render_convergence(record: dict) -> list[str]:
+    """The convergence stage in Markdown: its rounds and every arm at its budget."""
+    if not record.get("convergence"):
+        return []
+    lines: list[str] = []
+    lines += [
+        f"**Convergence** of every claim's arms (claim 3's whole learning-rate sweep) at the smallest and the "
+        "largest training set of the claim, at a budget and at twice it (60,000 trained as the search's 50,000). "
+        "The arms at one size share a budget, claim 9's arms of each model their own; it starts at the budget "
+        "stage's (claim 9's at the regularisation stage's) and doubles until doubling moves none of them by "
+        f"{100 * record['tolerance']:.0f} point. The rounds:",
+        "",
+    ]
+    if record.get("convergence_rounds"):
+        outcome = {
+            "budget": "**budget**",
+            "doubled": "doubled",
+            "stopped": "**not converged** (the search stopped here)",
+        }
+        lines += [
+            md_table(
+                ["N", "arms", "steps", "2x steps", "largest move (points)", "moved by a point or more", ""],
+                [
+                    [
+                        f"{r['n_train']:,}",
+                        f"claim 9's {r['model']}" if r["model"] else f"the shared budget's {r['arms']}",
+                        f"{r['budget']:,}",
+                        f"{2 * r['budget']:,}",
+                        f"{100 * r['largest_move']:.2f}",
+                        "; ".join(r["late"]) or "none",
+                        outcome[r["outcome"]],
+                    ]
+                    for r in record["convergence_rounds"]
+                ],
+            ),
+            "",
+        ]
+    found = record.get("convergence_budgets") or record["code_budgets"]
+    own = record.get("convergence_own_budgets") or record.get("code_regularised_budgets") or {}
+    lines += [
+        "The budgets found, which the code holds: "
+        + ", ".join(f"{int(n):,} images: {s:,} steps" for n, s in found.items())
+        + "; "
+        "claim 9's own: "
+        + "; ".join(f"{int(n):,} images: " + ", ".join(f"{m} {s:,}" for m, s in b.items()) for n, b in own.items())
+        + ". Every arm at its budget:",
+        "",
+    ]
+    rows = [
+        [
+            name,
+            r["arm"],
+            f"{r['n_train']:,}",
+            f"{r['steps']:,}",
+            _pct(r["acc"]),
+            _pct(r["acc_2x"]),
+            f"{100 * (r['acc_2x'] - r['acc']):+.2f}",
+            "yes" if r["converged"] else "**no**",
+        ]
+        for name, rs in record["convergence"].items()
+        for r in rs
+    ]
+    lines += [
+        md_table(
+            ["claim", "arm", "N", "steps", "held-out %", "2x steps: held-out %", "difference (points)", "converged"],
+            rows,
+        ),
+        "",
+    ]
+    return lines
+
+
 def render(record: dict, heading: str = "#") -> str:
     """The search in Markdown: its stages' tables, the budgets and the convergence of every claim's arms."""
     lines = [
@@ -607,9 +725,11 @@ def render(record: dict, heading: str = "#") -> str:
         f"{record['train_cpu_s'] / 3600:.1f} CPU-hours of training.",
         "",
         f"**Recipe**, one knob at a time from the previous report's recipe, each model on its own, on "
-        f"{record['search_n']:,} images for {record['recipe_epochs']} epochs ({record['recipe_epochs'] * -(-record['search_n'] // 128):,} "
+        f"{record['search_n']:,} images for {record['recipe_epochs']} epochs "
+        f"({record['recipe_epochs'] * -(-record['search_n'] // 128):,} "
         "steps at batch 128; the same images seen at any batch size); held-out accuracy in %, the best kept "
-        "(the current value on a tie), except where a model takes another's value (the CNN trains at the ViT's batch, so "
+        "(the current value on a tie), except where a model takes another's value (the CNN trains at the ViT's "
+        "batch, so "
         "that equal steps are equal images):",
         "",
     ]
@@ -630,52 +750,7 @@ def render(record: dict, heading: str = "#") -> str:
         + ".",
         "",
     ]
-    reg = record.get("regularisation")
-    if reg:
-        lines += [
-            f"**Claim 9's regularisation**, chosen the same way: each candidate added to the chosen ViT's recipe on "
-            f"{reg['n']:,} images (the claim's smaller training set) for {reg['steps']:,} steps (the shared budget there); "
-            "held-out accuracy in %, the best kept; then the chosen one on both models at that budget and at twice it:",
-            "",
-        ]
-        lines += [
-            md_table(
-                ["ViT plain"] + reg["values"],
-                [
-                    [_pct(reg["plain"])]
-                    + [f"**{_pct(a)}**" if k == reg["chosen"] else _pct(a) for k, a in zip(reg["values"], reg["acc"])]
-                ],
-            ),
-            "",
-        ]
-        lines += [
-            f"Then each model's budget with it at {reg['n']:,} images, as the budget stage finds one: steps doubling "
-            f"from {reg['steps']:,} until doubling moves the model by less than {100 * record['tolerance']:.0f} point "
-            "(held-out %):",
-            "",
-        ]
-        lines += [
-            md_table(
-                [f"model + {reg['chosen']}", "steps", "2x steps", "held-out %", ""],
-                [
-                    [
-                        m,
-                        str(r["steps"]),
-                        str(2 * r["steps"]),
-                        f"{_pct(a)} -> {_pct(b)} ({100 * (b - a):+.2f})",
-                        ""
-                        if r["steps"] != reg["budget"][m]
-                        else "**budget**"
-                        if reg["converged"][m]
-                        else "**not converged** (the search stopped here)",
-                    ]
-                    for m, rs in reg["rows"].items()
-                    for r in rs
-                    for a, b in [r["acc"]]
-                ],
-            ),
-            "",
-        ]
+    lines += _render_regularisation(record)
     lines += [
         f"**Budgets**: at each training-set size the chosen recipe's ViT and CNN for doubling numbers of steps; "
         f"the budget is the first whose double moves neither by {100 * record['tolerance']:.0f} point or more:",
@@ -696,90 +771,10 @@ def render(record: dict, heading: str = "#") -> str:
                 ]
             )
     lines += [md_table(["N", "steps", "2x steps", "ViT held-out %", "CNN held-out %", ""], rows), ""]
-    if record.get("convergence"):
-        lines += [
-            f"**Convergence** of every claim's arms (claim 3's whole learning-rate sweep) at the smallest and the "
-            "largest training set of the claim, at a budget and at twice it (60,000 trained as the search's 50,000). "
-            "The arms at one size share a budget, claim 9's arms of each model their own; it starts at the budget "
-            "stage's (claim 9's at the regularisation stage's) and doubles until doubling moves none of them by "
-            f"{100 * record['tolerance']:.0f} point. The rounds:",
-            "",
-        ]
-        if record.get("convergence_rounds"):
-            outcome = {
-                "budget": "**budget**",
-                "doubled": "doubled",
-                "stopped": "**not converged** (the search stopped here)",
-            }
-            lines += [
-                md_table(
-                    ["N", "arms", "steps", "2x steps", "largest move (points)", "moved by a point or more", ""],
-                    [
-                        [
-                            f"{r['n_train']:,}",
-                            f"claim 9's {r['model']}" if r["model"] else f"the shared budget's {r['arms']}",
-                            f"{r['budget']:,}",
-                            f"{2 * r['budget']:,}",
-                            f"{100 * r['largest_move']:.2f}",
-                            "; ".join(r["late"]) or "none",
-                            outcome[r["outcome"]],
-                        ]
-                        for r in record["convergence_rounds"]
-                    ],
-                ),
-                "",
-            ]
-        lines += [
-            f"The budgets found, which the code holds: {', '.join(f'{int(n):,} images: {s:,} steps' for n, s in (record.get('convergence_budgets') or record['code_budgets']).items())}; "
-            f"claim 9's own: {'; '.join(f'{int(n):,} images: ' + ', '.join(f'{m} {s:,}' for m, s in b.items()) for n, b in (record.get('convergence_own_budgets') or record.get('code_regularised_budgets') or {}).items())}. "
-            "Every arm at its budget:",
-            "",
-        ]
-        rows = [
-            [
-                name,
-                r["arm"],
-                f"{r['n_train']:,}",
-                f"{r['steps']:,}",
-                _pct(r["acc"]),
-                _pct(r["acc_2x"]),
-                f"{100 * (r['acc_2x'] - r['acc']):+.2f}",
-                "yes" if r["converged"] else "**no**",
-            ]
-            for name, rs in record["convergence"].items()
-            for r in rs
-        ]
-        lines += [
-            md_table(
-                [
-                    "claim",
-                    "arm",
-                    "N",
-                    "steps",
-                    "held-out %",
-                    "2x steps: held-out %",
-                    "difference (points)",
-                    "converged",
-                ],
-                rows,
-            ),
-            "",
-        ]
-    pool = record.get("pooling")
-    if pool:
-        names = {"cls": "class token", "mean": "global average pooling"}
-        lines += [
-            f"**Claim 3's learning rates**, each pooling's best held-out accuracy of the sweep at {pool['n_train']:,} "
-            f"images and {pool['budget']:,} steps: "
-            + "; ".join(
-                f"{names[p]}: "
-                + ", ".join(f"{lr}: {_pct(a)}" for lr, a in accs.items())
-                + f" -> **{pool['chosen'][p]:g}**"
-                for p, accs in pool["acc"].items()
-            )
-            + ".",
-            "",
-        ]
+    lines += _render_convergence(record)
+    for e in _choosers():
+        if record.get(e.search_choice.key):
+            lines += [e.search_choice.render(record[e.search_choice.key]), ""]
     return "\n".join(lines) + "\n"
 
 

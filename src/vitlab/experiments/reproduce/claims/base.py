@@ -1,4 +1,5 @@
-"""What a claim is made of: `Experiment` (the claim, its rule, and its plan and analyse functions),
+"""What a claim is made of: `Experiment` (the claim, its rule, its plan and analyse functions, and its hooks into
+the recipe search), `SearchChoice`,
 `Scale` (quick, default or large, and the seeds), `Outcome` (table, figures, CSV rows and verdict) and `Results`
 (the cached results of a plan's runs).
 
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from vitlab.errors import VitlabError
-from vitlab.experiments.reproduce.runs import RunCache, RunSpec
+from vitlab.experiments.reproduce.runs import Run, RunCache
 from vitlab.experiments.reproduce.verdicts import Verdict
 
 SCALES = ("quick", "default", "large")
@@ -71,7 +72,19 @@ def convergence_row(
     return {"arm": arm, "n_train": n_train, "steps": steps, "acc": a, "acc_2x": b, "converged": abs(b - a) < tolerance}
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
+class SearchChoice:
+    """A constant of a claim that the recipe search's convergence stage chooses from the claim's `search_plan` arms,
+    each trained on held-out images at its converged budget; kept in search.json under `key`, held by the code."""
+
+    key: str  # its entry in search.json
+    choose: Callable[[list[tuple[Run, float]], int], dict]  # ((arm, held-out acc) each, budget) -> entry with "chosen"
+    held: Callable[[], object]  # the code's value, compared with the entry's "chosen"
+    what: str  # the code's constant, in words
+    render: Callable[[dict], str]  # the entry in Markdown, for search.md
+
+
+@dataclass(frozen=True, kw_only=True)
 class Experiment:
     number: int
     name: str
@@ -79,11 +92,17 @@ class Experiment:
     claim: str
     source: str
     rule: str
-    plan: Callable[[Scale], list[RunSpec]]
+    plan: Callable[[Scale], list[Run]]
     analyze: Callable[[Scale, Results, Path], Outcome]
     # The runs the recipe search trains for the claim on held-out images (its convergence stage), where they are more
-    # than the plan's: a sweep whose choice the code then holds (claim 3's learning rates).
-    search_plan: Callable[[Scale], list[RunSpec]] | None = None
+    # than the plan's: a sweep whose choice (`search_choice`) the code then holds.
+    search_plan: Callable[[Scale], list[Run]] | None = None
+    search_choice: SearchChoice | None = None
+    # In the convergence stage the arms at one training-set size share one budget; with this, one per model.
+    budget_per_model: bool = False
+    # The claim's Budget table from the search's record (a dict) where the convergence stage has none for it:
+    # (rows, complete, note), or None where the record has nothing for the budgets in code.
+    budget_evidence: Callable[[dict], tuple[list[dict], bool, str] | None] | None = None
 
 
 class Results:
@@ -93,11 +112,11 @@ class Results:
         self.cache = cache
         self.device = device
 
-    def __getitem__(self, spec: RunSpec) -> dict:
+    def __getitem__(self, spec: Run) -> dict:
         return self.cache.result(spec)
 
-    def acc(self, specs: Sequence[RunSpec]) -> list[float]:
+    def acc(self, specs: Sequence[Run]) -> list[float]:
         return [self[s]["val_acc"] for s in specs]
 
-    def model(self, spec: RunSpec) -> nn.Module:
+    def model(self, spec: Run) -> nn.Module:
         return self.cache.load_model(spec)

@@ -5,34 +5,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vitlab.data.subsets import ExperimentData
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale, convergence_row
 from vitlab.experiments.reproduce.figures import bar_figure
-from vitlab.experiments.reproduce.runs import RunSpec, run_spec
-from vitlab.experiments.reproduce.verdicts import _ms, at_least, combine, near
+from vitlab.experiments.reproduce.runs import BASE_RECIPE, Run
+from vitlab.experiments.reproduce.verdicts import at_least, combine, mean_std, near
+
+X_DATA = ExperimentData("x", n_train=2000, n_val=500, img_size=32)
 
 
-def _x_data(scale: Scale) -> dict:
-    return {"name": "x", "n_train": 2000, "n_val": 500, "img_size": 32}
-
-
-def _runs(scale: Scale, factor: int = 1) -> list[RunSpec]:
+def _runs(scale: Scale, factor: int = 1) -> list[Run]:
     # The mini experiment's recipe: AdamW, lr 3e-3, batch 32 (60 epochs in `vitlab demo`; 10 here, 2 in --quick).
+    recipe = BASE_RECIPE.replace(epochs=factor * (2 if scale.quick else 10), lr=3e-3, batch_size=32)
     return [
-        run_spec(
-            _x_data(scale),
-            "vit_mini_x",
-            overrides={"pos_embed": pe},
-            epochs=factor * (2 if scale.quick else 10),
-            lr=3e-3,
-            batch_size=32,
-            seed=s,
-        )
+        Run(data=X_DATA, model="vit_mini_x", recipe=recipe.replace(seed=s), overrides={"pos_embed": pe})
         for pe in ("learned", "none")
         for s in scale.seeds
     ]
 
 
-def _plan_x(scale: Scale) -> list[RunSpec]:
+def _plan_x(scale: Scale) -> list[Run]:
     return _runs(scale) + _runs(scale, 2)  # and twice the budget: the convergence table
 
 
@@ -61,28 +53,31 @@ def _analyze_x(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
             f"{spec0.epochs} epochs (`vitlab demo` trains 60; it converges long before)."
         ),
         header=["position embedding", "val acc % (mean +- std)", "per seed"],
-        rows=[[pe, _ms(acc[pe]), ", ".join(f"{100 * a:.1f}" for a in acc[pe])] for pe in ("learned", "none")],
+        rows=[[pe, mean_std(acc[pe]), ", ".join(f"{100 * a:.1f}" for a in acc[pe])] for pe in ("learned", "none")],
         verdict=verdict,
         figures=[fig],
         csv_header=["pos_embed", "seed", "val_acc"],
         csv_rows=[[pe, s.seed, res[s]["val_acc"]] for pe in by for s in by[pe]],
         convergence=[
-            convergence_row(f"position embedding {pe}", 2000, by[pe][0].steps, acc[pe], res.acc(by_2x[pe])) for pe in by
+            convergence_row(f"position embedding {pe}", X_DATA.n_train, by[pe][0].steps, acc[pe], res.acc(by_2x[pe]))
+            for pe in by
         ],
-        convergence_note="on the claim's own validation images, every seed; dataset X is generated: no images to hold out",
+        convergence_note=(
+            "on the claim's own validation images, every seed; dataset X is generated: no images to hold out"
+        ),
     )
 
 
 EXPERIMENT = Experiment(
-    1,
-    "x_pos_embed",
-    "The mini experiment: dataset X needs the position embedding",
-    "On dataset X (left half bright vs right half bright), the mini ViT reaches a validation accuracy above "
+    number=1,
+    name="x_pos_embed",
+    title="The mini experiment: dataset X needs the position embedding",
+    claim="On dataset X (left half bright vs right half bright), the mini ViT reaches a validation accuracy above "
     "95%; with the position embedding removed, accuracy drops (to chance: without positions the two classes "
     "are the same set of patches).",
-    "the mini experiment (`vitlab demo`)",
-    "reproduced if the mean val acc with a learned 1-D position embedding is "
+    source="the mini experiment (`vitlab demo`)",
+    rule="reproduced if the mean val acc with a learned 1-D position embedding is "
     ">= 95% and the mean without one is within 5 points of 50% (chance) [at_least, near]",
-    _plan_x,
-    _analyze_x,
+    plan=_plan_x,
+    analyze=_analyze_x,
 )

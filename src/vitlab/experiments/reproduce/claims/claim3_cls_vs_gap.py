@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
+from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale, SearchChoice
 from vitlab.experiments.reproduce.claims.shared import CHANCE, RECIPES, VIT, describe_setup, fashion_run, n_small
 from vitlab.experiments.reproduce.figures import bar_figure
-from vitlab.experiments.reproduce.runs import RunSpec
-from vitlab.experiments.reproduce.verdicts import MARGIN, TOL, _ms, close
+from vitlab.experiments.reproduce.runs import Run
+from vitlab.experiments.reproduce.verdicts import MARGIN, TOL, close, mean_std
 
 POOLS = {"cls": {}, "mean": {"pool": "mean", "class_token": False}}
 # Each pooling's learning rate, the search's choice (search.json, "pooling"): the best held-out accuracy of the
@@ -21,20 +21,49 @@ POOL_LR = {"cls": 1e-3, "mean": 4e-3}
 def sweep_lrs(scale: Scale) -> tuple[float, ...]:
     # The paper's point is that the two need different learning rates, so each gets a sweep (Appendix D.3) around
     # the ViT's own (the search's, for the class token).
-    lr = RECIPES[VIT]["lr"]
+    lr = RECIPES[VIT].lr
     return (lr / 2, lr, 2 * lr)
 
 
-def _run(pool: str, lr: float, seed: int, scale: Scale) -> RunSpec:
+def _run(pool: str, lr: float, seed: int, scale: Scale) -> Run:
     return fashion_run(VIT, n_small(scale), seed, scale, lr=lr, overrides=POOLS[pool])
 
 
-def sweep(scale: Scale) -> list[RunSpec]:
+def sweep(scale: Scale) -> list[Run]:
     """The learning-rate sweep the recipe search trains on held-out images, to choose POOL_LR."""
     return [_run(p, lr, s, scale) for p in POOLS for lr in sweep_lrs(scale) for s in scale.seeds]
 
 
-def _plan(scale: Scale) -> list[RunSpec]:
+def _pool(run: Run) -> str:
+    return "mean" if dict(run.overrides).get("pool") == "mean" else "cls"
+
+
+def choose_lrs(arms: list[tuple[Run, float]], budget: int) -> dict:
+    """The search's choice of POOL_LR: each pooling's best held-out accuracy of the sweep at `budget` steps (the
+    code's learning rate on a tie); `arms`: each run of the sweep and its held-out accuracy."""
+    acc: dict[str, dict[str, float]] = {}
+    for run, a in arms:
+        acc.setdefault(_pool(run), {})[f"{run.lr:g}"] = a
+    chosen = {p: float(max(a, key=lambda lr: (a[lr], float(lr) == POOL_LR[p]))) for p, a in acc.items()}
+    return {"n_train": arms[0][0].n_train, "budget": budget, "acc": acc, "chosen": chosen}
+
+
+def render_lrs(pool: dict) -> str:
+    names = {"cls": "class token", "mean": "global average pooling"}
+    return (
+        f"**Claim 3's learning rates**, each pooling's best held-out accuracy of the sweep at {pool['n_train']:,} "
+        f"images and {pool['budget']:,} steps: "
+        + "; ".join(
+            f"{names[p]}: "
+            + ", ".join(f"{lr}: {100 * a:.2f}" for lr, a in accs.items())
+            + f" -> **{pool['chosen'][p]:g}**"
+            for p, accs in pool["acc"].items()
+        )
+        + "."
+    )
+
+
+def _plan(scale: Scale) -> list[Run]:
     return [_run(p, POOL_LR[p], s, scale) for p in POOLS for s in scale.seeds]
 
 
@@ -57,7 +86,8 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     spec0 = _run("cls", POOL_LR["cls"], scale.seeds[0], scale)
     return Outcome(
         setup=(
-            f"{describe_setup(scale)} {spec0.n_train:,} training images, {spec0.steps:,} steps ({spec0.epochs} epochs). Pooling: the class "
+            f"{describe_setup(scale)} {spec0.n_train:,} training images, {spec0.steps:,} steps ({spec0.epochs} "
+            "epochs). Pooling: the class "
             "token's final state (Eq. 4), or, with no class token at all, the mean of the patch tokens followed by "
             "LayerNorm (GAP, as timm and big_vision). Each at its own learning rate, chosen by the recipe search from "
             f"{', '.join(f'{lr:g}' for lr in sweep_lrs(scale))} on held-out training images (seed 0, the claim's "
@@ -65,7 +95,9 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
             f"{POOL_LR['cls']:g}, GAP {POOL_LR['mean']:g}."
         ),
         header=["pooling", "lr", "val acc % (mean +- std)", "per seed"],
-        rows=[[label[p], f"{POOL_LR[p]:g}", _ms(acc[p]), ", ".join(f"{100 * a:.1f}" for a in acc[p])] for p in POOLS],
+        rows=[
+            [label[p], f"{POOL_LR[p]:g}", mean_std(acc[p]), ", ".join(f"{100 * a:.1f}" for a in acc[p])] for p in POOLS
+        ],
         verdict=verdict,
         figures=[fig],
         csv_header=["pool", "lr", "seed", "val_acc"],
@@ -80,14 +112,21 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
 
 
 EXPERIMENT = Experiment(
-    3,
-    "cls_vs_gap",
-    "Class token vs global average pooling (Appendix D.3)",
-    "Class token and global average pooling work about equally well, once each gets its own learning rate.",
-    "paper Appendix D.3 (Figure 9)",
-    "each pooling at its own lr, the best of a sweep on held-out training images; reproduced if the two are within 3 "
-    "points (close, tol 3; inconclusive if neither reaches chance + 3)",
-    _plan,
-    _analyze,
+    number=3,
+    name="cls_vs_gap",
+    title="Class token vs global average pooling (Appendix D.3)",
+    claim="Class token and global average pooling work about equally well, once each gets its own learning rate.",
+    source="paper Appendix D.3 (Figure 9)",
+    rule="each pooling at its own lr, the best of a sweep on held-out training images; reproduced if the two are "
+    "within 3 points (close, tol 3; inconclusive if neither reaches chance + 3)",
+    plan=_plan,
+    analyze=_analyze,
     search_plan=sweep,
+    search_choice=SearchChoice(
+        key="pooling",
+        choose=choose_lrs,
+        held=lambda: POOL_LR,
+        what="claim 3's learning rates (claim3_cls_vs_gap.POOL_LR)",
+        render=render_lrs,
+    ),
 )

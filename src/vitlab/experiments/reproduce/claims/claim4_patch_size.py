@@ -6,18 +6,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vitlab.analysis.flops import count_macs
+from vitlab.analysis.flops import count_macs, forward_flops
+from vitlab.data.subsets import experiment_splits
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
 from vitlab.experiments.reproduce.claims.shared import VIT, by_arm, describe_setup, fashion_run, n_small
 from vitlab.experiments.reproduce.figures import patch_figure
-from vitlab.experiments.reproduce.runs import RunSpec, dataset, forward_flops, inference_ms, transforms
-from vitlab.experiments.reproduce.verdicts import NOT_REPRODUCED, REPRODUCED, Verdict, _ms, _stats, combine, greater
+from vitlab.experiments.reproduce.runs import Run, inference_ms, transforms
+from vitlab.experiments.reproduce.verdicts import NOT_REPRODUCED, REPRODUCED, Verdict, combine, greater, mean_std, stats
 from vitlab.models.registry import get_config
 
 PATCHES = (14, 7, 4)
 
 
-def _plan(scale: Scale) -> list[RunSpec]:
+def _plan(scale: Scale) -> list[Run]:
     return [
         fashion_run(VIT, n_small(scale), s, scale, overrides={"patch_size": p}) for p in PATCHES for s in scale.seeds
     ]
@@ -28,7 +29,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     acc = {p: res.acc(by[p]) for p in PATCHES}
     models = {p: res.model(by[p][0]) for p in PATCHES}
     flops = {p: count_macs(models[p].cfg).flops for p in PATCHES}  # analytic, Eq. 1-4 and Appendix A
-    _, val, _ = dataset(by[PATCHES[0]][0].data, by[PATCHES[0]][0].seed)
+    _, val, _ = experiment_splits(by[PATCHES[0]][0].data, by[PATCHES[0]][0].seed)
     batch = transforms(by[PATCHES[0]][0], models[PATCHES[0]], val.size)[1](val.images[:64], {})
     counted = {p: forward_flops(models[p], batch[:1]) for p in PATCHES}  # FlopCounterMode, explicit attention path
     infer = {p: inference_ms(models[p], batch, res.device) for p in PATCHES}
@@ -36,7 +37,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     seq = {p: models[p].cfg.num_patches + models[p].cfg.num_prefix_tokens for p in PATCHES}
     halvings = list(zip(PATCHES, PATCHES[1:]))  # (larger P, smaller P)
     cost_ok = all(
-        seq[b] > seq[a] and flops[b] > flops[a] and _stats(train_ms[b])[0] > _stats(train_ms[a])[0] for a, b in halvings
+        seq[b] > seq[a] and flops[b] > flops[a] and stats(train_ms[b])[0] > stats(train_ms[a])[0] for a, b in halvings
     )
     cost = Verdict(
         REPRODUCED if cost_ok else NOT_REPRODUCED,
@@ -50,8 +51,10 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     spec0 = by[PATCHES[0]][0]
     return Outcome(
         setup=(
-            f"{describe_setup(scale)} {spec0.n_train:,} training images, {spec0.steps:,} steps ({spec0.epochs} epochs); patch size P in "
-            f"{{{', '.join(map(str, PATCHES))}}} (sequence (28/P)^2 + 1), everything else identical. FLOPs: one forward pass of one image, "
+            f"{describe_setup(scale)} {spec0.n_train:,} training images, {spec0.steps:,} steps ({spec0.epochs} "
+            "epochs); patch size P in "
+            f"{{{', '.join(map(str, PATCHES))}}} (sequence (28/P)^2 + 1), everything else identical. FLOPs: one "
+            "forward pass of one image, "
             "2 per multiply-add, attention matmuls included (the analytic count of `vitlab.analysis.flops.count_macs`; "
             "torch's FlopCounterMode on the explicit attention path gives "
             f"{', '.join(f'{counted[p] / 1e6:.2f}' for p in PATCHES)} MFLOPs). Training time: measured per run "
@@ -66,7 +69,14 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
             "training ms / image",
         ],
         rows=[
-            [str(p), str(seq[p]), f"{flops[p] / 1e6:.2f}", _ms(acc[p]), f"{infer[p]:.3f}", _ms(train_ms[p], 1, 2)]
+            [
+                str(p),
+                str(seq[p]),
+                f"{flops[p] / 1e6:.2f}",
+                mean_std(acc[p]),
+                f"{infer[p]:.3f}",
+                mean_std(train_ms[p], 1, 2),
+            ]
             for p in PATCHES
         ],
         verdict=combine(*parts),
@@ -86,15 +96,15 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
 
 
 EXPERIMENT = Experiment(
-    4,
-    "patch_size",
-    "Patch size: sequence length, cost and accuracy",
-    "Smaller patches mean longer sequences (N = HW/P^2) and much more compute, and keep more detail: a smaller "
+    number=4,
+    name="patch_size",
+    title="Patch size: sequence length, cost and accuracy",
+    claim="Smaller patches mean longer sequences (N = HW/P^2) and much more compute, and keep more detail: a smaller "
     "patch size raises accuracy.",
-    "paper Section 3.1 and Table 5 (/14 and /16 models)",
-    "reproduced if sequence length, FLOPs and measured training time per image all rise at each smaller P "
+    source="paper Section 3.1 and Table 5 (/14 and /16 models)",
+    rule="reproduced if sequence length, FLOPs and measured training time per image all rise at each smaller P "
     "(14 -> 7 -> 4), and accuracy rises at each step too: acc(P=7) > acc(P=14) and acc(P=4) > acc(P=7) "
     "(greater, margin 0)",
-    _plan,
-    _analyze,
+    plan=_plan,
+    analyze=_analyze,
 )

@@ -8,16 +8,41 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
-from vitlab.experiments.reproduce.claims.shared import CNN, VIT, describe_setup, fashion_run, points
+from vitlab.experiments.reproduce.claims.shared import (
+    CNN,
+    VIT,
+    budget_rows,
+    code_budgets,
+    describe_setup,
+    fashion_run,
+    points,
+)
 from vitlab.experiments.reproduce.figures import scale_figure
-from vitlab.experiments.reproduce.runs import RunSpec
-from vitlab.experiments.reproduce.verdicts import _ms, _stats, combine, greater
+from vitlab.experiments.reproduce.runs import Run
+from vitlab.experiments.reproduce.verdicts import combine, greater, mean_std, stats
 
 MODELS = ((CNN, "CNN (resnet_mini)"), (VIT, "ViT (vit_mini, 6 blocks)"))
 
 
-def _plan(scale: Scale) -> list[RunSpec]:
+def _plan(scale: Scale) -> list[Run]:
     return [fashion_run(m, n, s, scale) for m, _ in MODELS for n, _ in points(scale) for s in scale.seeds]
+
+
+def budget_evidence(record: dict) -> tuple[list[dict], bool, str] | None:
+    """The Budget table where the search ran no convergence stage: the budget stage's rows (the shared ViT and CNN
+    themselves) at the sizes whose budget in code is the one it found."""
+    rows = budget_rows(record, code_budgets())
+    if not rows:
+        return None
+    complete = {r["n_train"] for r in rows} >= set(code_budgets())
+    note = (
+        "from the recipe search's budget stage: on the 10,000 training images held out from the other 50,000, "
+        "seed 0; measured at "
+        + ", ".join(f"{n:,}" for n in sorted({r["n_train"] for r in rows}))
+        + " training images"
+        + ("" if complete else " only: the other sizes' budgets are not yet measured")
+    )
+    return rows, complete, note
 
 
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
@@ -31,12 +56,13 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     )
     fig = scale_figure(fig_dir / "claim5_data_scale.png", [n for n, _ in pts], acc, MODELS)
     params = {m: res[fashion_run(m, n_small, scale.seeds[0], scale)]["params"] for m, _ in MODELS}
-    rows = [[f"{n:,}", f"{st:,}", _ms(acc[(VIT, n)]), _ms(acc[(CNN, n)]), _ms(gap[n])] for n, st in pts]
-    widest = max((n for n, _ in pts), key=lambda n: _stats(gap[n])[0])
+    rows = [[f"{n:,}", f"{st:,}", mean_std(acc[(VIT, n)]), mean_std(acc[(CNN, n)]), mean_std(gap[n])] for n, st in pts]
+    widest = max((n for n, _ in pts), key=lambda n: stats(gap[n])[0])
     return Outcome(
         setup=(
             f"{describe_setup(scale)} Training sets: the first N images of one permutation of the 60,000 per seed "
-            f"(nested: each N contains the smaller ones); optimizer steps per N in the table, the same for both models. "
+            "(nested: each N contains the smaller ones); optimizer steps per N in the table, the same for both "
+            "models. "
             f"ViT {params[VIT]:,} parameters, CNN {params[CNN]:,}."
         ),
         header=["N train", "steps", "ViT val acc %", "CNN val acc %", "CNN - ViT (points)"],
@@ -44,8 +70,8 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         verdict=verdict,
         figures=[fig],
         notes=(
-            f"Not part of the rule: the CNN's lead is largest at N={widest:,} ({100 * _stats(gap[widest])[0]:.1f} "
-            f"points) and {100 * _stats(gap[n_large])[0]:.1f} points at N={n_large:,}. The paper's Figure 3 "
+            f"Not part of the rule: the CNN's lead is largest at N={widest:,} ({100 * stats(gap[widest])[0]:.1f} "
+            f"points) and {100 * stats(gap[n_large])[0]:.1f} points at N={n_large:,}. The paper's Figure 3 "
             "(pre-training on ImageNet, ImageNet-21k, JFT-300M) and Figure 4 (random JFT subsets of 9M to 300M "
             "images): the ResNets win on the smaller pre-training sets, the ViTs catch up as the set grows and "
             "overtake on the largest; the paper's smallest set is twenty times Fashion-MNIST's training set."
@@ -61,14 +87,15 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
 
 
 EXPERIMENT = Experiment(
-    5,
-    "data_scale",
-    "Data scale: ViT vs CNN from scratch (Figures 3-4)",
-    "On small datasets a ResNet beats a ViT of comparable size (its inductive biases: locality, translation "
+    number=5,
+    name="data_scale",
+    title="Data scale: ViT vs CNN from scratch (Figures 3-4)",
+    claim="On small datasets a ResNet beats a ViT of comparable size (its inductive biases: locality, translation "
     "equivariance); as the dataset grows the gap closes, and with enough data the ViT overtakes.",
-    "paper Section 4.2, Figures 3 and 4",
-    "reproduced if the CNN beats the ViT at the smallest N (greater, margin 0) and the CNN - ViT gap at the "
+    source="paper Section 4.2, Figures 3 and 4",
+    rule="reproduced if the CNN beats the ViT at the smallest N (greater, margin 0) and the CNN - ViT gap at the "
     "smallest N exceeds the gap at the full 60,000 (greater on the per-seed gaps, margin 0)",
-    _plan,
-    _analyze,
+    plan=_plan,
+    analyze=_analyze,
+    budget_evidence=budget_evidence,
 )

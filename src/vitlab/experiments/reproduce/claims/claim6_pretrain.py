@@ -6,30 +6,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vitlab.data.subsets import DIGITS_HELD_OUT, ExperimentData
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale, convergence_row
-from vitlab.experiments.reproduce.claims.shared import VIT, VIT_INIT, fashion_run, n_full
+from vitlab.experiments.reproduce.claims.shared import RECIPES, VIT, fashion_run, n_full
 from vitlab.experiments.reproduce.figures import bar_figure
-from vitlab.experiments.reproduce.runs import DIGITS_HELD_OUT, RunSpec, run_spec
-from vitlab.experiments.reproduce.verdicts import _ms, _stats, greater
+from vitlab.experiments.reproduce.runs import BASE_RECIPE, Run
+from vitlab.experiments.reproduce.verdicts import greater, mean_std, stats
 
 
 def _lrs(scale: Scale) -> tuple[float, ...]:
     return (1e-3,) if scale.quick else (3e-4, 1e-3)
 
 
-def _digits_data(scale: Scale, held_out: bool = False) -> dict:
+def _digits_data(scale: Scale, held_out: bool = False) -> ExperimentData:
     # 28x28 and one grey channel: the pre-trained model's input. Of the 1,797 digits, the training ones; of the rest,
     # DIGITS_HELD_OUT (drawn per seed) to choose the learning rate and check the budget on, the others for the verdict.
     n_train = 100 if scale.quick else 500
     n_val = DIGITS_HELD_OUT if held_out else 1797 - n_train - DIGITS_HELD_OUT
-    return {
-        "name": "digits",
-        "n_train": n_train,
-        "n_val": n_val,
-        "img_size": 28,
-        "channels": 1,
-        **({"split": "held_out"} if held_out else {}),
-    }
+    split = "held_out" if held_out else "test"
+    return ExperimentData("digits", n_train=n_train, n_val=n_val, img_size=28, channels=1, split=split)
 
 
 # The fine-tuning budget: 192 epochs of the 500 digits (3,072 steps of 32). benchmarks/claim6_budget.py, the mean of
@@ -39,30 +34,20 @@ def _digits_data(scale: Scale, held_out: bool = False) -> dict:
 EPOCHS = {"quick": 2, "default": 192, "large": 384}
 
 
-def _runs(scale: Scale, factor: int = 1, held_out: bool = False) -> list[RunSpec]:
+def _runs(scale: Scale, factor: int = 1, held_out: bool = False) -> list[Run]:
     epochs = factor * EPOCHS[scale.name]
     out = []
     for s in scale.seeds:
         pre = fashion_run(VIT, n_full(scale), s, scale)  # the data-scale experiment's ViT on the full training set
         for lr in _lrs(scale):
-            for init in (pre, None):  # from scratch: the shared setup's ViT, initialised as it is there
-                out.append(
-                    run_spec(
-                        _digits_data(scale, held_out),
-                        VIT,
-                        overrides=dict(pre.overrides),
-                        epochs=epochs,
-                        lr=lr,
-                        batch_size=32,
-                        seed=s,
-                        init=init,
-                        weight_init="default" if init else VIT_INIT,
-                    )
-                )
+            # No augmentation (a flipped digit is another digit); from scratch: the shared ViT, initialised as there.
+            recipe = BASE_RECIPE.replace(epochs=epochs, lr=lr, batch_size=32, seed=s, init=RECIPES[VIT].init)
+            for parent in (pre, None):
+                out.append(Run(_digits_data(scale, held_out), VIT, recipe, overrides=pre.overrides, parent=parent))
     return out
 
 
-def _plan(scale: Scale) -> list[RunSpec]:
+def _plan(scale: Scale) -> list[Run]:
     # every arm and learning rate on the held-out digits at the budget and twice it (the lr is chosen there, and the
     # budget checked), and on the verdict's digits at the budget
     return _runs(scale, held_out=True) + _runs(scale, 2, held_out=True) + _runs(scale)
@@ -71,8 +56,8 @@ def _plan(scale: Scale) -> list[RunSpec]:
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     def split(runs):
         return {
-            "fine-tuned": [r for r in runs if r.init is not None],
-            "from scratch": [r for r in runs if r.init is None],
+            "fine-tuned": [r for r in runs if r.parent is not None],
+            "from scratch": [r for r in runs if r.parent is None],
         }
 
     arms, held, held_2x = split(_runs(scale)), split(_runs(scale, held_out=True)), split(_runs(scale, 2, held_out=True))
@@ -80,7 +65,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     acc = {(a, lr): res.acc([r for r in arms[a] if r.lr == lr]) for a in arms for lr in lrs}
     h = {(a, lr): res.acc([r for r in held[a] if r.lr == lr]) for a in arms for lr in lrs}
     h2 = {(a, lr): res.acc([r for r in held_2x[a] if r.lr == lr]) for a in arms for lr in lrs}
-    best = {a: max(lrs, key=lambda lr: _stats(h[(a, lr)])[0]) for a in arms}  # chosen held out, never on the verdict's
+    best = {a: max(lrs, key=lambda lr: stats(h[(a, lr)])[0]) for a in arms}  # chosen held out, never on the verdict's
     verdict = greater(
         acc[("fine-tuned", best["fine-tuned"])],
         acc[("from scratch", best["from scratch"])],
@@ -99,17 +84,18 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     return Outcome(
         setup=(
             f"Pre-training: claim 5's ViT trained on all {n_full(scale):,} Fashion-MNIST images for "
-            f"{spec0.init.steps:,} steps ({spec0.init.epochs} epochs), per seed. Fine-tuning: scikit-learn's digits (real handwriting, 8x8 "
+            f"{spec0.parent.steps:,} steps ({spec0.parent.epochs} epochs), per seed. Fine-tuning: scikit-learn's "
+            "digits (real handwriting, 8x8 "
             f"upsampled to 28x28, one grey channel), {spec0.n_train} training images (stratified); of the others "
-            f"{dict(spec_h.data)['n_val']} held out (drawn per seed) to choose each arm's learning rate from "
-            f"{', '.join(f'{lr:g}' for lr in lrs)} and to check the budget on, and {dict(spec0.data)['n_val']} for the "
+            f"{spec_h.data.n_val} held out (drawn per seed) to choose each arm's learning rate from "
+            f"{', '.join(f'{lr:g}' for lr in lrs)} and to check the budget on, and {spec0.data.n_val} for the "
             "verdict. A new zero-initialised head (Section 3.2), all weights trained, AdamW, batch 32, "
             f"{spec0.epochs} epochs ({spec0.steps:,} steps), no augmentation (a flipped digit is another digit); from "
             "scratch: the same model randomly initialised, the same recipe."
         ),
         header=["arm", "lr", "held-out acc % (mean +- std)", "val acc % (mean +- std)", ""],
         rows=[
-            [a, f"{lr:g}", _ms(h[(a, lr)]), _ms(acc[(a, lr)]), "chosen (held out)" if lr == best[a] else ""]
+            [a, f"{lr:g}", mean_std(h[(a, lr)]), mean_std(acc[(a, lr)]), "chosen (held out)" if lr == best[a] else ""]
             for a in arms
             for lr in lrs
         ],
@@ -137,14 +123,14 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
 
 
 EXPERIMENT = Experiment(
-    6,
-    "pretrain",
-    "Pre-train, then fine-tune on a small real dataset",
-    "Pre-train on a large dataset, replace the head and fine-tune on the small task: better than training "
+    number=6,
+    name="pretrain",
+    title="Pre-train, then fine-tune on a small real dataset",
+    claim="Pre-train on a large dataset, replace the head and fine-tune on the small task: better than training "
     "the same ViT from scratch on the small task.",
-    "paper Section 3.2",
-    "reproduced if fine-tuned beats from scratch, each at its learning rate chosen on held-out digits (greater, "
+    source="paper Section 3.2",
+    rule="reproduced if fine-tuned beats from scratch, each at its learning rate chosen on held-out digits (greater, "
     "margin 0)",
-    _plan,
-    _analyze,
+    plan=_plan,
+    analyze=_analyze,
 )

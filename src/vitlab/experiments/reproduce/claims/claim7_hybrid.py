@@ -16,8 +16,8 @@ from vitlab.experiments.reproduce.claims.shared import (
     points,
 )
 from vitlab.experiments.reproduce.figures import grouped_bar_figure
-from vitlab.experiments.reproduce.runs import RunSpec
-from vitlab.experiments.reproduce.verdicts import _ms, combine, greater
+from vitlab.experiments.reproduce.runs import Run
+from vitlab.experiments.reproduce.verdicts import combine, greater, mean_std
 
 # The conv stem downsamples by powers of 2: at the shared patch size when it is one (the ViT arm is then the
 # shared ViT itself), else both arms at 4-pixel patches (7x7 tokens), so that the two see the same grid.
@@ -30,7 +30,7 @@ def _ns(scale: Scale) -> tuple[int, int]:
     return n_small(scale), n_mid(scale)
 
 
-def _plan(scale: Scale) -> list[RunSpec]:
+def _plan(scale: Scale) -> list[Run]:
     return [
         fashion_run(VIT, n, s, scale, overrides=ov) for n in _ns(scale) for ov in ARMS.values() for s in scale.seeds
     ]
@@ -60,12 +60,14 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     return Outcome(
         setup=(
             f"{describe_setup(scale)} Steps: {', '.join(f'{steps[n]:,} at N={n:,}' for n in _ns(scale))}. ViT: the "
-            f"shared model at {P}-pixel patches ({params[vit]:,} parameters). Hybrid: the same transformer fed by a ResNet-style stem "
-            "(3x3 conv + BasicBlock stages, width 16, downsampling by the patch size, so the same grid of tokens, then a 1x1 "
+            f"shared model at {P}-pixel patches ({params[vit]:,} parameters). Hybrid: the same transformer fed by a "
+            "ResNet-style stem "
+            "(3x3 conv + BasicBlock stages, width 16, downsampling by the patch size, so the same grid of tokens, "
+            "then a 1x1 "
             f"projection; {params[hyb]:,} parameters)."
         ),
         header=["N train", "model", "val acc % (mean +- std)", "params"],
-        rows=[[f"{n:,}", arm, _ms(acc[(groups[n], arm)]), f"{params[arm]:,}"] for n in _ns(scale) for arm in ARMS],
+        rows=[[f"{n:,}", arm, mean_std(acc[(groups[n], arm)]), f"{params[arm]:,}"] for n in _ns(scale) for arm in ARMS],
         verdict=verdict,
         figures=[fig],
         csv_header=["n_train", "model", "seed", "val_acc"],
@@ -83,13 +85,13 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
 
 
 EXPERIMENT = Experiment(
-    7,
-    "hybrid",
-    "Hybrid (conv stem) vs pure ViT on small data",
-    "Feeding the transformer a CNN feature map (hybrid) beats the pure ViT at small budgets.",
-    "paper Section 3.1 and Section 4.4 (Figure 5)",
-    "reproduced if the hybrid beats the ViT at both small training sets, 1,000 and 4,000 images (greater, margin 0, "
-    "each)",
-    _plan,
-    _analyze,
+    number=7,
+    name="hybrid",
+    title="Hybrid (conv stem) vs pure ViT on small data",
+    claim="Feeding the transformer a CNN feature map (hybrid) beats the pure ViT at small budgets.",
+    source="paper Section 3.1 and Section 4.4 (Figure 5)",
+    rule="reproduced if the hybrid beats the ViT at both small training sets, 1,000 and 4,000 images (greater, "
+    "margin 0, each)",
+    plan=_plan,
+    analyze=_analyze,
 )

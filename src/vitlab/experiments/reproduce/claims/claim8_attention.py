@@ -16,16 +16,17 @@ from vitlab.analysis.attention import (
     position_embedding_similarity,
 )
 from vitlab.analysis.plots import figure7a, figure7b, figure7c
+from vitlab.data.subsets import experiment_splits
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
 from vitlab.experiments.reproduce.claims.shared import VIT, describe_setup, fashion_run, n_full
 from vitlab.experiments.reproduce.figures import depth_figure
-from vitlab.experiments.reproduce.runs import RunSpec, dataset, transforms
+from vitlab.experiments.reproduce.runs import Run, transforms
 from vitlab.experiments.reproduce.verdicts import combine, greater
 
 N_IMAGES = 256  # validation images the attention distances are averaged over
 
 
-def _plan(scale: Scale) -> list[RunSpec]:
+def _plan(scale: Scale) -> list[Run]:
     return [fashion_run(VIT, n_full(scale), s, scale) for s in scale.seeds]  # claim 5's ViT on the full training set
 
 
@@ -46,7 +47,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     rise, locality, per_layer, rows, figures = [], [], [], [], []
     for spec in runs:
         model = res.model(spec)
-        _, val, _ = dataset(spec.data, spec.seed)
+        _, val, _ = experiment_splits(spec.data, spec.seed)
         x = transforms(spec, model, val.size)[1](val.images[:N_IMAGES], {})  # normalised, as in evaluation
         layers, dist = mean_attention_distance(model, x, batch_size=64)  # (L, h) pixels
         layer_mean = dist.mean(dim=1)  # (L,)
@@ -87,7 +88,8 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     return Outcome(
         setup=(
             f"{describe_setup(scale)} The models: claim 5's ViT trained on all {spec0.n_train:,} training images for "
-            f"{spec0.steps:,} steps ({spec0.epochs} epochs), one per seed (validation accuracy in the table), analysed on the first "
+            f"{spec0.steps:,} steps ({spec0.epochs} epochs), one per seed (validation accuracy in the table), "
+            "analysed on the first "
             f"{N_IMAGES} test images. Mean attention distance (Figure 7, right): for each head, the sum over key "
             "patches of attention x pixel distance between patch centres, averaged over query patches and images; "
             f"uniform attention gives {uniform:.1f} px on this {g}x{g} grid of {P}-pixel patches. Position-embedding "
@@ -113,14 +115,14 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
 
 
 EXPERIMENT = Experiment(
-    8,
-    "attention",
-    "Inside the trained model (Figure 7)",
-    "The mean attention distance grows with depth; the learned position embeddings show 2-D structure "
+    number=8,
+    name="attention",
+    title="Inside the trained model (Figure 7)",
+    claim="The mean attention distance grows with depth; the learned position embeddings show 2-D structure "
     "(nearby rows and columns have similar embeddings).",
-    "paper Section 4.5, Figure 7",
-    "reproduced if the last layer's mean distance exceeds the first's (greater over seeds, margin 0) and "
+    source="paper Section 4.5, Figure 7",
+    rule="reproduced if the last layer's mean distance exceeds the first's (greater over seeds, margin 0) and "
     "vertically adjacent position embeddings are more similar than far ones by >= 0.1 cosine (greater, margin 0.1)",
-    _plan,
-    _analyze,
+    plan=_plan,
+    analyze=_analyze,
 )

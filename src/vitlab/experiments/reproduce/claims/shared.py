@@ -12,10 +12,10 @@ the budget moved neither model's held-out accuracy by a point.
 
     models    ViT: `vit_mini` at the search's patch size and depth (D=64, 4 heads, MLP 128, learned 1-D
               position embedding, class token; the paper's model, narrowed), initialised as the search chose
-              (VIT_INIT); CNN: `resnet_mini` (3 stages of BasicBlocks, width 16); both with one grey input
+              (RECIPES' init); CNN: `resnet_mini` (3 stages of BasicBlocks, width 16); both with one grey input
               channel
     recipe    AdamW with each model's own learning rate, weight decay and batch size, linear warmup over a
-              fraction of training then cosine to 0, gradient clipping at 1 (RECIPES)
+              fraction of training then cosine to 0, gradient clipping at 1 (RECIPES: a `Recipe` per model)
     plain     random horizontal flips (PLAIN; not searched)
     regularised  claim 9's: plain + the search's choice of REGULARISATIONS (DeiT's: RandAugment, 2 ops,
               magnitude 9, + MixUp 0.8 / CutMix 1.0 + stochastic depth 0.1; lighter ones), stochastic depth
@@ -32,19 +32,23 @@ from __future__ import annotations
 
 import math
 
-from vitlab.experiments.reproduce.claims.base import Scale
-from vitlab.experiments.reproduce.runs import RunSpec, run_spec
+from vitlab.data.subsets import HELD_OUT, ExperimentData
+from vitlab.experiments.reproduce.claims.base import Scale, convergence_row
+from vitlab.experiments.reproduce.runs import BASE_RECIPE, Run
 from vitlab.models.registry import get_config
 
 VIT, CNN = "vit_mini", "resnet_mini"
 # ---- the search's choice (search.json; `vitlab reproduce --tune`) ------------------------------------
 FASHION_VIT = {"depth": 6, "patch_size": 7}  # the ViT's shape
-VIT_INIT = "default"  # the ViT's initial weights: the constructor's ("release": init_weights("jax"))
-RECIPES = {  # per model: peak learning rate, AdamW's weight decay, batch size, the fraction of training warmed up over
-    VIT: {"lr": 2e-3, "weight_decay": 0.05, "batch_size": 64, "warmup": 0.02},
-    CNN: {"lr": 4e-3, "weight_decay": 0.15, "batch_size": 64, "warmup": 0.1},
+PLAIN = {"augment": True, "hflip": True}  # random horizontal flips (not searched)
+# Per model, its recipe but for the length: a run sets its epochs, its seed and its warmup, the warmup_fraction of
+# its epochs (placed in epochs, as warmup_epochs: the schedule rounds it to whole steps per epoch).
+RECIPES = {
+    VIT: BASE_RECIPE.replace(
+        lr=2e-3, weight_decay=0.05, batch_size=64, warmup_fraction=0.02, init="trunc_normal", **PLAIN
+    ),
+    CNN: BASE_RECIPE.replace(lr=4e-3, weight_decay=0.15, batch_size=64, warmup_fraction=0.1, **PLAIN),
 }
-PLAIN = {"hflip": True}
 STEPS = {  # optimizer steps per training-set size, every arm of a comparison alike
     "quick": {100: 4, 200: 4, 400: 4},
     "default": {1000: 5000, 4000: 2500, 60_000: 10_000},
@@ -75,7 +79,8 @@ def steps_table(scale: Scale) -> dict[int, int]:
 
 
 def regularised_steps(model: str, n: int, scale: Scale) -> int:
-    """Claim 9's optimizer steps for `model` at `n` images: its own (REGULARISED_STEPS) where it has one, else STEPS'."""
+    """Claim 9's optimizer steps for `model` at `n` images: its own (REGULARISED_STEPS) where it has one, else
+    STEPS'."""
     own = REGULARISED_STEPS["default" if scale.name == "large" else scale.name].get(n, {})
     return (2 if scale.name == "large" else 1) * own[model] if model in own else steps_table(scale)[n]
 
@@ -100,19 +105,13 @@ def n_full(scale: Scale) -> int:
     return points(scale)[-1][0]
 
 
-def by_arm(runs: list[RunSpec], arms: list, k: int) -> dict:
+def by_arm(runs: list[Run], arms: list, k: int) -> dict:
     """A plan of `k` seeds per arm, in arm order, split into {arm: its k runs}."""
     return {arm: runs[i * k : (i + 1) * k] for i, arm in enumerate(arms)}
 
 
-def fashion_data(n: int, scale: Scale) -> dict:
-    return {
-        "name": "fashion-mnist",
-        "n_train": n,
-        "n_val": 250 if scale.quick else 10_000,
-        "img_size": 28,
-        "channels": 1,
-    }
+def fashion_data(n: int, scale: Scale) -> ExperimentData:
+    return ExperimentData("fashion-mnist", n_train=n, n_val=250 if scale.quick else 10_000, img_size=28, channels=1)
 
 
 def steps_per_epoch(n: int, batch: int, drop_last: bool = False) -> int:
@@ -125,6 +124,13 @@ def epochs_for(steps: int, n: int, batch: int, drop_last: bool = False) -> int:
     return max(1, round(steps / steps_per_epoch(n, batch, drop_last)))
 
 
+def own_overrides(model: str, overrides: dict) -> dict:
+    """The overrides that change the registered model: one equal to its own value is dropped, so that a run is
+    described (and cached) once however its arms spell it."""
+    base = get_config(model)
+    return {k: v for k, v in overrides.items() if getattr(base, k, None) != v}
+
+
 def fashion_run(
     model: str,
     n: int,
@@ -135,7 +141,7 @@ def fashion_run(
     regularised: bool = False,
     overrides: dict | None = None,
     steps: int | None = None,
-) -> RunSpec:
+) -> Run:
     """One run of the shared setup: `model` on the first `n` training images of seed `seed`'s permutation, for
     the scale's step budget at `n` (or `steps`), with the model's recipe (or the learning rate `lr`).
     Overrides equal to the registered model's own values are dropped, so that a claim's baseline arm is
@@ -143,25 +149,11 @@ def fashion_run(
     ov = dict(FASHION_VIT) if model == VIT else {}
     if regularised and model == VIT:
         ov["drop_path"] = DROP_PATH
-    ov.update(overrides or {})
-    base = get_config(model)
-    ov = {k: v for k, v in ov.items() if getattr(base, k, None) != v}
-    aug = REGULARISED if regularised else PLAIN
-    rec = RECIPES[model]
-    epochs = epochs_for(steps or steps_table(scale)[n], n, rec["batch_size"], drop_last=regularised)
-    return run_spec(
-        fashion_data(n, scale),
-        model,
-        overrides=ov,
-        aug=aug,
-        epochs=epochs,
-        lr=rec["lr"] if lr is None else lr,
-        batch_size=rec["batch_size"],
-        weight_decay=rec["weight_decay"],
-        warmup_epochs=rec["warmup"] * epochs,
-        seed=seed,
-        weight_init=VIT_INIT if model == VIT else "default",
-    )
+    ov = own_overrides(model, {**ov, **(overrides or {})})
+    rec = RECIPES[model].replace(**(REGULARISED if regularised else {}))
+    epochs = epochs_for(steps or steps_table(scale)[n], n, rec.batch_size, drop_last=regularised)
+    rec = rec.replace(epochs=epochs, lr=lr, warmup_epochs=rec.warmup_fraction * epochs, seed=seed)
+    return Run(data=fashion_data(n, scale), model=model, recipe=rec, overrides=ov)
 
 
 def describe_setup(scale: Scale) -> str:
@@ -171,17 +163,54 @@ def describe_setup(scale: Scale) -> str:
     aug = "random horizontal flips" + (
         f" and random resized crops (scale {PLAIN['crop_scale']:g}-1)" if PLAIN.get("crop_scale", 1.0) < 1 else ""
     )
-    init = "the original release's initialisation" if VIT_INIT == "release" else "timm's initialisation"
+    init = "the original release's initialisation" if RECIPES[VIT].init == "jax" else "timm's initialisation"
 
     def recipe(m: str) -> str:
         r = RECIPES[m]
-        return f"lr {r['lr']:g}, weight decay {r['weight_decay']:g}, batch {r['batch_size']}, warmup {r['warmup']:.0%}"
+        return f"lr {r.lr:g}, weight decay {r.weight_decay:g}, batch {r.batch_size}, warmup {r.warmup_fraction:.0%}"
 
     return (
-        f"Fashion-MNIST, 28x28 grey, validation on the first {fashion_data(0, scale)['n_val']:,} test images; "
+        f"Fashion-MNIST, 28x28 grey, validation on the first {fashion_data(0, scale).n_val:,} test images; "
         f"ViT = `vit_mini` with {shape['depth']} blocks (P={P}: {grid}x{grid} patches + class token, D={shape['dim']}, "
         f"{shape['heads']} heads, MLP {shape['mlp_dim']}, learned 1-D position embedding; {init}), "
         f"CNN = `resnet_mini`; AdamW (ViT: {recipe(VIT)}; CNN: {recipe(CNN)}), linear warmup then cosine, "
         f"gradient clipping at 1; {aug}; the recipe chosen by the search on held-out training images (see Recipe "
         "and budgets)."
     )
+
+
+def code_budgets() -> dict[int, int]:
+    """The default scale's budgets (STEPS), per training-set size."""
+    return dict(STEPS["default"])
+
+
+def code_regularised_budgets() -> dict[int, dict[str, int]]:
+    """Claim 9's budgets in code where it has its own (REGULARISED_STEPS), per training-set size and model (its
+    label): each model's own there, or the shared one."""
+    return {
+        n: {label: b.get(m, STEPS["default"][n]) for m, label in ((VIT, "ViT"), (CNN, "CNN"))}
+        for n, b in sorted(REGULARISED_STEPS["default"].items())
+    }
+
+
+def search_size(n: int) -> int:
+    """A training-set size of the claims as the recipe search trains it: 60,000 as its 50,000."""
+    return min(n, 60_000 - HELD_OUT)
+
+
+def claim_size(n: int | str) -> int:
+    """A training-set size of the recipe search's record as the claims name it: its 50,000 as their 60,000."""
+    return 60_000 if int(n) == 60_000 - HELD_OUT else int(n)
+
+
+def budget_rows(record: dict, budgets: dict[int, int]) -> list[dict]:
+    """The search's budget stage's rows (`convergence_row`s) at the sizes whose budget in `budgets` is the one the
+    search found there (the same steps): the shared ViT and CNN at that budget and at twice it, held out."""
+    rows = []
+    for n, b in record.get("budgets", {}).items():
+        if budgets.get(claim_size(n)) != b["steps"]:
+            continue
+        row = next(r for r in b["rows"] if r["steps"] == b["steps"])
+        for model, (a, a2) in row["acc"].items():
+            rows.append(convergence_row(model, claim_size(n), b["steps"], [a], [a2], record["tolerance"]))
+    return rows
