@@ -1,5 +1,5 @@
 """Seeds as one batch, or one run per process? The benchmark that decided how `vitlab reproduce` trains
-the seeds of a configuration (issue 28): a benchmark (prints a table), not a test.
+the seeds of a configuration a benchmark (prints a table), not a test.
 
     python benchmarks/bench_seed_groups.py            # ~10 min on 2 CPU cores (run it on a quiet machine)
     python benchmarks/bench_seed_groups.py --steps 4  # a quick look

@@ -1,4 +1,4 @@
-"""Claim 6's fine-tuning budget (issue 28): the four arms (fine-tuned and from scratch, each at lr 3e-4 and 1e-3) of
+"""Claim 6's fine-tuning budget the four arms (fine-tuned and from scratch, each at lr 3e-4 and 1e-3) of
 seeds 0, 1 and 2 on the 500 digits for 48, 96, 192 and 384 epochs (16 steps of 32 an epoch), validated on the
 claim's held-out digits (400 of those not trained on, drawn per seed; never the verdict's); the budget in code
 (claim6_pretrain.EPOCHS) is the first whose double moves no arm's mean over the seeds by a point. A measurement,

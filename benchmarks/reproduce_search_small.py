@@ -1,5 +1,5 @@
 """The part of the recipe search (`vitlab reproduce --tune`) that one CPU core can run in about an hour, and
-what the chosen recipe's ViT and CNN reach at 1,000 training images (issue 28): a measurement, not a test.
+what the chosen recipe's ViT and CNN reach at 1,000 training images a measurement, not a test.
 
     PYTHONPATH=src python benchmarks/reproduce_search_small.py --out runs/search_small   # ~1-1.5 h, one core
     PYTHONPATH=src python benchmarks/reproduce_search_small.py --out runs/search_small \

@@ -13,8 +13,7 @@ from PIL import Image
 
 from vitlab import create_model
 from vitlab.cli import main
-from vitlab.experiments.reproduce.runs import recipe as reproduce_recipe
-from vitlab.experiments.reproduce.runs import run_spec
+from vitlab.experiments.reproduce.runs import BASE_RECIPE
 from vitlab.models.vit import VisionTransformer
 from vitlab.train import RECIPES, TensorLoader, fit
 from vitlab.train.recipe import AUG_MIN_EPOCHS, auto_crop_scale, in_force, schedule
@@ -309,15 +308,6 @@ def test_the_demo_and_reproduce_train_the_model_as_built_with_their_own_schedule
     after = model.state_dict()
     assert torch.count_nonzero(before["head.weight"]) == 0 and after["head.weight"].abs().max() < 1e-6  # still ~zero
     assert max((after[k] - before[k]).abs().max().item() for k in before) < 1e-6  # two steps of lr 1e-9, no re-init
-    spec = run_spec(
-        {"name": "fashion-mnist", "n_train": 1000},
-        "vit_mini",
-        epochs=7,
-        lr=1e-3,
-        warmup_epochs=1.5,
-        aug={"crop_scale": 0.8, "hflip": True},
-    )
-    rec = reproduce_recipe(spec)
-    assert rec.warmup_epochs == 1.5 and rec.augment is True
+    rec = BASE_RECIPE.replace(epochs=7, lr=1e-3, warmup_epochs=1.5, augment=True, hflip=True, crop_scale=0.8)
     assert [(s.steps, s.warmup_steps) for s in schedule(rec, 16)] == [(112, 24)]  # round(1.5 x 16), as before
-    assert reproduce_recipe(run_spec({"name": "x"}, "vit_mini_x", epochs=3, lr=1e-3)).augment is False
+    assert BASE_RECIPE.augment is False

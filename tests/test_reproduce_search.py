@@ -1,4 +1,4 @@
-"""The recipe search of `vitlab reproduce --tune` and the budgets (issue 28): the held-out split never holds a test
+"""The recipe search of `vitlab reproduce --tune` and the budgets the held-out split never holds a test
 image; the recipe stage keeps the best held-out accuracy; the budget stage doubles until doubling moves no model by a
 point; the convergence stage doubles each size's budget until no claim's arm moves by a point, and chooses claim 3's
 learning rates at it; the convergence rows and the reason an inconclusive verdict gives; the code holds the committed

@@ -342,7 +342,7 @@ def _from_search(e: Experiment, outcome: Outcome, record: dict) -> None:
 
 
 def quality(results: Results, runs: Sequence[Run], scale: Scale) -> dict:
-    """The targets of models that have learned (issue 28): the ViT >= 88% on all 60,000 training images and >= 72%
+    """The targets of models that have learned the ViT >= 88% on all 60,000 training images and >= 72%
     on 1,000, the CNN >= 91% on 60,000, and a spread between seeds of at most 2 points for every Fashion-MNIST arm
     above chance + 20 points; with what each reached."""
     arms: dict[str, list[Run]] = {}

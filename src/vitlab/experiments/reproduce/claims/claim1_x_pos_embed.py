@@ -9,7 +9,7 @@ from vitlab.data.subsets import ExperimentData
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale, convergence_row
 from vitlab.experiments.reproduce.figures import bar_figure
 from vitlab.experiments.reproduce.runs import BASE_RECIPE, Run
-from vitlab.experiments.reproduce.verdicts import at_least, combine, mean_std, near
+from vitlab.experiments.reproduce.verdicts import at_least_v1, combine, mean_std, near_v1
 
 X_DATA = ExperimentData("x", n_train=2000, n_val=500, img_size=32)
 
@@ -34,8 +34,8 @@ def _analyze_x(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     by_2x = {pe: [r for r in longer if dict(r.overrides)["pos_embed"] == pe] for pe in ("learned", "none")}
     acc = {pe: res.acc(specs) for pe, specs in by.items()}
     verdict = combine(
-        at_least(acc["learned"], 0.95, what="val acc with a learned 1-D position embedding"),
-        near(acc["none"], 0.5, 0.05, what="val acc without position embedding - 50% (chance)"),
+        at_least_v1(acc["learned"], 0.95, what="val acc with a learned 1-D position embedding"),
+        near_v1(acc["none"], 0.5, 0.05, what="val acc without position embedding - 50% (chance)"),
     )
     fig = bar_figure(
         fig_dir / "claim1_x_pos_embed.png",

@@ -9,7 +9,7 @@ from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Result
 from vitlab.experiments.reproduce.claims.shared import CHANCE, VIT, by_arm, describe_setup, fashion_run, n_small
 from vitlab.experiments.reproduce.figures import bar_figure
 from vitlab.experiments.reproduce.runs import Run
-from vitlab.experiments.reproduce.verdicts import MARGIN, TOL, close, combine, greater, mean_std, stats
+from vitlab.experiments.reproduce.verdicts import MARGIN, TOL, close_v1, combine, greater_v1, mean_std, stats
 
 PE_KINDS = ("none", "learned", "learned2d", "sincos2d", "relative")
 # Table 8 (ViT-B/16, ImageNet 5-shot linear), in %; the paper has no sin-cos 2-D row.
@@ -29,9 +29,9 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     kinds = PE_KINDS[1:]
     means = {pe: stats(acc[pe])[0] for pe in kinds}
     best, worst = max(kinds, key=means.get), min(kinds, key=means.get)
-    parts = [greater(acc[pe], acc["none"], 0.0, what=f"{pe} - none") for pe in kinds]
+    parts = [greater_v1(acc[pe], acc["none"], 0.0, what=f"{pe} - none") for pe in kinds]
     parts.append(
-        close(
+        close_v1(
             acc[best], acc[worst], TOL, what=f"best ({best}) - worst ({worst}) of the four kinds", floor=CHANCE + MARGIN
         )
     )

@@ -10,7 +10,7 @@ from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Result
 from vitlab.experiments.reproduce.claims.shared import CHANCE, RECIPES, VIT, describe_setup, fashion_run, n_small
 from vitlab.experiments.reproduce.figures import bar_figure
 from vitlab.experiments.reproduce.runs import Run
-from vitlab.experiments.reproduce.verdicts import MARGIN, TOL, close, mean_std
+from vitlab.experiments.reproduce.verdicts import MARGIN, TOL, close_v1, mean_std
 
 POOLS = {"cls": {}, "mean": {"pool": "mean", "class_token": False}}
 # Each pooling's learning rate, the search's choice (search.json, "pooling"): the best held-out accuracy of the
@@ -70,7 +70,7 @@ def _plan(scale: Scale) -> list[Run]:
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     acc = {p: res.acc([_run(p, POOL_LR[p], s, scale) for s in scale.seeds]) for p in POOLS}
     label = {"cls": "class token", "mean": "GAP"}
-    verdict = close(
+    verdict = close_v1(
         acc["cls"],
         acc["mean"],
         TOL,

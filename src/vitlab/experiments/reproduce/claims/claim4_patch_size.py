@@ -12,7 +12,15 @@ from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Result
 from vitlab.experiments.reproduce.claims.shared import VIT, by_arm, describe_setup, fashion_run, n_small
 from vitlab.experiments.reproduce.figures import patch_figure
 from vitlab.experiments.reproduce.runs import Run, inference_ms, transforms
-from vitlab.experiments.reproduce.verdicts import NOT_REPRODUCED, REPRODUCED, Verdict, combine, greater, mean_std, stats
+from vitlab.experiments.reproduce.verdicts import (
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Verdict,
+    combine,
+    greater_v1,
+    mean_std,
+    stats,
+)
 from vitlab.models.registry import get_config
 
 PATCHES = (14, 7, 4)
@@ -45,7 +53,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         if cost_ok
         else "sequence length, FLOPs or measured training time do not rise at each smaller P",
     )
-    parts = [cost] + [greater(acc[b], acc[a], 0.0, what=f"acc(P={b}) - acc(P={a})") for a, b in halvings]
+    parts = [cost] + [greater_v1(acc[b], acc[a], 0.0, what=f"acc(P={b}) - acc(P={a})") for a, b in halvings]
     fig = patch_figure(fig_dir / "claim4_patch_size.png", PATCHES, acc, flops, train_ms)
     b16, b32 = (count_macs(get_config(f"vit_base_patch{p}_224")).macs / 1e9 for p in (16, 32))
     spec0 = by[PATCHES[0]][0]

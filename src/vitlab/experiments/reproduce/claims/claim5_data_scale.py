@@ -19,7 +19,7 @@ from vitlab.experiments.reproduce.claims.shared import (
 )
 from vitlab.experiments.reproduce.figures import scale_figure
 from vitlab.experiments.reproduce.runs import Run
-from vitlab.experiments.reproduce.verdicts import combine, greater, mean_std, stats
+from vitlab.experiments.reproduce.verdicts import combine, greater_v1, mean_std, stats
 
 MODELS = ((CNN, "CNN (resnet_mini)"), (VIT, "ViT (vit_mini, 6 blocks)"))
 
@@ -51,8 +51,10 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     n_small, n_large = pts[0][0], pts[-1][0]
     gap = {n: [c - v for c, v in zip(acc[(CNN, n)], acc[(VIT, n)])] for n, _ in pts}  # paired by seed
     verdict = combine(
-        greater(acc[(CNN, n_small)], acc[(VIT, n_small)], 0.0, what=f"CNN - ViT at N={n_small:,}"),
-        greater(gap[n_small], gap[n_large], 0.0, what=f"gap (CNN - ViT) at N={n_small:,} minus gap at N={n_large:,}"),
+        greater_v1(acc[(CNN, n_small)], acc[(VIT, n_small)], 0.0, what=f"CNN - ViT at N={n_small:,}"),
+        greater_v1(
+            gap[n_small], gap[n_large], 0.0, what=f"gap (CNN - ViT) at N={n_small:,} minus gap at N={n_large:,}"
+        ),
     )
     fig = scale_figure(fig_dir / "claim5_data_scale.png", [n for n, _ in pts], acc, MODELS)
     params = {m: res[fashion_run(m, n_small, scale.seeds[0], scale)]["params"] for m, _ in MODELS}

@@ -11,7 +11,7 @@ from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Result
 from vitlab.experiments.reproduce.claims.shared import RECIPES, VIT, fashion_run, n_full
 from vitlab.experiments.reproduce.figures import bar_figure
 from vitlab.experiments.reproduce.runs import BASE_RECIPE, Run
-from vitlab.experiments.reproduce.verdicts import greater, mean_std, stats
+from vitlab.experiments.reproduce.verdicts import greater_v1, mean_std, stats
 
 
 def _lrs(scale: Scale) -> tuple[float, ...]:
@@ -66,7 +66,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     h = {(a, lr): res.acc([r for r in held[a] if r.lr == lr]) for a in arms for lr in lrs}
     h2 = {(a, lr): res.acc([r for r in held_2x[a] if r.lr == lr]) for a in arms for lr in lrs}
     best = {a: max(lrs, key=lambda lr: stats(h[(a, lr)])[0]) for a in arms}  # chosen held out, never on the verdict's
-    verdict = greater(
+    verdict = greater_v1(
         acc[("fine-tuned", best["fine-tuned"])],
         acc[("from scratch", best["from scratch"])],
         0.0,

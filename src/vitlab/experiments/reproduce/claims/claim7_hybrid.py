@@ -17,7 +17,7 @@ from vitlab.experiments.reproduce.claims.shared import (
 )
 from vitlab.experiments.reproduce.figures import grouped_bar_figure
 from vitlab.experiments.reproduce.runs import Run
-from vitlab.experiments.reproduce.verdicts import combine, greater, mean_std
+from vitlab.experiments.reproduce.verdicts import combine, greater_v1, mean_std
 
 # The conv stem downsamples by powers of 2: at the shared patch size when it is one (the ViT arm is then the
 # shared ViT itself), else both arms at 4-pixel patches (7x7 tokens), so that the two see the same grid.
@@ -45,7 +45,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     }
     vit, hyb = ARMS
     verdict = combine(
-        *[greater(acc[(g, hyb)], acc[(g, vit)], 0.0, what=f"hybrid - ViT at {g}") for g in groups.values()]
+        *[greater_v1(acc[(g, hyb)], acc[(g, vit)], 0.0, what=f"hybrid - ViT at {g}") for g in groups.values()]
     )
     fig = grouped_bar_figure(
         fig_dir / "claim7_hybrid.png",

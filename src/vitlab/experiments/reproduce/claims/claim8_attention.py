@@ -21,7 +21,7 @@ from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Result
 from vitlab.experiments.reproduce.claims.shared import VIT, describe_setup, fashion_run, n_full
 from vitlab.experiments.reproduce.figures import depth_figure
 from vitlab.experiments.reproduce.runs import Run, transforms
-from vitlab.experiments.reproduce.verdicts import combine, greater
+from vitlab.experiments.reproduce.verdicts import combine, greater_v1
 
 N_IMAGES = 256  # validation images the attention distances are averaged over
 
@@ -77,8 +77,8 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         )
     figures.append(depth_figure(fig_dir / "claim8_distance_by_depth.png", per_layer, uniform))
     verdict = combine(
-        greater(rise, 0.0, 0.0, what="mean attention distance, last layer - first layer", unit="px"),
-        greater(locality, 0.0, 0.1, what="PE cosine similarity, vertical neighbours - far positions", unit="cosine"),
+        greater_v1(rise, 0.0, 0.0, what="mean attention distance, last layer - first layer", unit="px"),
+        greater_v1(locality, 0.0, 0.1, what="PE cosine similarity, vertical neighbours - far positions", unit="cosine"),
     )
     L = len(per_layer[0])
     mean_row = ["mean", ""] + [f"{statistics.fmean(p[i] for p in per_layer):.2f}" for i in range(L)] + ["", ""]

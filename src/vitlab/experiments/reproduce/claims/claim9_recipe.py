@@ -22,7 +22,7 @@ from vitlab.experiments.reproduce.claims.shared import (
 )
 from vitlab.experiments.reproduce.figures import grouped_bar_figure
 from vitlab.experiments.reproduce.runs import Run
-from vitlab.experiments.reproduce.verdicts import combine, greater, mean_std
+from vitlab.experiments.reproduce.verdicts import combine, greater_v1, mean_std
 
 MODELS = {VIT: "ViT", CNN: "CNN"}
 
@@ -93,11 +93,11 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     }
     small, full = _ns(scale)
     verdict = combine(
-        greater(
+        greater_v1(
             acc[(small, VIT, True)], acc[(small, VIT, False)], 0.0, what=f"ViT with - without the recipe at N={small:,}"
         ),
-        greater(gain[(small, VIT)], gain[(small, CNN)], 0.0, what=f"ViT's gain - CNN's gain at N={small:,}"),
-        greater(gain[(small, VIT)], gain[(full, VIT)], 0.0, what=f"ViT's gain at N={small:,} - at N={full:,}"),
+        greater_v1(gain[(small, VIT)], gain[(small, CNN)], 0.0, what=f"ViT's gain - CNN's gain at N={small:,}"),
+        greater_v1(gain[(small, VIT)], gain[(full, VIT)], 0.0, what=f"ViT's gain at N={small:,} - at N={full:,}"),
     )
     arms = {(m, r): f"{MODELS[m]} {'+ recipe' if r else 'plain'}" for m in MODELS for r in (False, True)}
     groups = {n: f"N = {n:,}" for n in _ns(scale)}
