@@ -1,5 +1,5 @@
-"""Claim 10, Section 4.4 and Figure 5 (Appendix D.5's scaling table): accuracy against training compute for three
-families, ViTs, hybrids and CNNs, each at several sizes. Tested on all 60,000 Fashion-MNIST images: every model
+"""Claim 10, Section 4.4 and Figure 5 (the appendix's scaling table, Table 6): accuracy against training compute for
+three families, ViTs, hybrids and CNNs, each at several sizes. Tested on all 60,000 Fashion-MNIST images: every model
 trained for the shared budget at 60,000 (the same steps, so that the compute differs by the model's size alone),
 one seed per model as the paper's figure has, three at the shared ViT to show the spread."""
 
@@ -253,9 +253,10 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
             "Claim 4's patch sizes at this size (one seed of P=4 against the shared ViT's seed "
             f"{seed0}): P=7 {100 * shared.acc[0]:.1f}%, P=4 {100 * p4.acc[0]:.1f}% at "
             f"{p4.flops / shared.flops:.1f}x the compute; claim 4's own comparison, at 1,000 images and 3 seeds, is "
-            "in its section. Paper, Figure 5 (Section 4.4, Appendix D.5, Table 6): on the performance/compute "
-            "trade-off ViTs dominate ResNets, using about 2-4x less compute for the same transfer accuracy; hybrids "
-            "slightly outperform ViTs at small compute budgets, and the difference vanishes for larger models."
+            "in its section. Paper, Figure 5 (Section 4.4; the numbers in the appendix's Table 6): on the "
+            "performance/compute trade-off ViTs dominate ResNets, using about 2-4x less compute for the same "
+            "transfer accuracy; hybrids slightly outperform ViTs at small compute budgets, and the difference "
+            "vanishes for larger models."
         ),
     )
 
@@ -287,7 +288,7 @@ EXPERIMENT = Experiment(
     title="Accuracy against training compute: ViT, hybrid and CNN (Figure 5)",
     claim="On the performance/compute trade-off ViTs dominate ResNets (the same accuracy for less compute), and "
     "hybrids beat ViTs at small compute, an advantage that vanishes as the models grow.",
-    source="paper Section 4.4 (Figure 5) and Appendix D.5 (Table 6)",
+    source="paper Section 4.4 (Figure 5) and the appendix's Table 6",
     rule=RULE,
     plan=_plan,
     analyze=_analyze,
