@@ -17,6 +17,7 @@ import torch
 from vitlab.cli import main
 from vitlab.data.fashion_mnist import load_fashion_mnist
 from vitlab.data.subsets import HELD_OUT, experiment_splits, search_split
+from vitlab.errors import VitlabError
 from vitlab.experiments.reproduce import EXPERIMENTS, Outcome, Scale
 from vitlab.experiments.reproduce.claims import claim5_data_scale, shared
 from vitlab.experiments.reproduce.claims.base import convergence_row
@@ -25,6 +26,7 @@ from vitlab.experiments.reproduce.runner import budget_evidence
 from vitlab.experiments.reproduce.runs import BASE_RECIPE, build_model
 from vitlab.experiments.reproduce.search import (
     AUG_FIELDS,
+    CONVERGENCE_SEEDS,
     MODELS,
     PLANS,
     START,
@@ -454,7 +456,8 @@ def test_the_convergence_stage_doubles_a_sizes_budget_until_no_arm_moves_and_cho
     assert len(conv["claims"]["cls_vs_gap"]) == 6  # claim 3's whole sweep, not only its plan's two arms
     pooling = conv["choices"]["pooling"]
     assert pooling["chosen"] == {"cls": 1e-3, "mean": 4e-3} and pooling["budget"] == 5000
-    assert all(s.data.split == "search" and s.seed == 0 for s in cache.trained)
+    assert all(s.data.split == "search" for s in cache.trained)
+    assert {s.seed for s in cache.trained} == set(CONVERGENCE_SEEDS) == {0, 1, 2}  # every arm on three seeds
     record = {
         "held_out": 50,
         "search_n": 100,
@@ -482,6 +485,57 @@ def test_the_convergence_stage_doubles_a_sizes_budget_until_no_arm_moves_and_cho
     assert conv["budgets"][1000] == 2500 and not all(r["converged"] for r in conv["claims"]["pos_embed"])
     assert [r["outcome"] for r in conv["rounds"] if r["late"]] == ["stopped", "stopped"]
     assert "**Claim 3's learning rates**" in md
+
+
+def test_convergence_is_judged_on_three_seeds_the_mean_move_under_a_point_and_the_arms_standard_error():
+    # seed 0 alone moves 1.5 points, the mean of three 0.23, under its standard error (0.58): converged
+    row = convergence_row("a", 1000, 8, [0.80, 0.81, 0.82], [0.815, 0.805, 0.817], within_se=True)
+    assert row["converged"] and row["acc_seeds"] == [0.80, 0.81, 0.82] and math.isclose(row["se"], 0.01 / math.sqrt(3))
+    assert not convergence_row("a", 1000, 8, [0.80], [0.815])["converged"]  # what seed 0 alone said
+    # every seed moves half a point, far beyond the seeds' noise (se 0.06 points): a real move, not converged
+    assert not convergence_row("a", 1000, 8, [0.800, 0.801, 0.802], [0.805, 0.806, 0.807], within_se=True)["converged"]
+    assert convergence_row("a", 1000, 8, [0.800, 0.801, 0.802], [0.805, 0.806, 0.807])["converged"]  # a point only
+    assert not convergence_row("a", 1000, 8, [0.7, 0.71, 0.72], [0.75, 0.76, 0.77], within_se=True)["converged"]
+    with pytest.raises(VitlabError, match="within_se"):
+        convergence_row("a", 1000, 8, [0.8], [0.8], within_se=True)
+
+    # the stage: at 1,000 images the ViT without a position embedding moves 1.5 points on seed 0 from 2,500 to 5,000
+    # steps and not at all on seeds 1 and 2 (each 1 point apart): its mean moves 0.5, within its se; it is not doubled
+    def acc(s):
+        a = 0.8 + 0.01 * s.seed
+        if dict(s.overrides).get("pos_embed") == "none" and s.n_train == 1000:
+            a = 0.7 + 0.01 * s.seed + (0.015 if s.seed == 0 and s.steps > 2600 else 0.0)
+        return a
+
+    search, cache = _search(acc, PLANS["default"])
+    budgets = {1000: {"steps": 2500}, 4000: {"steps": 2500}, 50_000: {"steps": 10_000}}
+    conv = search.convergence(Scale("default", (0,)), budgets, {"n": 4000, "budget": {"ViT": 10_000, "CNN": 2500}})
+    assert conv["budgets"][1000] == 2500 and not any(r["late"] for r in conv["rounds"])
+    (row,) = [r for r in conv["claims"]["pos_embed"] if r["arm"] == "ViT, pos_embed none" and r["n_train"] == 1000]
+    assert row["acc_2x_seeds"][0] - row["acc_seeds"][0] == pytest.approx(0.015) and row["converged"]
+    assert math.isclose(row["acc_2x"] - row["acc"], 0.005) and row["se"] == pytest.approx(0.01 / math.sqrt(3))
+    assert {e.name for e in EXPERIMENTS} >= {"compute", "resolution"}
+    assert not set(conv["claims"]) & {"compute", "resolution"}  # claims 10 and 11 fix their budgets otherwise
+    md = render({**_record_of(conv), "convergence_rounds": conv["rounds"]})
+    assert "| pos_embed | ViT, pos_embed none | 1,000 | 2,496 | 3 | 71.00 | 71.50 | +0.50 | 0.58 | yes |" in md
+
+
+def _record_of(conv: dict) -> dict:
+    return {
+        "held_out": 50,
+        "search_n": 100,
+        "recipe_epochs": 2,
+        "tolerance": 0.01,
+        "stages": [],
+        "recipe": {},
+        "budgets": {},
+        "made_by": "t",
+        "runs": 3,
+        "train_cpu_s": 1.0,
+        "convergence": conv["claims"],
+        "convergence_budgets": {str(n): b for n, b in conv["budgets"].items()},
+        "convergence_own_budgets": {str(n): b for n, b in conv["own_budgets"].items()},
+    }
 
 
 def test_claim3_trains_each_pooling_at_the_searchs_learning_rate_and_the_search_the_whole_sweep():

@@ -200,4 +200,28 @@ def depth_figure(path: Path, per_seed: Sequence[Sequence[float]], uniform: float
     return _save(fig, path)
 
 
-__all__ = ["bar_figure", "grouped_bar_figure", "patch_figure", "scale_figure", "depth_figure"]
+def compute_figure(path: Path, families: dict[str, list[tuple[float, Sequence[float]]]], title: str) -> Path:
+    """Claim 10: test accuracy against training compute (log x axis), one colour per family: each point (compute
+    in FLOPs, its per-seed accuracies) a mark, joined in order of compute by the family's line (its first seed's
+    accuracy, as the claim reads it off), a point of several seeds with its mean +- std and every seed as a dot."""
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.add_subplot(1, 1, 1)
+    for (family, pts), color in zip(families.items(), (BLUE, ORANGE, GREEN, RED)):
+        pts = sorted(pts, key=lambda p: p[0])
+        ax.plot([c for c, _ in pts], [100 * v[0] for _, v in pts], color=color, linewidth=1.5, label=family)
+        for c, v in pts:
+            (m,), (sd,) = _errorbar_pct([v])
+            ax.errorbar([c], [m], yerr=[sd], fmt="o", color=color, markersize=6, capsize=3)
+            if len(v) > 1:
+                ax.scatter([c] * len(v), [100 * a for a in v], color="black", s=8, zorder=3)
+    ax.set_xscale("log")
+    ax.set_xlabel("training compute (FLOPs, log)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="best")
+    ax.grid(True, which="major", color="#eeeeee", linewidth=0.8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+__all__ = ["bar_figure", "grouped_bar_figure", "patch_figure", "scale_figure", "depth_figure", "compute_figure"]

@@ -7,6 +7,7 @@ Every run trains through `vitlab.train.engine.fit` on data decoded once into uin
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import statistics
@@ -20,8 +21,10 @@ import torch
 from safetensors.torch import load, save
 from torch import nn
 
-from vitlab.data.memory import BatchTransform, MemoryLoader
+from vitlab.data.memory import BatchTransform, ImageTensors, MemoryLoader
+from vitlab.data.preprocess import eval_resize_crop
 from vitlab.data.subsets import ExperimentData, experiment_splits
+from vitlab.errors import VitlabError
 from vitlab.fileio import write_json
 from vitlab.models.factory import create_model
 from vitlab.models.vit import VisionTransformer
@@ -29,6 +32,7 @@ from vitlab.runtime import num_threads, seed_everything
 from vitlab.train.engine import evaluate, fit
 from vitlab.train.recipe import Recipe
 from vitlab.weights.checkpoint import mark_best, resolve_checkpoint, save_checkpoint
+from vitlab.weights.plan import resample_position_tables
 
 CACHE_VERSION = 3  # bump when a change to the training code changes what a cached run means
 # What every run's recipe starts from: AdamW, a warmup of one epoch then cosine, clipping at 1, the images as they
@@ -45,18 +49,34 @@ BASE_RECIPE = Recipe(
 )
 
 
+# How a fine-tuning run carries its parent's position table over (`Run.pos_embed`)
+POS_EMBED_CARRY = ("interpolate", "reinit")
+
+
 @dataclass(frozen=True)
 class Run:
     """One training run: the images, the model (a registered name and its config overrides), the recipe (seed
-    included), and the run whose weights it starts from (`parent`: fine-tuning, with a new head)."""
+    included), and the run whose weights it starts from (`parent`: fine-tuning, with a new head).
+
+    A fine-tuning run at another image size than its parent's (`data.img_size`) starts from the parent's model at
+    its own size; `pos_embed` says how the position table comes over (with a parent only): "interpolate", resampled
+    in 2-D to the new grid (Section 3.2; at the parent's size, the parent's table itself), or "reinit", a new table
+    drawn (truncated normal, std 0.02) while every other weight is loaded."""
 
     data: ExperimentData
     model: str
     recipe: Recipe
     overrides: tuple = field(default=())  # sorted (key, value) model config overrides; a dict is sorted into one
     parent: Run | None = None
+    pos_embed: str = "interpolate"  # one of POS_EMBED_CARRY; in the key only when not the default
 
     def __post_init__(self) -> None:
+        if self.pos_embed not in POS_EMBED_CARRY:
+            raise VitlabError(
+                f"pos_embed must be one of {', '.join(POS_EMBED_CARRY)}; found {self.pos_embed!r}", arg="pos_embed"
+            )
+        if self.pos_embed != "interpolate" and self.parent is None:
+            raise VitlabError("pos_embed: a run without a parent has no position table to carry over", arg="pos_embed")
         if isinstance(self.overrides, dict):
             frozen = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in self.overrides.items()))
             object.__setattr__(self, "overrides", frozen)
@@ -68,6 +88,8 @@ class Run:
             "overrides": dict(self.overrides),
             "recipe": self.recipe.to_dict(),
             "parent": self.parent.to_dict() if self.parent is not None else None,
+            # at its default the field is not written, so that every run described before it has its key
+            **({"pos_embed": self.pos_embed} if self.pos_embed != "interpolate" else {}),
         }
 
     @property
@@ -114,6 +136,42 @@ def build_model(run: Run, num_classes: int) -> nn.Module:
     if isinstance(model, VisionTransformer) and (rec.init, rec.head_init) != ("trunc_normal", 0.0):
         model.init_weights(rec.init, head_std=rec.head_init)
     return model
+
+
+def start_model(run: Run, parent: tuple[int, bytes], num_classes: int) -> nn.Module:
+    """The model a fine-tuning run starts from: its parent's, with the parent's weights (`parent`: its number of
+    classes and its safetensors bytes), at the run's image size with the position table carried over as
+    `run.pos_embed` says, in eval mode (as the parent's run folder loads), and a new zero-initialised head for
+    `num_classes` (Section 3.2)."""
+    model = build_model(run.parent, parent[0])
+    model.load_state_dict(load(parent[1]))
+    if run.data.img_size != run.parent.data.img_size or run.pos_embed == "reinit":
+        if not isinstance(model, VisionTransformer) or "pos_embed" not in model.state_dict():
+            raise VitlabError(
+                f"run {run.key}: a new image size or pos_embed {run.pos_embed!r} needs a parent ViT with a learned "
+                "1-D position table",
+                arg="pos_embed",
+            )
+        weights, grid = model.state_dict(), model.cfg.grid_size
+        data = dataclasses.replace(run.parent.data, img_size=run.data.img_size)
+        model = build_model(dataclasses.replace(run.parent, data=data), parent[0])  # (1, 1 + N', D) table
+        cfg = model.cfg
+        weights = resample_position_tables(weights, grid, cfg.grid_size, num_prefix_tokens=cfg.num_pos_prefix_tokens)
+        if run.pos_embed == "reinit":
+            weights["pos_embed"] = nn.init.trunc_normal_(torch.empty_like(weights["pos_embed"]), std=0.02)
+        model.load_state_dict(weights)
+    model.eval()
+    model.reset_classifier(num_classes)
+    return model
+
+
+def at_model_size(images: ImageTensors, model: nn.Module) -> ImageTensors:
+    """`images` at the model's input size, resized once as the model's eval preprocessing resizes (the model's
+    interpolation; no crop, crop_pct 1); as they are where they already have it."""
+    size = tuple(model.cfg.img_size)
+    if images.size == size:
+        return images
+    return ImageTensors(eval_resize_crop(model.pretrained_cfg, size)(images.images), images.labels)
 
 
 def transforms(run: Run, model: nn.Module, source_size: tuple[int, int]) -> tuple[BatchTransform, BatchTransform]:
@@ -184,14 +242,10 @@ def train_run(
         raise ValueError(f"run {run.key}: parent weights are needed exactly when the run starts from another run")
     train, val, k = experiment_splits(run.data, run.seed)
     seed_everything(run.seed)  # the model's initialisation depends on the seed too
-    if parent is not None:
-        model = build_model(run.parent, parent[0])
-        model.load_state_dict(load(parent[1]))
-        model.eval()  # as the parent's run folder loads
-        model.reset_classifier(k)  # Section 3.2: a new zero-initialised head for the new classes
-    else:
-        model = build_model(run, k)
-    train_tf, eval_tf = transforms(run, model, train.size)
+    model = start_model(run, parent, k) if parent is not None else build_model(run, k)
+    train_tf, eval_tf = transforms(run, model, train.size)  # augmentation resizes the training images to the model's
+    val = at_model_size(val, model)
+    train = train if run.recipe.augment else at_model_size(train, model)
     rec = run.recipe
     loader = MemoryLoader(
         train, train_tf, batch_size=rec.batch_size, shuffle=True, drop_last=rec.mixes, seed=rec.seed, device=device

@@ -1,6 +1,7 @@
 """The recipe search of `vitlab reproduce --tune`: the shared setup's recipe and step budgets, chosen on
 10,000 Fashion-MNIST training images held out from the other 50,000 (`vitlab.data.subsets.search_split`), never on the
-10,000 test images that decide the verdicts. One seed (0) per configuration. Three stages:
+10,000 test images that decide the verdicts. One seed (0) per configuration, but three in the convergence stage.
+Three stages:
 
     recipe       one knob at a time (STAGES), from the previous report's recipe, each model on its own: the
                  learning rate, the ViT's initialisation, its patch size and depth, the batch size, the
@@ -11,8 +12,10 @@
                  set; the claims train on 60,000), at steps doubling from 625: the budget at a size is the
                  first whose double moves neither model's held-out accuracy by TOLERANCE or more
     convergence  every arm of every Fashion-MNIST claim (claims 2-5 and 7-9; claim 3's whole learning-rate
-                 sweep) at the smallest and the largest training set of its claim, at a budget and at twice it:
-                 an arm has converged when the difference is below TOLERANCE. The arms at one size share a
+                 sweep) at the smallest and the largest training set of its claim, at a budget and at twice it,
+                 on CONVERGENCE_SEEDS seeds (one seed's move is as much noise as signal): an arm has converged
+                 when the mean move is below TOLERANCE and no larger than the arm's standard error over its
+                 seeds (`convergence_row(..., within_se=True)`). The arms at one size share a
                  budget (claim 9's of each model their own), which starts at the budget stage's (claim 9's at its
                  regularisation's) and doubles until every arm of it has converged (up to 5,000 steps, for the
                  report's time); claim 3's learning rates are then each pooling's best held out at that budget
@@ -37,7 +40,7 @@ from vitlab.data.subsets import HELD_OUT, ExperimentData
 from vitlab.errors import VitlabError
 from vitlab.experiments.executors import open_executor
 from vitlab.experiments.reproduce.claims import EXPERIMENTS, shared
-from vitlab.experiments.reproduce.claims.base import Scale
+from vitlab.experiments.reproduce.claims.base import Scale, convergence_row
 from vitlab.experiments.reproduce.claims.shared import (
     CNN,
     VIT,
@@ -57,6 +60,7 @@ from vitlab.train.recipe import Recipe
 
 RECORD = Path(__file__).with_name("search.json")  # the search whose choice claims/shared.py holds
 TOLERANCE = 0.01  # doubling the budget moves held-out accuracy by less than 1 point: converged
+CONVERGENCE_SEEDS = (0, 1, 2)  # the convergence stage judges each arm on these seeds
 MODELS = {VIT: "ViT", CNN: "CNN"}
 AUGS = {"flips": {"augment": True, "hflip": True}, "flips + crops": {"augment": True, "hflip": True, "crop_scale": 0.8}}
 AUG_FIELDS = ("augment", "hflip", "crop_scale", "auto_augment", "reprob", "mixup", "cutmix")
@@ -159,15 +163,15 @@ def regularised(model: str, knobs: dict, name: str, n: int, steps: int, n_val: i
     return run if model != VIT else dataclasses.replace(run, overrides={**dict(run.overrides), "drop_path": drop_path})
 
 
-def twin(run: Run, factor: int = 1, steps: int | None = None) -> Run:
-    """A claim's run on the search's split (at most its 50,000 images), seed 0, for `factor` x its steps, or `factor` x
-    the budget `steps` (placed, as the claim places its budget, at the whole epoch of its training set)."""
+def twin(run: Run, factor: int = 1, steps: int | None = None, seed: int = 0) -> Run:
+    """A claim's run on the search's split (at most its 50,000 images), seed `seed`, for `factor` x its steps, or
+    `factor` x the budget `steps` (placed, as the claim places its budget, at the whole epoch of its training set)."""
     n, batch, mixing = search_size(run.n_train), run.recipe.batch_size, run.recipe.mixes
     if steps is not None:
         steps = epochs_for(steps, run.n_train, batch, mixing) * steps_per_epoch(run.n_train, batch, mixing)
     epochs = epochs_for(factor * (run.steps if steps is None else steps), n, batch, drop_last=mixing)
     data = dataclasses.replace(run.data, n_train=n, n_val=HELD_OUT, split="search")
-    rec = run.recipe.replace(epochs=epochs, warmup_epochs=run.recipe.warmup_epochs / run.epochs * epochs, seed=0)
+    rec = run.recipe.replace(epochs=epochs, warmup_epochs=run.recipe.warmup_epochs / run.epochs * epochs, seed=seed)
     return dataclasses.replace(run, data=data, recipe=rec)
 
 
@@ -311,11 +315,13 @@ class Search:
 
     def convergence(self, scale: Scale, budgets: dict[int, dict], regularisation: dict | None) -> dict:
         """The convergence stage: every arm of every Fashion-MNIST claim at the smallest and the largest training set
-        of its claim (its `search_plan`'s where it has one), at a budget and at twice it, on the search's split. The
-        arms at one size share a budget (a claim's with `budget_per_model`, one per model: claim 9's); it starts at
-        the budget stage's there (a model's own at the regularisation stage's) and doubles until doubling moves no
-        arm of it by TOLERANCE, or up to the plan's `raise_to`. Returns each claim's rows at the budget found, the
-        budgets found (which the code then holds), every round, and each claim's `search_choice` made at them."""
+        of its claim (its `search_plan`'s where it has one; the plans' runs of `scale`'s first seed), at a budget and
+        at twice it, on the search's split, each on CONVERGENCE_SEEDS seeds: converged when the mean move is under
+        TOLERANCE and within the arm's standard error. The arms at one size share a budget (a claim's with
+        `budget_per_model`, one per model: claim 9's); it starts at the budget stage's there (a model's own at the
+        regularisation stage's) and doubles until no arm of it moves, or up to the plan's `raise_to`. Returns each
+        claim's rows at the budget found, the budgets found (which the code then holds), every round, and each
+        claim's `search_choice` made at them."""
         found = {claim_size(n): b["steps"] for n, b in budgets.items()}
         start = {n: found.get(n, s) for n, s in code_budgets().items()}
         arms: dict[tuple, list[tuple[str, Run]]] = {}  # (N, None): the size's shared budget; (N, model): a model's own
@@ -336,25 +342,18 @@ class Search:
                 budget[(regularisation["n"], m)] = regularisation["budget"][MODELS[m]]
         rows: dict[tuple, list[dict]] = {}
         rounds, pending = [], list(arms)
+        seeds = CONVERGENCE_SEEDS
         while pending:
-            self.acc([twin(s, k, steps=budget[g]) for g in pending for _, s in arms[g] for k in (1, 2)])  # one batch
+            self.acc(
+                [twin(s, k, budget[g], seed) for g in pending for _, s in arms[g] for k in (1, 2) for seed in seeds]
+            )  # one batch
             for g in list(pending):
                 rows[g] = []
                 for name, s in arms[g]:
-                    a, b = self.acc([twin(s, k, steps=budget[g]) for k in (1, 2)])
-                    rows[g].append(
-                        {
-                            "claim": name,
-                            "arm": arm_label(s),
-                            "n_train": s.n_train,
-                            "n_search": twin(s).n_train,
-                            "budget": budget[g],
-                            "steps": twin(s, steps=budget[g]).steps,
-                            "acc": a,
-                            "acc_2x": b,
-                            "converged": abs(b - a) < TOLERANCE,
-                        }
-                    )
+                    a, b = (self.acc([twin(s, k, budget[g], seed) for seed in seeds]) for k in (1, 2))
+                    steps = twin(s, steps=budget[g]).steps
+                    row = convergence_row(arm_label(s), s.n_train, steps, a, b, TOLERANCE, within_se=True)
+                    rows[g].append({"claim": name, **row, "n_search": twin(s).n_train, "budget": budget[g]})
                 late = list(
                     {r["arm"]: r for r in rows[g] if not r["converged"]}.values()
                 )  # an arm of several claims once
@@ -679,6 +678,8 @@ def _render_convergence(record: dict) -> list[str]:
             ),
             "",
         ]
+    # a record made when the stage judged seed 0 alone has no per-seed values: its table is shown as it was
+    seeded = any("acc_seeds" in r for rs in record["convergence"].values() for r in rs)
     found = record.get("convergence_budgets") or record["code_budgets"]
     own = record.get("convergence_own_budgets") or record.get("code_regularised_budgets") or {}
     lines += [
@@ -687,30 +688,27 @@ def _render_convergence(record: dict) -> list[str]:
         + "; "
         "claim 9's own: "
         + "; ".join(f"{int(n):,} images: " + ", ".join(f"{m} {s:,}" for m, s in b.items()) for n, b in own.items())
-        + ". Every arm at its budget:",
-        "",
-    ]
-    rows = [
-        [
-            name,
-            r["arm"],
-            f"{r['n_train']:,}",
-            f"{r['steps']:,}",
-            _pct(r["acc"]),
-            _pct(r["acc_2x"]),
-            f"{100 * (r['acc_2x'] - r['acc']):+.2f}",
-            "yes" if r["converged"] else "**no**",
-        ]
-        for name, rs in record["convergence"].items()
-        for r in rs
-    ]
-    lines += [
-        md_table(
-            ["claim", "arm", "N", "steps", "held-out %", "2x steps: held-out %", "difference (points)", "converged"],
-            rows,
+        + ". Every arm at its budget"
+        + (
+            " (the mean over its seeds: converged when it moves by less than "
+            f"{100 * record['tolerance']:.0f} point and by no more than the arm's standard error):"
+            if seeded
+            else ":"
         ),
         "",
     ]
+    rows = [
+        [name, r["arm"], f"{r['n_train']:,}", f"{r['steps']:,}"]
+        + ([str(len(r["acc_seeds"]))] if seeded else [])
+        + [_pct(r["acc"]), _pct(r["acc_2x"]), f"{100 * (r['acc_2x'] - r['acc']):+.2f}"]
+        + ([f"{100 * r['se']:.2f}" if r.get("se") is not None else ""] if seeded else [])
+        + ["yes" if r["converged"] else "**no**"]
+        for name, rs in record["convergence"].items()
+        for r in rs
+    ]
+    header = ["claim", "arm", "N", "steps"] + (["seeds"] if seeded else [])
+    header += ["held-out %", "2x steps: held-out %", "difference (points)"] + (["se (points)"] if seeded else [])
+    lines += [md_table(header + ["converged"], rows), ""]
     return lines
 
 
@@ -779,6 +777,7 @@ def render(record: dict, heading: str = "#") -> str:
 
 
 __all__ = [
+    "CONVERGENCE_SEEDS",
     "RECORD",
     "TOLERANCE",
     "Search",

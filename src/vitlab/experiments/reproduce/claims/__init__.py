@@ -17,6 +17,8 @@ from vitlab.experiments.reproduce.claims import (
     claim7_hybrid,
     claim8_attention,
     claim9_recipe,
+    claim10_compute,
+    claim11_resolution,
 )
 from vitlab.experiments.reproduce.claims.base import Experiment
 
@@ -30,6 +32,8 @@ EXPERIMENTS: list[Experiment] = [
     claim7_hybrid.EXPERIMENT,
     claim8_attention.EXPERIMENT,
     claim9_recipe.EXPERIMENT,
+    claim10_compute.EXPERIMENT,
+    claim11_resolution.EXPERIMENT,
 ]
 
 
@@ -38,10 +42,13 @@ def experiment_names() -> list[str]:
 
 
 def select(only: str | Sequence[str] | None) -> list[Experiment]:
-    """Experiments by name or number ("pos_embed,5"); None or empty means all."""
+    """Experiments by name or number ("pos_embed,5"); None or empty means all, and a list that names none
+    (",,,") is a mistake."""
     if not only:
         return list(EXPERIMENTS)
     wanted = [w.strip() for w in (only.split(",") if isinstance(only, str) else only) if w.strip()]
+    if not wanted:
+        raise VitlabError(f"only: no experiment named in {only!r}; expected names or numbers such as 5,10", arg="only")
     chosen = []
     for w in wanted:
         match = [e for e in EXPERIMENTS if e.name == w or str(e.number) == w or f"claim{e.number}" == w]

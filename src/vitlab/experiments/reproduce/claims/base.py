@@ -10,6 +10,8 @@ would import a half-initialised package.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,12 +66,36 @@ class Outcome:
 
 
 def convergence_row(
-    arm: str, n_train: int, steps: int, acc: Sequence[float], acc_2x: Sequence[float], tolerance: float = 0.01
+    arm: str,
+    n_train: int,
+    steps: int,
+    acc: Sequence[float],
+    acc_2x: Sequence[float],
+    tolerance: float = 0.01,
+    *,
+    within_se: bool = False,
 ) -> dict:
     """One arm's accuracy (mean over its seeds) at its budget and at twice it: converged when doubling the
-    budget moves it by less than `tolerance` (1 point)."""
+    budget moves it by less than `tolerance` (1 point). With `within_se` (the recipe search's convergence stage, three
+    seeds), also by no more than the arm's standard error at its budget (the sample std of its seeds / sqrt(n)): a
+    move larger than the seeds' own noise is a real one, however small. The per-seed values are kept beside the
+    means."""
     a, b = sum(acc) / len(acc), sum(acc_2x) / len(acc_2x)
-    return {"arm": arm, "n_train": n_train, "steps": steps, "acc": a, "acc_2x": b, "converged": abs(b - a) < tolerance}
+    se = statistics.stdev(acc) / math.sqrt(len(acc)) if len(acc) > 1 else None
+    if within_se and len(acc) < 2:
+        raise VitlabError(f"within_se: the arm {arm!r} needs at least 2 seeds; found {len(acc)}", arg="acc")
+    converged = abs(b - a) < tolerance and (not within_se or abs(b - a) <= se)
+    return {
+        "arm": arm,
+        "n_train": n_train,
+        "steps": steps,
+        "acc": a,
+        "acc_2x": b,
+        "converged": converged,
+        "acc_seeds": [float(x) for x in acc],
+        "acc_2x_seeds": [float(x) for x in acc_2x],
+        "se": se,
+    }
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,297 @@
+"""Claim 10, Section 4.4 and Figure 5 (the appendix's scaling table, Table 6): accuracy against training compute for
+three families, ViTs, hybrids and CNNs, each at several sizes. Tested on all 60,000 Fashion-MNIST images: every model
+trained for the shared budget at 60,000 (the same steps, so that the compute differs by the model's size alone),
+one seed per model as the paper's figure has, three at the shared ViT to show the spread."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vitlab.analysis.flops import training_flops
+from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
+from vitlab.experiments.reproduce.claims.shared import CNN, VIT, budget_rows, code_budgets, fashion_run, n_full
+from vitlab.experiments.reproduce.figures import compute_figure
+from vitlab.experiments.reproduce.runs import Run, build_model
+from vitlab.experiments.reproduce.verdicts import (
+    INCONCLUSIVE,
+    LEVEL,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Estimate,
+    Verdict,
+    combine,
+    mean_std,
+)
+
+VIT_F, HYBRID_F, CNN_F = "ViT", "hybrid", "CNN"
+
+
+def _vit(depth: int, dim: int, patch: int = 7) -> dict:
+    return {"depth": depth, "dim": dim, "mlp_dim": 2 * dim, "patch_size": patch}  # 4 heads, MLP 2D, as vit_mini
+
+
+def _hybrid(stem_width: int, depth: int, dim: int) -> dict:
+    # The conv stem downsamples by powers of 2: 4-pixel "patches" of its feature map, a 7x7 grid (claim 7's hybrid)
+    return {"stem": "hybrid", "stem_width": stem_width, **_vit(depth, dim, patch=4)}
+
+
+# label -> (family, model, overrides). The shared ViT (D=64, 6 blocks, P=7) and the shared CNN are claim 5's runs at
+# 60,000; "ViT P=4" is the shared ViT at claim 4's smaller patch, its patch-size comparison at 60,000 images.
+SHARED = "ViT P=7 D64 L6"
+POINTS = {
+    "ViT P=7 D32 L2": (VIT_F, VIT, _vit(2, 32)),
+    "ViT P=7 D48 L4": (VIT_F, VIT, _vit(4, 48)),
+    SHARED: (VIT_F, VIT, _vit(6, 64)),
+    "ViT P=7 D96 L8": (VIT_F, VIT, _vit(8, 96)),
+    "ViT P=4 D64 L6": (VIT_F, VIT, _vit(6, 64, patch=4)),
+    "hybrid w8 D32 L2": (HYBRID_F, VIT, _hybrid(8, 2, 32)),
+    "hybrid w8 D48 L4": (HYBRID_F, VIT, _hybrid(8, 4, 48)),
+    "hybrid w16 D64 L6": (HYBRID_F, VIT, _hybrid(16, 6, 64)),
+    "CNN w8": (CNN_F, CNN, {"width": 8}),
+    "CNN w16": (CNN_F, CNN, {}),
+    "CNN w24": (CNN_F, CNN, {"width": 24}),
+}
+FAMILIES = (VIT_F, HYBRID_F, CNN_F)
+MATCHED = 5  # (b) compares the two frontiers at this many compute points, evenly spaced on log compute
+
+# ---- the pre-registered rules (written before any default-scale run) ---------------------------------------------
+MARGIN_A = 0.0  # (a): the hybrid's lead, in log error ratio, must shrink by more than this
+MARGIN_B = 0.0  # (b): the ViT's frontier must lie above the CNN's by more than this (accuracy, points)
+RULE = (
+    "Each family's frontier: its models (one seed each; the shared ViT's seed 0) in order of compute, joined by "
+    "straight lines in log10 compute; a family's accuracy at a compute c is read off that line. "
+    "(a) the hybrid's advantage over the ViT shrinks as compute grows: g(c) = log(err_ViT(c) / err_hybrid(c)), "
+    "err = 1 - accuracy (the error-ratio scale, on which the 100% ceiling does not squeeze a lead), at the smallest "
+    "and the largest compute both frontiers reach; reproduced if the {lv} interval of g(smallest) - g(largest) lies "
+    "above {ma} (not reproduced if below). (b) the ViT's frontier stands above the CNN's at matched compute (the "
+    "paper: ViTs use 2-4x less compute for the same accuracy): the mean of acc_ViT(c) - acc_CNN(c) over {k} computes "
+    "evenly spaced on log compute across the range both reach; reproduced if its {lv} interval lies above {mb} "
+    "points (not reproduced if below). With one seed per model neither difference has a spread of its own: its "
+    "interval takes every model's seed-to-seed spread to be the shared ViT's (the sample std of its seeds, of log "
+    "err for (a) and of accuracy for (b); t with seeds - 1 df), each difference being a weighted sum of single-seed "
+    "accuracies, se = std x sqrt(sum of squared weights). So the verdict is descriptive unless that spread is small "
+    "beside the difference; with fewer than 2 seeds at the shared ViT it is inconclusive. Both parts: reproduced if "
+    "both are"
+).format(lv=f"{100 * LEVEL:g}%", ma=f"{MARGIN_A:g}", mb=f"{100 * MARGIN_B:g}", k=MATCHED)
+
+
+def _run(label: str, seed: int, scale: Scale) -> Run:
+    _, model, overrides = POINTS[label]
+    return fashion_run(model, n_full(scale), seed, scale, overrides=overrides)
+
+
+def _plan(scale: Scale) -> list[Run]:
+    out = [_run(label, scale.seeds[0], scale) for label in POINTS]
+    return out + [_run(SHARED, s, scale) for s in scale.seeds[1:]]
+
+
+def images_seen(run: Run) -> int:
+    """Training images a run sees: its whole epochs of its training set (a run that mixes batches drops each epoch's
+    short last one)."""
+    return run.steps * run.recipe.batch_size if run.recipe.mixes else run.epochs * run.n_train
+
+
+def run_flops(run: Run, model: nn.Module) -> int:
+    """A run's training compute: the FLOP counter's forward-and-backward figure per image (`training_flops`, 3x the
+    forward pass) times the images it saw."""
+    shape = (run.data.channels, run.data.img_size, run.data.img_size)
+    return training_flops(model, shape, images_seen(run))
+
+
+@dataclass(frozen=True)
+class Point:
+    label: str
+    family: str
+    flops: float
+    acc: list[float]  # per seed: one, but the shared ViT's
+    params: int
+
+
+def read_off(front: list[Point], c: float) -> dict[str, float]:
+    """A family's curve (`front`: its points by compute) at compute `c`, as weights on its points' first-seed
+    values: straight lines in log10 compute between neighbours ({label: weight}, the weights summing to 1)."""
+    xs = [math.log10(p.flops) for p in front]
+    x = math.log10(c)
+    if not xs[0] - 1e-9 <= x <= xs[-1] + 1e-9:
+        raise ValueError(f"compute {c:.3g} outside the frontier's {front[0].flops:.3g}-{front[-1].flops:.3g}")
+    for i in range(len(front) - 1):
+        if x <= xs[i + 1] + 1e-9:
+            w = (x - xs[i]) / (xs[i + 1] - xs[i])
+            return {front[i].label: 1 - w, front[i + 1].label: w}
+    return {front[-1].label: 1.0}
+
+
+def combination(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """sum_i coefficient_i x weights_i, as one weight per point."""
+    out: dict[str, float] = {}
+    for coef, weights in parts:
+        for label, w in weights.items():
+            out[label] = out.get(label, 0.0) + coef * w
+    return out
+
+
+def estimate_of(weights: dict[str, float], values: dict[str, float], spread: list[float]) -> Estimate | None:
+    """A weighted sum of single-seed values, with the se it has when every value spreads between seeds as `spread`
+    (the shared ViT's per-seed values) does; None with fewer than 2 of them."""
+    if len(spread) < 2:
+        return None
+    d = sum(w * values[label] for label, w in weights.items())
+    se = statistics.stdev(spread) * math.sqrt(sum(w * w for w in weights.values()))
+    method = f"one seed per model, each spread as the shared ViT's {len(spread)} seeds, df {len(spread) - 1}"
+    return Estimate(d, se, len(spread) - 1, 1, method)
+
+
+def decide(est: Estimate | None, margin: float, *, what: str, unit: str) -> Verdict:
+    """Reproduced if the LEVEL interval of `est` lies above `margin`, not reproduced if below, else inconclusive."""
+    if est is None:
+        return Verdict(INCONCLUSIVE, f"{what}: fewer than 2 seeds at the shared ViT, no spread to judge it by")
+    lo, hi = est.interval(LEVEL)
+    scale = 100 if unit == "points" else 1
+    text = (
+        f"{what} = {scale * est.d:+.3g} {unit}, {100 * LEVEL:g}% CI [{scale * lo:+.3g}, {scale * hi:+.3g}] "
+        f"({est.method}), needed above {scale * margin:g}"
+    )
+    status = REPRODUCED if lo > margin else NOT_REPRODUCED if hi < margin else INCONCLUSIVE
+    return Verdict(status, text)
+
+
+def log_err(acc: float) -> float:
+    return math.log(1 - acc)
+
+
+def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
+    seed0 = scale.seeds[0]
+    points = []
+    for label, (family, _, _) in POINTS.items():
+        runs = [_run(label, s, scale) for s in (scale.seeds if label == SHARED else (seed0,))]
+        with torch.device("meta"):  # shapes only: the count needs no weights (and a hybrid's run folder does not load)
+            model = build_model(runs[0], res[runs[0]]["num_classes"])
+        points.append(Point(label, family, run_flops(runs[0], model), res.acc(runs), res[runs[0]]["params"]))
+    by_family = {f: [p for p in points if p.family == f] for f in FAMILIES}
+    fronts = {f: sorted(ps, key=lambda p: p.flops) for f, ps in by_family.items()}
+    acc0 = {p.label: p.acc[0] for p in points}
+    shared = next(p for p in points if p.label == SHARED)
+
+    def overlap(f: str, g: str) -> tuple[float, float]:
+        return max(fronts[f][0].flops, fronts[g][0].flops), min(fronts[f][-1].flops, fronts[g][-1].flops)
+
+    # (a) the hybrid's lead in log error ratio at the smallest and the largest compute both frontiers reach
+    lo, hi = overlap(VIT_F, HYBRID_F)
+    if lo < hi:
+        lead = {
+            c: combination([(1.0, read_off(fronts[VIT_F], c)), (-1.0, read_off(fronts[HYBRID_F], c))]) for c in (lo, hi)
+        }
+        log_errs = {k: log_err(a) for k, a in acc0.items()}
+        gap_at = {c: sum(w * log_errs[k] for k, w in lead[c].items()) for c in (lo, hi)}
+        shrink = combination([(1.0, lead[lo]), (-1.0, lead[hi])])
+        part_a = decide(
+            estimate_of(shrink, log_errs, [log_err(a) for a in shared.acc]),
+            MARGIN_A,
+            what=(
+                f"hybrid's lead log(err_ViT / err_hybrid) at {lo:.3g} FLOPs ({gap_at[lo]:+.3f}) - at {hi:.3g} FLOPs "
+                f"({gap_at[hi]:+.3f})"
+            ),
+            unit="log error ratio",
+        )
+    else:
+        part_a = Verdict(INCONCLUSIVE, "the ViT's and the hybrid's frontiers reach no common compute")
+    # (b) the ViT's frontier against the CNN's at matched compute
+    lo_b, hi_b = overlap(VIT_F, CNN_F)
+    if lo_b < hi_b:
+        cs = [lo_b * (hi_b / lo_b) ** (i / (MATCHED - 1)) for i in range(MATCHED)]
+        diff = combination(
+            [(1.0 / MATCHED, read_off(fronts[VIT_F], c)) for c in cs]
+            + [(-1.0 / MATCHED, read_off(fronts[CNN_F], c)) for c in cs]
+        )
+        part_b = decide(
+            estimate_of(diff, acc0, shared.acc),
+            MARGIN_B,
+            what=f"ViT - CNN, mean over {MATCHED} computes from {lo_b:.3g} to {hi_b:.3g} FLOPs",
+            unit="points",
+        )
+    else:
+        part_b = Verdict(INCONCLUSIVE, "the ViT's and the CNN's frontiers reach no common compute")
+    fig = compute_figure(
+        fig_dir / "claim10_compute.png",
+        {f: [(p.flops, p.acc) for p in fronts[f]] for f in FAMILIES},
+        f"Fashion-MNIST, {n_full(scale):,} training images: accuracy against training compute",
+    )
+    run0 = _run(SHARED, seed0, scale)
+    p4 = next(p for p in points if p.label == "ViT P=4 D64 L6")
+    return Outcome(
+        setup=(
+            f"All {run0.n_train:,} training images, every model for the shared budget there, {run0.steps:,} steps "
+            f"({run0.epochs} epoch(s), batch {run0.recipe.batch_size}), with its family's recipe (the ViT's for the "
+            "ViTs and hybrids, the CNN's for the CNNs; claims/shared.py RECIPES), so that the compute differs by the "
+            "model alone. ViTs: `vit_mini` (4 heads, MLP 2D) at widths D and depths L, patch 7 (4x4 grid) and, for "
+            "claim 4's comparison at this size, patch 4 (7x7); hybrids: the same transformer fed by claim 7's conv "
+            "stem (3x3 conv + BasicBlock stages of width w, downsampling by 4: a 7x7 grid, then a 1x1 projection); "
+            "CNNs: `resnet_mini` at first-stage widths w. Training compute: FLOPs per image of a forward and backward "
+            "pass, 3x the forward pass counted by torch's FlopCounterMode (`vitlab.analysis.flops.training_flops`), "
+            f"times the images seen. One seed per model (seed {seed0}); the shared ViT with {len(scale.seeds)}."
+        ),
+        header=["model", "family", "params", "training TFLOPs", "test acc % (mean +- std)"],
+        rows=[
+            [p.label, p.family, f"{p.params:,}", f"{p.flops / 1e12:.3g}", mean_std(p.acc)]
+            for p in sorted(points, key=lambda p: (FAMILIES.index(p.family), p.flops))
+        ],
+        verdict=combine(part_a, part_b),
+        figures=[fig],
+        csv_header=["model", "family", "seed", "params", "train_flops", "val_acc"],
+        csv_rows=[
+            [p.label, p.family, s, p.params, p.flops, a]
+            for p in points
+            for s, a in zip(scale.seeds if p.label == SHARED else (seed0,), p.acc)
+        ],
+        notes=(
+            "Claim 4's patch sizes at this size (one seed of P=4 against the shared ViT's seed "
+            f"{seed0}): P=7 {100 * shared.acc[0]:.1f}%, P=4 {100 * p4.acc[0]:.1f}% at "
+            f"{p4.flops / shared.flops:.1f}x the compute; claim 4's own comparison, at 1,000 images and 3 seeds, is "
+            "in its section. Paper, Figure 5 (Section 4.4; the numbers in the appendix's Table 6): on the "
+            "performance/compute trade-off ViTs dominate ResNets, using about 2-4x less compute for the same "
+            "transfer accuracy; hybrids slightly outperform ViTs at small compute budgets, and the difference "
+            "vanishes for larger models."
+        ),
+    )
+
+
+def budget_evidence(record: dict) -> tuple[list[dict], bool, str] | None:
+    """The Budget table: the search's budget stage at 60,000 (the shared ViT and CNN at the budget and twice it);
+    the other models train for the same steps by design, converged or not, as every model of Figure 5 trains for
+    the same epochs."""
+    rows = [r for r in budget_rows(record, code_budgets()) if r["n_train"] == 60_000]
+    if not rows:
+        return None
+    note = (
+        "from the recipe search's budget stage, seed 0, held-out images: the shared ViT and CNN only; the other "
+        "models train for the same steps whether or not they have converged (compute, not convergence, is this "
+        "claim's axis)"
+    )
+    return rows, False, note
+
+
+def search_arms(scale: Scale) -> list[Run]:
+    """None: the recipe search's convergence stage does not train this claim's models (it is about compute at a
+    fixed budget; the budget's own evidence is the budget stage's at 60,000)."""
+    return []
+
+
+EXPERIMENT = Experiment(
+    number=10,
+    name="compute",
+    title="Accuracy against training compute: ViT, hybrid and CNN (Figure 5)",
+    claim="On the performance/compute trade-off ViTs dominate ResNets (the same accuracy for less compute), and "
+    "hybrids beat ViTs at small compute, an advantage that vanishes as the models grow.",
+    source="paper Section 4.4 (Figure 5) and the appendix's Table 6",
+    rule=RULE,
+    plan=_plan,
+    analyze=_analyze,
+    search_plan=search_arms,
+    budget_evidence=budget_evidence,
+)
