@@ -103,7 +103,8 @@ def _intro(meta: dict) -> list[str]:
         "",
         "**Seeds.** Where a verdict hinges on an equivalence or the spread between seeds exceeds a point, the arms "
         "have five seeds, fixed in code before any run with them (`claims/shared.py`, SEEDS_AT: the 1,000-image arms "
-        "of claims 2, 3, 4, 5 and 7); the others have the scale's.",
+        "of claims 2, 3, 4, 5 and 7); the others have the scale's"
+        + (" (at the quick scale, every arm)." if meta["scale"] == "quick" else "."),
         "",
         "An earlier version of this report tested claims 2-8 on synthetic shapes; it is kept in "
         "`docs/reproduce/synthetic/` as a record of the mechanisms it showed (for example, that a learned 1-D table "
