@@ -17,7 +17,7 @@ from vitlab.experiments.reproduce.claims.shared import (
     seeds_at,
 )
 from vitlab.experiments.reproduce.figures import bar_figure
-from vitlab.experiments.reproduce.probes import deciding_shots, probe_acc, probe_table
+from vitlab.experiments.reproduce.probes import DECIDING_SHOTS, deciding_shots, probe_acc, probe_table
 from vitlab.experiments.reproduce.runs import Run
 from vitlab.experiments.reproduce.verdicts import MARGIN, TOL, Rule, close_v1, combine, mean_std
 
@@ -147,6 +147,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     )
 
 
+SHOTS = DECIDING_SHOTS["full"]  # images per class of the probe that decides (Table 8's and Figure 9's 5)
 EXPERIMENT = Experiment(
     number=3,
     name="cls_vs_gap",
@@ -154,7 +155,8 @@ EXPERIMENT = Experiment(
     claim="Class token and global average pooling work about equally well, once each gets its own learning rate.",
     source="paper Appendix D.3 (Figure 9)",
     rule="each pooling at its own lr, the best of a sweep on held-out training images; reproduced if both parts are: "
-    f"(1) on the test accuracy, class token - GAP {SAME.text()}; (2) on the 5-shot linear-probe accuracy, "
+    f"(1) on the test accuracy, class token - GAP {SAME.text()}; (2) on the {SHOTS}-shot linear-probe accuracy (the "
+    "quick scale: 2-shot), "
     f"{PROBE_SAME.text()}. The tolerance is {TOL_IS}",
     plan=_plan,
     analyze=_analyze,
