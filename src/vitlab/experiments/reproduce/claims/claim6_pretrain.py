@@ -114,7 +114,8 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         tables=[
             (
                 "Few-shot linear probes on the digits of frozen features (not part of the rule): the shots from the "
-                "500 training digits, the ridge strength chosen on the held-out digits, accuracy on the verdict's",
+                f"{digits.n_train} training digits, the ridge strength chosen on the held-out digits, accuracy on the "
+                "verdict's",
                 *probe_table(probes),
             )
         ],
