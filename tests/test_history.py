@@ -19,12 +19,20 @@ from vitlab.experiments.reproduce.verdicts import NOT_REPRODUCED
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_claim_has_its_changes_ending_with_the_switch_to_v2():
+def test_every_claim_switched_to_v2_in_one_change_after_results():
     history = load()
     assert sorted(history) == list(range(1, 10))
-    last = {n: changes[-1] for n, changes in history.items()}
-    assert len({c.commit for c in last.values()}) == 1  # one change for all
-    assert all(c.date == "2026-12-03" and c.after_results and "v2" in c.what for c in last.values())
+    v2 = {n: [c for c in changes if c.what.startswith("verdict rules v2")] for n, changes in history.items()}
+    assert all(len(c) == 1 for c in v2.values()), v2
+    assert len({c[0].commit for c in v2.values()}) == 1  # one change for all
+    assert all(c[0].date == "2026-12-03" and c[0].after_results for c in v2.values())
+
+
+def test_the_seeds_and_claim_9s_regularisation_are_on_the_record():
+    history = load()
+    seeds = {n for n, changes in history.items() for c in changes if "five seeds at 1,000 images" in c.what}
+    assert seeds == {2, 3, 4, 5, 7}
+    assert any("stochastic depth" in c.what and "CNN" in c.what and c.after_results for c in history[9])
 
 
 def test_the_known_changes_after_results():

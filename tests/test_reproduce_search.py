@@ -544,6 +544,6 @@ def test_claim3_trains_each_pooling_at_the_searchs_learning_rate_and_the_search_
     claim3 = next(e for e in EXPERIMENTS if e.name == "cls_vs_gap")
     scale = Scale("default", (0, 1, 2))
     plan = claim3.plan(scale)
-    assert len(plan) == 6 and {(dict(s.overrides).get("pool", "cls"), s.lr) for s in plan} == set(POOL_LR.items())
-    assert claim3.search_plan is sweep and len(sweep(scale)) == 18
+    assert len(plan) == 10 and {(dict(s.overrides).get("pool", "cls"), s.lr) for s in plan} == set(POOL_LR.items())
+    assert claim3.search_plan is sweep and len(sweep(scale)) == 30  # 2 poolings x 3 lrs x 5 seeds (shared.SEEDS_AT)
     assert {s.key for s in plan} <= {s.key for s in sweep(scale)}  # the chosen arms are runs of the sweep

@@ -222,3 +222,18 @@ def test_v1_gives_the_committed_reports_claim5_verdict():
         greater_v1(gap[small], gap[large], 0.0, what=f"gap (CNN - ViT) at N={small:,} minus gap at N={large:,}"),
     )
     assert v1.detail in (RESULTS / "verdicts.csv").read_text()
+
+
+def test_a_tolerance_relative_to_a_measured_effect():
+    rule = Rule("close", 1 / 3, paired=True, relative_to="the effect E0")
+    assert "tol 0.333 E" in rule.text() and "where E is the effect E0" in rule.text()
+    with pytest.raises(VitlabError, match="scaled"):
+        rule.decide([0.5, 0.6], [0.5, 0.6], what="d")
+    at = rule.scaled(0.06)  # a 6-point effect: a 2-point tolerance
+    assert at.bound == pytest.approx(0.02) and at.relative_to is None and "tol 2.0 points" in at.text()
+    a, b = [0.80, 0.81, 0.82], [0.79, 0.80, 0.81]  # 1 point apart on every seed
+    assert at.decide(a, b, what="d").status == REPRODUCED
+    assert rule.scaled(0.015).decide(a, b, what="d").status == NOT_REPRODUCED  # tol 0.5 points
+    assert rule.scaled(-0.05).bound == 0.0  # no effect: no tolerance
+    with pytest.raises(VitlabError, match="relative_to"):
+        Rule("greater", 0.0, paired=True, relative_to="x")

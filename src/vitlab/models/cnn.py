@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock
+from torchvision.ops import StochasticDepth
 
 from vitlab.errors import VitlabError, check_range
 
@@ -35,12 +36,37 @@ def check_images(x, channels: int) -> None:
         )
 
 
-def _stage(in_ch: int, out_ch: int, stride: int, blocks: int) -> nn.Sequential:
+class DropPathBlock(BasicBlock):
+    """torchvision's BasicBlock with stochastic depth on its residual branch: in training, each image's branch is
+    dropped with probability `drop_path` (and the kept ones scaled by 1 / (1 - drop_path)), the shortcut always
+    kept, as the ViT's blocks do (`StochasticDepth(mode="row")`). The same parameters as BasicBlock's: a checkpoint
+    of one loads into the other."""
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int = 1, downsample: nn.Module | None = None, *, drop_path):
+        super().__init__(in_ch, out_ch, stride=stride, downsample=downsample)
+        self.drop_path = StochasticDepth(drop_path, mode="row")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        y = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))  # the residual branch, (B, C', H', W')
+        return self.relu(identity + self.drop_path(y))
+
+
+def _block(in_ch: int, out_ch: int, stride: int = 1, downsample: nn.Module | None = None, drop_path: float = 0.0):
+    if drop_path > 0:
+        return DropPathBlock(in_ch, out_ch, stride, downsample, drop_path=drop_path)
+    return BasicBlock(in_ch, out_ch, stride=stride, downsample=downsample)
+
+
+def _stage(in_ch: int, out_ch: int, stride: int, blocks: int, drop_paths: tuple[float, ...] = ()) -> nn.Sequential:
+    """`blocks` BasicBlocks, the first changing the width and stride; `drop_paths`: each block's stochastic depth
+    rate (none: 0)."""
+    rates = drop_paths or (0.0,) * blocks
     down = None
     if stride != 1 or in_ch != out_ch:
         down = nn.Sequential(nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch))
-    layers = [BasicBlock(in_ch, out_ch, stride=stride, downsample=down)]
-    layers += [BasicBlock(out_ch, out_ch) for _ in range(blocks - 1)]
+    layers = [_block(in_ch, out_ch, stride, down, rates[0])]
+    layers += [_block(out_ch, out_ch, drop_path=r) for r in rates[1:]]
     return nn.Sequential(*layers)
 
 
@@ -78,6 +104,7 @@ class ResNetConfig:
     in_chans: int = 3
     width: int = 16  # channels of the first stage; stages 2 and 3 have 2x and 4x
     blocks: int = 1  # BasicBlocks per stage
+    drop_path: float = 0.0  # stochastic depth, rising linearly over the blocks to this rate in the last (as the ViT's)
     img_size: int | tuple[int, int] = 32
 
     def __post_init__(self) -> None:
@@ -96,6 +123,7 @@ class ResNetConfig:
         object.__setattr__(self, "img_size", tuple(size))
         for name in ("num_classes", "in_chans", "width", "blocks"):
             check_range(name, getattr(self, name), low=0 if name == "num_classes" else 1, integer=True)
+        check_range("drop_path", self.drop_path, low=0.0, high=1.0, high_open=True)
 
     def replace(self, **overrides) -> ResNetConfig:
         """A copy with some fields changed; an unknown field is an error that lists the valid ones."""
@@ -103,7 +131,7 @@ class ResNetConfig:
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise VitlabError(
-                f"the CNN baseline has no field(s) {unknown} (ViT-only options such as drop_path do "
+                f"the CNN baseline has no field(s) {unknown} (ViT-only options such as patch_size do "
                 f"not apply to it); its fields: {sorted(known)}"
             )
         return ResNetConfig(**{**asdict(self), **overrides})
@@ -129,9 +157,11 @@ class ResNetMini(nn.Module):
         self.stem = nn.Sequential(
             nn.Conv2d(in_chans, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
         )
-        self.layer1 = _stage(width, width, 1, blocks)
-        self.layer2 = _stage(width, 2 * width, 2, blocks)
-        self.layer3 = _stage(2 * width, 4 * width, 2, blocks)
+        n = 3 * blocks  # as the ViT's: block i of n drops its residual branch at drop_path * i / (n - 1)
+        rates = [cfg.drop_path * i / max(n - 1, 1) for i in range(n)]
+        self.layer1 = _stage(width, width, 1, blocks, tuple(rates[:blocks]))
+        self.layer2 = _stage(width, 2 * width, 2, blocks, tuple(rates[blocks : 2 * blocks]))
+        self.layer3 = _stage(2 * width, 4 * width, 2, blocks, tuple(rates[2 * blocks :]))
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.head = nn.Linear(4 * width, cfg.num_classes)
         self.pretrained_cfg = None  # a vitlab.models.pretrained_cfg.PretrainedCfg, set by create_model

@@ -2,8 +2,9 @@
 
 Each claim below becomes an `Experiment`, a set of
 training runs over seeds, a table of mean +- std, a figure, and a verdict computed from the numbers
-by a rule fixed before any full run's result was seen (`VERDICT RULES` in `verdicts.py`, each claim's
-rule in its module):
+by the claim's rules (`Rule` objects of `verdicts.py`'s v2 set, in the claim's module, whose text is the report's
+rule), with the v1 rules' verdict beside it, and the claim's record of changes (`history`: every change since the
+rules were first committed, and whether a result had been seen before it):
 
     1 x_pos_embed   the mini experiment: dataset X >= 95% val acc; without position embedding, chance
     2 pos_embed     Table 8 on Fashion-MNIST: none clearly worse; learned 1-D / 2-D / sin-cos 2-D / relative close
@@ -11,7 +12,7 @@ rule in its module):
     4 patch_size    Section 3.1: patches of 14, 7, 4 pixels: longer sequences, more compute, more accuracy
     5 data_scale    Figures 3-4: the CNN wins on 1,000 images; the gap closes by 60,000
     6 pretrain      Section 3.2: pre-train on Fashion-MNIST, fine-tune on 500 digits, beat scratch
-    7 hybrid        Section 3.1 / Figure 5: a conv stem helps the ViT on small data
+    7 hybrid        Section 3.1 / Section 4.4, Table 6: a conv stem helps the ViT on small data
     8 attention     Figure 7 on the ViT trained on all 60,000: attention distance grows with depth; 2-D position
                     embeddings; the embedding filters
     9 recipe        DeiT: MixUp/CutMix, RandAugment and stochastic depth matter more for a ViT on
@@ -34,7 +35,9 @@ numbers every time, so the report can be rewritten without training anything.
 Cost: the plan is priced before anything trains (a few timed steps per architecture and augmentation,
 times the number of images each run sees); the estimate is printed first and a progress bar follows it.
 
-The package, one concept per module: `verdicts` (the pre-registered rules), `runs` (one training run, `Run`: its
+The package, one concept per module: `verdicts` (the verdict rules, v2 and v1), `history` (the record of changes),
+`probes` (few-shot linear probes of the trained models), `recompute` (v2 verdicts from a report's CSV files),
+`runs` (one training run, `Run`: its
 data, model and `Recipe`, and the run cache), `claims` (one module per claim: its plan, analysis and `Experiment`
 entry with its hooks into the search; `EXPERIMENTS`),
 `search` (the recipe search and its record, search.json), `figures`, `report` (Markdown and HTML) and

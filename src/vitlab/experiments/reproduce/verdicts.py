@@ -34,6 +34,7 @@ A claim with several parts is reproduced if every part is, not reproduced if any
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -270,8 +271,10 @@ RULES = ("greater", "close", "at_least", "near")
 class Rule:
     """One v2 rule as data. `bound`: greater's margin, close's and near's tolerance, at_least's threshold; `target`:
     near's; `paired`: the two-sample rules' interval (seed-paired, else Welch); `level`: the two-sided level of the
-    interval that decides "confidently"; `floor`: close's chance floor (both arms below it: inconclusive).
-    `text()` is the rule as the report prints it, `decide` applies it."""
+    interval that decides "confidently"; `floor`: close's chance floor (both arms below it: inconclusive);
+    `relative_to`: close's tolerance as a fraction (`bound`) of a quantity measured in the same results, named here
+    (`scaled` makes the rule at its measured value, and decides). `text()` is the rule as the report prints it,
+    `decide` applies it."""
 
     name: str
     bound: float
@@ -280,6 +283,7 @@ class Rule:
     unit: str = "points"
     target: float | None = None
     floor: float | None = None
+    relative_to: str | None = None
 
     def __post_init__(self) -> None:
         if self.name not in RULES:
@@ -292,6 +296,15 @@ class Rule:
             raise VitlabError("target: near needs one and only near takes one", arg="target")
         if self.paired and self.name in ("at_least", "near"):
             raise VitlabError(f"paired: {self.name} is a one-sample rule; pass paired=False", arg="paired")
+        if self.relative_to is not None and self.name != "close":
+            raise VitlabError(f"relative_to: only close's tolerance can be relative; found {self.name}", arg="name")
+
+    def scaled(self, reference: float) -> Rule:
+        """The rule with its relative tolerance made absolute: `bound` times `reference` (the measured value of
+        `relative_to`; below 0 counts as 0: no effect to be a fraction of)."""
+        if self.relative_to is None:
+            raise VitlabError("scaled: the rule's tolerance is not relative (relative_to is None)", arg="relative_to")
+        return dataclasses.replace(self, bound=self.bound * max(float(reference), 0.0), relative_to=None)
 
     @property
     def tost_level(self) -> float:
@@ -317,6 +330,9 @@ class Rule:
             t = _value(self.bound, self.unit)
             return f"at least {t}: reproduced if the {lv} {iv} lies at or above {t}, not reproduced if it lies below"
         tol = _amount(self.bound, self.unit)
+        relative = ""
+        if self.relative_to is not None:
+            tol, relative = f"{self.bound:.3g} E", f", where E is {self.relative_to}"
         if self.name == "near":
             return (
                 f"within {tol} of {_value(self.target, self.unit)} (TOST): reproduced if the {tl} {iv}, less "
@@ -327,11 +343,13 @@ class Rule:
         )
         return (
             f"about equal, tol {tol} (TOST): reproduced if the {tl} {iv} of the difference lies inside +-{tol}, "
-            f"not reproduced if the {lv} one lies outside{floor}"
+            f"not reproduced if the {lv} one lies outside{floor}{relative}"
         )
 
     def decide(self, a: Sequence[float], b: Sequence[float] | None = None, *, what: str) -> Verdict:
         """The verdict on `a` (and `b`, for greater and close; the one-sample rules take `a` alone)."""
+        if self.relative_to is not None:
+            raise VitlabError(f"decide: the tolerance is relative to {self.relative_to}; decide with scaled(value)")
         one_sample = self.name in ("at_least", "near")
         if one_sample and b is not None:
             raise VitlabError(f"b: {self.name} is a one-sample rule and takes no second arm", arg="b")

@@ -1,7 +1,7 @@
 """What a claim is made of: `Experiment` (the claim, its rule, its plan and analyse functions, and its hooks into
 the recipe search), `SearchChoice`,
 `Scale` (quick, default or large, and the seeds), `Outcome` (table, figures, CSV rows and verdict) and `Results`
-(the cached results of a plan's runs).
+(the cached results of a plan's runs, and their models' few-shot probes).
 
 They live in this module rather than in `claims/__init__.py` because that module imports every claim
 module to list `EXPERIMENTS`, and every claim module needs these classes: defined there, each claim
@@ -19,7 +19,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vitlab.data.subsets import ExperimentData
 from vitlab.errors import VitlabError
+from vitlab.experiments.reproduce.probes import digits_probe, fashion_probe
 from vitlab.experiments.reproduce.runs import Run, RunCache
 from vitlab.experiments.reproduce.verdicts import Verdict
 
@@ -50,10 +52,16 @@ class Scale:
 
 @dataclass
 class Outcome:
+    """A claim's analysis: its table (`header`, `rows`), further titled tables (`tables`: (title, header, rows), such
+    as a probe table), the verdict of the v2 rules (`verdict`, the report's) and of the v1 rules (`verdict_v1`, the
+    committed report's, kept for the record), figures and per-seed CSV rows."""
+
     setup: str
     header: list[str]
     rows: list[list[str]]
     verdict: Verdict
+    verdict_v1: Verdict | None = None
+    tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
     figures: list[Path] = field(default_factory=list)
     csv_header: list[str] = field(default_factory=list)
     csv_rows: list[list] = field(default_factory=list)
@@ -146,3 +154,11 @@ class Results:
 
     def model(self, spec: Run) -> nn.Module:
         return self.cache.load_model(spec)
+
+    def probe(self, spec: Run, scale: Scale) -> dict[int, dict]:
+        """The run's few-shot linear probe on Fashion-MNIST (`probes.fashion_probe`), cached: {shots: result}."""
+        return fashion_probe(self.cache, spec, self.device, quick=scale.quick)
+
+    def digits_probe(self, spec: Run, digits: ExperimentData, scale: Scale, *, random_init: bool) -> dict[int, dict]:
+        """The run's model (or its architecture at initialisation) probed on the digits (`probes.digits_probe`)."""
+        return digits_probe(self.cache, spec, digits, self.device, random_init=random_init, quick=scale.quick)
