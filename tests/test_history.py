@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_claim_switched_to_v2_in_one_change_after_results():
     history = load()
-    assert sorted(history) == list(range(1, 10))
-    v2 = {n: [c for c in changes if c.what.startswith("verdict rules v2")] for n, changes in history.items()}
+    assert sorted(history) == list(range(1, 12))
+    assert all(h[0].what.startswith("claim added") and not h[0].after_results for h in (history[10], history[11]))
+    v2 = {n: [c for c in history[n] if c.what.startswith("verdict rules v2")] for n in range(1, 10)}
     assert all(len(c) == 1 for c in v2.values()), v2
     assert len({c[0].commit for c in v2.values()}) == 1  # one change for all
     assert all(c[0].date == "2026-12-03" and c[0].after_results for c in v2.values())
@@ -45,7 +46,7 @@ def test_the_known_changes_after_results():
 
 
 def test_render_is_a_table_per_claim():
-    for n in range(1, 10):
+    for n in range(1, 12):
         table = render(n)
         lines = table.splitlines()
         assert lines[0] == "| date | commit | what changed | why | after results | verdict before |"
@@ -53,7 +54,7 @@ def test_render_is_a_table_per_claim():
         assert all(line.count(" | ") == 5 for line in lines[2:])  # no stray cell separators
     assert "| 2026-11-30 | `8e09c62` |" in render(2) and "not reproduced at this scale (report 9399359)" in render(2)
     with pytest.raises(VitlabError, match="claim_number must be one of 1, 2"):
-        render(10)
+        render(12)
 
 
 def _write(tmp_path, claims) -> Path:

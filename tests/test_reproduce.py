@@ -152,7 +152,7 @@ def test_quick_report_has_every_claim_with_a_verdict(quick_report):
         verdict = re.search(r"\*\*Verdict: (.+?)\.\*\*", section)
         assert verdict and verdict.group(1) in statuses, e.name
         assert "Source:" in section and "**Rule.**" in section and "| " in section  # quote, rule, table
-        assert re.search(r"!\[claim \d\]\(figures/.+\.png\)", section)
+        assert re.search(r"!\[claim \d+\]\(figures/.+\.png\)", section)
         assert f"id='claim{e.number}'" in html
         rows = list(csv.reader((quick_report / "results" / f"claim{e.number}_{e.name}.csv").open()))
         assert len(rows) >= 3  # a header and per-seed rows

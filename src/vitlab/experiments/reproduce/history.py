@@ -23,7 +23,7 @@ from vitlab.errors import VitlabError
 from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
 HISTORY_FILE = Path(__file__).with_name("history.json")
-CLAIMS = range(1, 10)
+CLAIMS = range(1, 12)
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -69,7 +69,7 @@ def _change(entry: object, where: str) -> Change:
 
 
 def load(path: Path = HISTORY_FILE) -> dict[int, list[Change]]:
-    """{claim number: its changes in date order}, every claim 1-9 with at least one, checked."""
+    """{claim number: its changes in date order}, every claim 1-11 with at least one, checked."""
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -77,7 +77,7 @@ def load(path: Path = HISTORY_FILE) -> dict[int, list[Change]]:
     claims = raw.get("claims") if isinstance(raw, dict) else None
     if not isinstance(claims, dict) or sorted(claims, key=str) != sorted(map(str, CLAIMS)):
         found = sorted(claims) if isinstance(claims, dict) else type(claims).__name__
-        raise VitlabError(f'{path}: expected {{"claims": {{"1": [...], ..., "9": [...]}}}}; found claims {found}')
+        raise VitlabError(f'{path}: expected {{"claims": {{"1": [...], ..., "11": [...]}}}}; found claims {found}')
     out = {}
     for n in CLAIMS:
         entries = claims[str(n)]

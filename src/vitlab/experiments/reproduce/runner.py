@@ -350,9 +350,10 @@ def _from_search(e: Experiment, outcome: Outcome, record: dict) -> None:
 
 
 def quality(results: Results, runs: Sequence[Run], scale: Scale) -> dict:
-    """The targets of models that have learned the ViT >= 88% on all 60,000 training images and >= 72%
-    on 1,000, the CNN >= 91% on 60,000, and a spread between seeds of at most 2 points for every Fashion-MNIST arm
-    above chance + 20 points; with what each reached."""
+    """The targets of models that have learned: the ViT >= 90% on all 60,000 training images (above the SVC's 89.7%
+    and level with the MLP's 90.0% of Fashion-MNIST's own benchmark table) and >= 72% on 1,000, the CNN >= 91% on
+    60,000, and a spread between seeds of at most 2 points for every Fashion-MNIST arm above chance + 20 points; with
+    what each reached. A target whose runs the plan does not hold (`--only`) is left out."""
     arms: dict[str, list[Run]] = {}
     for s in runs:
         if s.data.name == "fashion-mnist":
@@ -363,10 +364,13 @@ def quality(results: Results, runs: Sequence[Run], scale: Scale) -> dict:
         if n > 1 and mean > CHANCE + 0.2:
             spreads.append((std, group[0]))
     full, small = n_full(scale), n_small(scale)
-    targets = [("ViT", VIT, full, 0.88), ("ViT", VIT, small, 0.72), ("CNN", CNN, full, 0.91)]
-    rows = []
+    targets = [("ViT", VIT, full, 0.90), ("ViT", VIT, small, 0.72), ("CNN", CNN, full, 0.91)]
+    planned, rows = {s.key for s in runs}, []
     for name, model, n, target in targets:
-        mean, std, _ = stats(results.acc([fashion_run(model, n, s, scale) for s in seeds_at(n, scale)]))
+        group = [fashion_run(model, n, s, scale) for s in seeds_at(n, scale)]
+        if not all(s.key in planned for s in group):
+            continue
+        mean, std, _ = stats(results.acc(group))
         rows.append({"model": name, "n_train": n, "target": target, "mean": mean, "std": std, "met": mean >= target})
     worst = max(spreads, key=lambda t: t[0]) if spreads else (float("nan"), None)
     return {
