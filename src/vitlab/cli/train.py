@@ -104,7 +104,11 @@ def _data_and_model(p: argparse.ArgumentParser, finetune: bool) -> None:
         "image) for a model from random weights, the weights' own for pretrained weights",
     )
     p.add_argument(
-        "--drop-path", type=float, default=0.0, metavar="R", help="stochastic depth rate of the last block (ViTs)"
+        "--drop-path",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="stochastic depth rate of the last block, rising from 0 over the blocks before it (ViTs and the CNN)",
     )
 
 
