@@ -229,7 +229,14 @@ def timm_onnxruntime(name: str, model: VisionTransformer, x: torch.Tensor, folde
     x = x.float().cpu()
     path = Path(folder) / "timm.onnx"
     torch.onnx.export(
-        theirs, (x,), str(path), dynamo=True, input_names=["image"], output_names=["logits"], report=False
+        theirs,
+        (x,),
+        str(path),
+        dynamo=True,
+        input_names=["image"],
+        output_names=["logits"],
+        report=False,
+        verbose=False,  # no progress lines in the bench's output
     )
     session = onnxruntime_session(path, ort)
     with torch.no_grad():

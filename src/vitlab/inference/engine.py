@@ -178,10 +178,11 @@ class Engine:
 
 
 def _onnxruntime_or_why(model, *, precision, device, source, log) -> tuple[Engine | None, str]:
+    """(ONNX Runtime's engine, "") where it runs, else (None, why not, in a few words)."""
     try:
         ready = onnxruntime_model(model, precision=precision, device=device, log=log)
     except VitlabError as e:
-        return None, f"torch, not ONNX Runtime: {e} [{source}]"
+        return None, str(e)
     threads = torch.get_num_threads()
     said = f"onnxruntime (CPU provider, {threads} thread{'s' * (threads != 1)}, {ready.path.name}) [{source}]"
     return Engine("onnxruntime", ready, said), ""
@@ -205,9 +206,10 @@ def inference_engine(
     name, source = choose_engine(model, engine=engine, precision=precision, batch_size=batch_size, device=device)
     said = f"torch [{source}]"
     if name == "onnxruntime":
-        ready, said = _onnxruntime_or_why(model, precision=precision, device=device, source=source, log=log)
+        ready, why = _onnxruntime_or_why(model, precision=precision, device=device, source=source, log=log)
         if ready is not None:
             return ready
+        said = f"torch, not ONNX Runtime: {why} [{source}]"
     runner = InferenceRunner(
         model, precision=precision, batch_size=batch_size, images=images, device=device, fast=fast, log=log
     )
@@ -222,17 +224,18 @@ def serving_engine(
     device: torch.device,
     fast: FastPath = DEFAULT_FAST_PATH,
 ) -> tuple[Callable, str]:
-    """What answers a server's top-k requests, one image at a time, and its engine and path in words: ONNX
-    Runtime where `engine` gives it (as `inference_engine` for a batch of one), else
-    `vitlab.speed.fastpath.serving_model`. `model` is left as it is (the attention maps need it so)."""
+    """What answers a server's top-k requests, one image at a time, and its path in words: ONNX Runtime where
+    `engine` gives it (as `inference_engine` for a batch of one), else `vitlab.speed.fastpath.serving_model`'s
+    (its plan in words, and why not ONNX Runtime where it was asked for and cannot run). `model` is left as it
+    is (the attention maps need it so)."""
     name, source = choose_engine(model, engine=engine, precision=precision, batch_size=1, device=device)
-    said = f"torch [{source}]"
+    why = ""
     if name == "onnxruntime":
-        ready, said = _onnxruntime_or_why(model, precision=precision, device=device, source=source, log=None)
+        ready, why = _onnxruntime_or_why(model, precision=precision, device=device, source=source, log=None)
         if ready is not None:
             return ready, ready.describe()
     fn, plan = serving_model(model, precision=precision, device=device, fast=fast)
-    return fn, f"{said}; {plan}"
+    return fn, f"{plan} (not ONNX Runtime: {why} [{source}])" if why else plan
 
 
 __all__ = [
