@@ -212,3 +212,19 @@ def test_serve_answers_the_topk_on_onnxruntime_with_torchs_top5(weights):
     _same_top5(*(look.predict(loaded[e], images) for e in ("torch", "onnxruntime")), tol=1e-4)
     overlay = look.attention_overlay(loaded["onnxruntime"], images[0])  # the model as built, on PyTorch
     assert overlay.picture.ndim == 3
+
+
+def test_auto_takes_pytorch_where_a_pytorch_path_is_asked_for():
+    """`--fast-path` other than the default names a PyTorch path: "auto" is PyTorch then, without asking the rules."""
+    model = create_model("vit_mini", num_classes=10)
+    for fast, said in (
+        ("off", "--fast-path off"),
+        ("tuned", "--fast-path tuned"),
+        (rules.AS_BUILT, "--fast-path a plan"),
+    ):
+        kw = dict(engine="auto", precision="fp32", batch_size=1, device=CPU, fast=fast)
+        assert E.choose_engine(model, **kw) == ("torch", said)
+    assert E.choose_engine(model, engine="onnxruntime", precision="fp32", batch_size=1, device=CPU, fast="off") == (
+        "onnxruntime",
+        "--engine onnxruntime",
+    )

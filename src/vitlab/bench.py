@@ -393,10 +393,10 @@ def bench_model(
             )
             how[path] = plan.describe()
             fns[path] = fn_of(stack.enter_context(training(copy.deepcopy(ours).train(), plan, precision=precision)))
-        else:  # the default engine for "auto" (ONNX Runtime where the rules say), PyTorch for a tuned plan
+        else:  # the default engine (ONNX Runtime where the rules say so; PyTorch for a tuned plan)
             engine = inference_engine(
                 ours,
-                engine="auto" if fast == DEFAULT_FAST_PATH else "torch",
+                engine="auto",
                 precision=precision,
                 batch_size=batch_size,
                 images=LONG_RUN,

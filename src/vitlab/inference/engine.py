@@ -120,12 +120,23 @@ class OnnxRuntimeModel:
 # The engine of a run
 
 
-def choose_engine(model: nn.Module, *, engine: str, precision: str, batch_size: int, device: torch.device):
+def choose_engine(
+    model: nn.Module,
+    *,
+    engine: str,
+    precision: str,
+    batch_size: int,
+    device: torch.device,
+    fast: FastPath = DEFAULT_FAST_PATH,
+) -> tuple[str, str]:
     """(the engine, where the choice came from) for a run in batches of `batch_size`: `engine` itself when it
-    names one, else the rules' (`vitlab.speed.rules.engine_by_rules`)."""
+    names one, else the rules' (`vitlab.speed.rules.engine_by_rules`). A fast path other than the default asks
+    for a PyTorch path, so "auto" is PyTorch then."""
     check_engine(engine)
     if engine != "auto":
         return engine, f"--engine {engine}"
+    if not (isinstance(fast, str) and fast == DEFAULT_FAST_PATH):
+        return "torch", f"--fast-path {fast if isinstance(fast, str) else 'a plan'}"
     return engine_by_rules(
         this_machine(),
         precision=precision,
@@ -200,10 +211,13 @@ def inference_engine(
     log: Callable[[str], None] | None = None,
 ) -> Engine:
     """The engine of an inference run of `images` images in batches of `batch_size` (`engine`: a word of
-    ENGINE_CHOICES): ONNX Runtime where it is chosen and can run, else PyTorch on `fast`'s plan
+    ENGINE_CHOICES; "auto" with a fast path but the default is PyTorch): ONNX Runtime where it is chosen and can
+    run, else PyTorch on `fast`'s plan
     (`vitlab.speed.fastpath.InferenceRunner`). `model` is left as it is."""
     batch_size = max(1, min(batch_size, images))
-    name, source = choose_engine(model, engine=engine, precision=precision, batch_size=batch_size, device=device)
+    name, source = choose_engine(
+        model, engine=engine, precision=precision, batch_size=batch_size, device=device, fast=fast
+    )
     said = f"torch [{source}]"
     if name == "onnxruntime":
         ready, why = _onnxruntime_or_why(model, precision=precision, device=device, source=source, log=log)
@@ -228,7 +242,7 @@ def serving_engine(
     `engine` gives it (as `inference_engine` for a batch of one), else `vitlab.speed.fastpath.serving_model`'s
     (its plan in words, and why not ONNX Runtime where it was asked for and cannot run). `model` is left as it
     is (the attention maps need it so)."""
-    name, source = choose_engine(model, engine=engine, precision=precision, batch_size=1, device=device)
+    name, source = choose_engine(model, engine=engine, precision=precision, batch_size=1, device=device, fast=fast)
     why = ""
     if name == "onnxruntime":
         ready, why = _onnxruntime_or_why(model, precision=precision, device=device, source=source, log=None)

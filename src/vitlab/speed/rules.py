@@ -159,7 +159,10 @@ class EngineRule:
 # Where ONNX Runtime runs an inference run; everything else runs on PyTorch. Figures behind each row: docs/speed.md.
 ENGINE_RULES = (
     # AMD EPYC (Zen 4, family 25), one thread, ViT-S/16 fp32 (`vitlab bench --threads 1 --clock cpu`): at batch 1
-    # ONNX Runtime ran 9.44 img/s to the oneDNN-packed model's 7.96 (1.19x); at batch 32 the packed model led.
+    # ONNX Runtime ran 9.44 img/s to the oneDNN-packed model's 7.96 (1.19x; 9.33 to 8.58 in a second run); from
+    # batch 2 the packed model (compiled, for a long run) led ONNX Runtime: 1.12x, 1.08x, 1.21x, 1.18x at 2, 4,
+    # 8, 32 images. On an AMD EPYC (Zen 5, family 26), the same kind, ONNX Runtime led at batch 1 too: ViT-S/16
+    # 22.70 img/s to 21.58, ViT-B/16 6.08 to 5.89, and trailed at batch 32 (docs/speed.md).
     EngineRule("amd", "avx512-bf16", "fp32", max_batch=1),
 )
 
