@@ -184,9 +184,6 @@ class Engine:
     def lines(self) -> list[str]:
         return [f"engine: {self.said}"] + ([f"fast path: {self.plan}"] if self.plan is not None else [])
 
-    def to_dict(self) -> dict:
-        return {"engine": self.name, "said": self.said, "fast_path": self.plan}
-
 
 def _onnxruntime_or_why(model, *, precision, device, source, log) -> tuple[Engine | None, str]:
     """(ONNX Runtime's engine, "") where it runs, else (None, why not, in a few words)."""
@@ -212,8 +209,7 @@ def inference_engine(
 ) -> Engine:
     """The engine of an inference run of `images` images in batches of `batch_size` (`engine`: a word of
     ENGINE_CHOICES; "auto" with a fast path but the default is PyTorch): ONNX Runtime where it is chosen and can
-    run, else PyTorch on `fast`'s plan
-    (`vitlab.speed.fastpath.InferenceRunner`). `model` is left as it is."""
+    run, else PyTorch on `fast`'s plan (`vitlab.speed.fastpath.InferenceRunner`). `model` is left as it is."""
     batch_size = max(1, min(batch_size, images))
     name, source = choose_engine(
         model, engine=engine, precision=precision, batch_size=batch_size, device=device, fast=fast
