@@ -7,14 +7,18 @@
 2. for each model, precision and batch size, inference (and with `train`, training-step) images/s on
    every path asked for, all with the same weights and inputs, run alternately (the order rotates
    every repeat, so a slow phase of a shared machine hits all of them):
-       vitlab         as vitlab's commands run a long run (`vitlab.speed.fastpath`): the plan the fixed
-                      rules give this machine (`auto`, the default), and with `tuned` also the plan
-                      `vitlab tune` measured fastest here (row "vitlab-tuned"); each row says its plan
+       vitlab         as vitlab's commands run a long run: the engine and plan the fixed rules give this
+                      machine (`auto`, the default: `vitlab.inference.engine`, which may be ONNX Runtime
+                      on vitlab's own export, and `vitlab.speed.fastpath`), and with `tuned` also the
+                      plan `vitlab tune` measured fastest here, on PyTorch (row "vitlab-tuned"); each
+                      row says its engine and plan
        timm           timm's VisionTransformer of the same configuration, as shipped (eager)
        timm-compile   the same under `torch.compile`, with inductor's `freezing` for inference, as
                       torch's documentation recommends for CPU inference
-       onnxruntime    the model exported to ONNX (`vitlab export`) in ONNX Runtime's CPU provider,
-                      inference in fp32 (its CPU provider has no bf16 matrix products)
+       onnxruntime    timm's own model (`timm.create_model(name)`, vitlab's weights) exported to ONNX
+                      with `torch.onnx.export` and run in ONNX Runtime's CPU provider with every graph
+                      optimisation, as a user who picks ONNX Runtime runs it; inference in fp32 (its
+                      CPU provider has no bf16 matrix products)
    The compile time of each compiled path (wall clock: the compiler's own processes count) and the
    number of images after which it pays for itself are reported beside the rows.
 
@@ -52,7 +56,8 @@ from torch import nn
 from vitlab.analysis.flops import count_macs
 from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import import_onnxruntime
-from vitlab.inference.export import export_onnx
+from vitlab.inference.engine import inference_engine, onnxruntime_session
+from vitlab.inference.export import ONNX_TOLERANCE
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config, get_variant
 from vitlab.models.size import estimate_memory, format_bytes
@@ -62,7 +67,7 @@ from vitlab.speed import onednn
 from vitlab.speed.compiled import compile_model
 from vitlab.speed.fastpath import DEFAULT_FAST_PATH, check_fast_path, choose_plan
 from vitlab.speed.machine import this_machine
-from vitlab.speed.paths import inference_fn, training
+from vitlab.speed.paths import training
 from vitlab.speed.tune import race as _race
 from vitlab.speed.tune import tuning_file
 from vitlab.train.optim import build_optimizer
@@ -193,22 +198,54 @@ def timm_twin(model: VisionTransformer) -> nn.Module:
     return twin.to(next(model.parameters()).device)
 
 
-def onnxruntime_session(model: VisionTransformer, folder: str | Path):
-    """`model` exported to ONNX (as `vitlab export` does, checked against PyTorch) and loaded in ONNX
-    Runtime's CPU provider with torch's thread count, every graph optimisation on."""
+def timm_model(name: str, model: VisionTransformer) -> nn.Module:
+    """timm's own `timm.create_model(name, pretrained=False)` with `model`'s weights (vitlab's module names are
+    timm's), as a user of timm builds it; `timm_twin` where timm has no model of that name (or another shape)."""
+    try:
+        import timm
+    except ImportError as e:  # pragma: no cover - timm is a dev dependency
+        raise VitlabError("against timm needs timm installed (pip install timm)", arg="against") from e
+    c = model.cfg
+    try:
+        theirs = timm.create_model(name, pretrained=False, num_classes=c.num_classes, img_size=c.img_size)
+        theirs.load_state_dict(model.state_dict(), strict=True)
+    except (RuntimeError, ValueError, TypeError):  # a vitlab-only name, or a configuration timm builds otherwise
+        return timm_twin(model)
+    return theirs.to(next(model.parameters()).device)
+
+
+def timm_onnxruntime(name: str, model: VisionTransformer, x: torch.Tensor, folder: str | Path):
+    """timm's model of `name` with `model`'s weights (`timm_model`), exported to ONNX as its documentation says
+    (`torch.onnx.export(model, (x,), path, dynamo=True)`, at the input's shape) and loaded in ONNX Runtime's CPU
+    provider with every graph optimisation, at torch's thread count (`vitlab.inference.engine.onnxruntime_session`):
+    what a user who picks ONNX Runtime runs. Its logits are checked against timm's (within ONNX_TOLERANCE)."""
     try:
         ort = import_onnxruntime()
     except ImportError as e:  # pragma: no cover - onnxruntime is a dev dependency
         raise VitlabError(
             "against onnxruntime needs onnxruntime installed (pip install onnxruntime)", arg="against"
         ) from e
-    path = Path(folder) / "model.onnx"
-    export_onnx(copy.deepcopy(model).float().cpu().eval(), path)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    theirs = timm_model(name, model).float().cpu().eval()
+    x = x.float().cpu()
+    path = Path(folder) / "timm.onnx"
+    torch.onnx.export(
+        theirs,
+        (x,),
+        str(path),
+        dynamo=True,
+        input_names=["image"],
+        output_names=["logits"],
+        report=False,
+        verbose=False,  # no progress lines in the bench's output
+    )
+    session = onnxruntime_session(path, ort)
+    with torch.no_grad():
+        expected = theirs(x).numpy()
+    (got,) = session.run(["logits"], {"image": x.numpy()})
+    diff = float(abs(got - expected).max())
+    if not diff <= ONNX_TOLERANCE:
+        raise VitlabError(f"timm's model in ONNX Runtime differs from timm's by {diff:.2e} (max abs)")
+    return session
 
 
 def _give_head_weights(model: VisionTransformer, seed: int = 0) -> None:
@@ -343,22 +380,34 @@ def bench_model(
     # vitlab, as its commands run a long run: the plan of each fast path, said in the row
     for fast in fast_paths:
         path = OURS[fast]
-        plan = choose_plan(
-            ours,
-            fast=fast,
-            mode=mode,
-            precision=precision,
-            batch_size=batch_size,
-            items=LONG_RUN,
-            device=device,
-            log=log,
-        )
-        how[path] = plan.describe()
         if train:
+            plan = choose_plan(
+                ours,
+                fast=fast,
+                mode=mode,
+                precision=precision,
+                batch_size=batch_size,
+                items=LONG_RUN,
+                device=device,
+                log=log,
+            )
+            how[path] = plan.describe()
             fns[path] = fn_of(stack.enter_context(training(copy.deepcopy(ours).train(), plan, precision=precision)))
-        else:
-            fns[path] = fn_of(inference_fn(ours, plan, precision=precision, batch_size=batch_size))
-        if plan.compile:
+        else:  # the default engine (ONNX Runtime where the rules say so; PyTorch for a tuned plan)
+            engine = inference_engine(
+                ours,
+                engine="auto",
+                precision=precision,
+                batch_size=batch_size,
+                images=LONG_RUN,
+                device=device,
+                fast=fast,
+                log=log,
+            )
+            how[path] = engine.describe()
+            fns[path] = fn_of(engine)
+            plan = engine.fn.plan if engine.name == "torch" else None
+        if plan is not None and plan.compile:
             compile_s[path] = _first_call_s(fns[path], device)
 
     # the peers
@@ -381,10 +430,10 @@ def bench_model(
             )
         else:
             tmp = tempfile.TemporaryDirectory(prefix="vitlab-bench-")
-            session = onnxruntime_session(ours, tmp.name)
+            session = timm_onnxruntime(name, ours, x, tmp.name)
             x_np = x.cpu().numpy()
             fns["onnxruntime"] = lambda: session.run(["logits"], {"image": x_np})
-            how["onnxruntime"] = "CPU provider, every graph optimisation"
+            how["onnxruntime"] = "timm's model exported to ONNX, CPU provider, every graph optimisation"
 
     try:
         times = race(fns, warmup=warmup, repeats=repeats, device=device, clock=clock, min_repeat_s=MIN_REPEAT_S)
@@ -741,6 +790,8 @@ __all__ = [
     "race",
     "matmul_rate",
     "timm_twin",
+    "timm_model",
+    "timm_onnxruntime",
     "bench_model",
     "run_bench",
     "format_table",

@@ -5,6 +5,7 @@ where the model comes from, the device, the precision, CPU threads, the output.
     model_from_args(args, num_classes=...)                          vitlab.create_model, load warnings printed
     add_device(p), add_precision(p), add_threads(p), add_out(p)   --out and --force (vitlab.fileio checks them)
     add_fast_path(p)                                                --fast-path auto|tuned|compile|eager|off
+    add_engine(p)                                                   --engine auto|torch|onnxruntime
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import warnings
 from torch import nn
 
 from vitlab.errors import VitlabError
+from vitlab.inference.engine import DEFAULT_ENGINE, ENGINE_CHOICES
 from vitlab.models.factory import create_model
 from vitlab.runtime import PRECISIONS
 from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FAST_PATHS
@@ -139,6 +141,22 @@ def add_fast_path(p: argparse.ArgumentParser, help: str | None = None) -> None:
     )
 
 
+def add_engine(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    p.add_argument(
+        "--engine",
+        choices=ENGINE_CHOICES,
+        default=DEFAULT_ENGINE,
+        help=help
+        or (
+            "what computes the logits: auto (the default): the engine fixed rules give this kind of CPU, precision "
+            "and batch (ONNX Runtime for fp32 at batch 1 on an AMD Zen 4, where it was measured faster; else "
+            "PyTorch); torch; onnxruntime: the model exported to ONNX once per weights (under the cache folder), "
+            "checked against PyTorch, run by ONNX Runtime (fp32; the same top-k). PyTorch runs where ONNX Runtime "
+            "cannot, and says why; the engine is printed"
+        ),
+    )
+
+
 def add_out(p, *, help: str, required: bool = True, default: str | None = None, file: bool = False) -> None:
     """--out and --force: vitlab.fileio checks the place before any work (a folder vitlab can create
     or write, not someone else's non-empty folder, not an existing file) unless --force is given."""
@@ -163,5 +181,6 @@ __all__ = [
     "add_precision",
     "add_threads",
     "add_fast_path",
+    "add_engine",
     "add_out",
 ]

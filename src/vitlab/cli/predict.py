@@ -11,7 +11,15 @@ from __future__ import annotations
 import json
 import sys
 
-from vitlab.cli._common import add_device, add_fast_path, add_model_source, add_precision, example, model_from_args
+from vitlab.cli._common import (
+    add_device,
+    add_engine,
+    add_fast_path,
+    add_model_source,
+    add_precision,
+    example,
+    model_from_args,
+)
 from vitlab.data.preprocess import describe
 from vitlab.inference.predict import check_options, format_results, predict_files
 from vitlab.models.vit import VisionTransformer
@@ -41,11 +49,14 @@ def register(subparsers) -> None:
     add_precision(p, help="fp32, or bf16 autocast")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="images per forward pass (default 16)")
     add_fast_path(p)
+    add_engine(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    check_options(topk=args.topk, batch_size=args.batch_size, device=args.device, precision=args.precision)
+    check_options(
+        topk=args.topk, batch_size=args.batch_size, device=args.device, precision=args.precision, engine=args.engine
+    )
     model = model_from_args(args)
     said: list[str] = []
     results = predict_files(
@@ -56,6 +67,7 @@ def run(args) -> int:
         precision=args.precision,
         batch_size=args.batch_size,
         fast_path=args.fast_path,
+        engine=args.engine,
         log=said.append,
     )
     failed = [r for r in results if "error" in r]

@@ -24,6 +24,7 @@ import torch
 from vitlab.cli._common import (
     DefaultsFormatter,
     add_device,
+    add_engine,
     add_fast_path,
     add_model_source,
     add_precision,
@@ -94,6 +95,13 @@ def register(subparsers) -> None:
         "tune's; "
         "compile: also torch.compile for one image (tens of seconds per model); off: the model as built. "
         "The attention maps always use the model as built",
+    )
+    add_engine(
+        p,
+        help="what computes the top-k: auto (the default): the engine fixed rules give this kind of CPU and "
+        "precision for one image (ONNX Runtime for fp32 on an AMD Zen 4; else PyTorch); torch; onnxruntime: "
+        "the model exported to ONNX once per weights, checked against PyTorch. The attention maps always use "
+        "PyTorch's model as built",
     )
     p.set_defaults(func=run)
 
@@ -180,6 +188,7 @@ def run(args) -> int:
         precision=args.precision,
         capacity=args.max_models,
         fast_path=args.fast_path,
+        engine=args.engine,
         memory_limit=limit,
         loadable=loadable,
     )

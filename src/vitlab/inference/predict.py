@@ -18,9 +18,10 @@ from torch import nn
 
 from vitlab.data.preprocess import eval_transform, load_images
 from vitlab.errors import VitlabError, check_range
+from vitlab.inference.engine import DEFAULT_ENGINE, check_engine, inference_engine
 from vitlab.models.size import check_fits
 from vitlab.runtime import autocast, check_precision, resolve_device
-from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, InferenceRunner
+from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath
 
 
 def class_names(model: nn.Module) -> list[str] | None:
@@ -38,7 +39,7 @@ def predict_tensors(
     precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, 3, H, W) preprocessed images -> (probabilities (B, k), class indices (B, k)), best first.
-    `model`: the model, or anything called like it (an `InferenceRunner`, with `device`)."""
+    `model`: the model, or anything called like it (an `Engine` of `vitlab.inference.engine`, with `device`)."""
     device = device or next(model.parameters()).device
     with autocast(device, precision):
         logits = model(images.to(device))  # (B, num_classes)
@@ -54,12 +55,18 @@ def finite_rows(values: torch.Tensor) -> list[bool]:
 
 
 def check_options(
-    *, topk: int = 5, batch_size: int = 16, device: str | torch.device | None = "auto", precision: str = "fp32"
+    *,
+    topk: int = 5,
+    batch_size: int = 16,
+    device: str | torch.device | None = "auto",
+    precision: str = "fp32",
+    engine: str = DEFAULT_ENGINE,
 ) -> torch.device:
     """predict_files' options, checkable before the model is loaded. Returns the device."""
     check_range("topk", topk, low=1, integer=True)
     check_range("batch_size", batch_size, low=1, integer=True)
     check_precision(precision)
+    check_engine(engine)
     return resolve_device(device)
 
 
@@ -73,6 +80,7 @@ def predict_files(
     batch_size: int = 16,
     img_size: int | tuple[int, int] | None = None,
     fast_path: FastPath = DEFAULT_FAST_PATH,
+    engine: str = DEFAULT_ENGINE,
     prepared: Callable | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[dict]:
@@ -84,10 +92,15 @@ def predict_files(
     fixed rules give this machine and run (oneDNN's products on AMD, torch.compile for a long run on an Intel
     Xeon with AMX; the same logits to ~1e-5), a Plan on that plan, "off" or None the model as it is; `model`
     itself is left as it is either way.
-    `prepared`: what computes the logits, readied already (`vitlab serve`'s, from `fastpath.serving_model`),
-    whatever `fast_path` says. `log` gets one line saying the path taken.
+    `engine` (`vitlab.inference.engine`): "auto" (the default) the engine the fixed rules give this machine,
+    precision and batch (ONNX Runtime for fp32 at batch 1 on an AMD Zen 4; PyTorch elsewhere), "torch", or
+    "onnxruntime" (the model exported to ONNX once per weights, checked against PyTorch; the same top-k, the
+    probabilities to ~1e-6). Where ONNX Runtime cannot run, PyTorch does, and the engine's line says why.
+    `prepared`: what computes the logits, readied already (`vitlab serve`'s, from `engine.serving_engine`),
+    whatever `fast_path` and `engine` say. `log` gets a line saying the engine taken (`engine: ...`) and, on
+    PyTorch, one saying its path (`fast path: ...`).
     """
-    dev = check_options(topk=topk, batch_size=batch_size, device=device, precision=precision)
+    dev = check_options(topk=topk, batch_size=batch_size, device=device, precision=precision, engine=engine)
     pcfg = model.pretrained_cfg
     check_fits(model.cfg, what=pcfg.architecture or "the model", batch_size=max(1, min(batch_size, len(paths))))
     head = model.head
@@ -105,8 +118,15 @@ def predict_files(
         )
     model = model.to(dev).eval()
     paths = [str(p) for p in paths]
-    runner = prepared or InferenceRunner(
-        model, precision=precision, batch_size=batch_size, images=len(paths), device=dev, fast=fast_path, log=log
+    runner = prepared or inference_engine(
+        model,
+        engine=engine,
+        precision=precision,
+        batch_size=batch_size,
+        images=len(paths),
+        device=dev,
+        fast=fast_path,
+        log=log,
     )
     transform = eval_transform(pcfg, img_size or model.cfg.img_size)
     names = class_names(model)
@@ -137,7 +157,8 @@ def predict_files(
                 ],
             }
     if log is not None and prepared is None:
-        log(f"fast path: {runner.describe()}")
+        for line in runner.lines():
+            log(line)
     return [results[p] for p in paths]
 
 

@@ -5,9 +5,9 @@ Each one goes through the same library code as its command, with the same argume
 the command line show the same numbers for the same image: `predict_files` (the weights' own
 preprocessing, the softmax in fp32), `explain` + `plots.final_overlay` (the picture `vitlab attention`
 writes as <stem>_<method>_overlay.png), `plots.write_figure7`, `plots.write_token_norms`. The page
-computes the top-k with the model's readied copy once it is ready (`LoadedModel.for_topk`: the fast
-path's plan, `vitlab.speed.fastpath.serving_model`), as `vitlab predict` does, which moves a
-probability by ~1e-6 at most; the attention maps, Figure 7 and the token norms
+computes the top-k with the model's readied copy once it is ready (`LoadedModel.for_topk`: the engine
+and plan of `vitlab.inference.engine.serving_engine`, ONNX Runtime or PyTorch), as `vitlab predict` does,
+which moves a probability by ~1e-6 at most; the attention maps, Figure 7 and the token norms
 use the model as built, which they need as it is.
 
 Files are named by their base name in messages (an upload lives under a temporary folder, but the

@@ -12,8 +12,9 @@ again if it is asked for again). What the page's load box may name is `loadable`
 --page-load`): a page open to other machines can keep visitors to the models it lists.
 
 A loaded model answers at once, as built; in the background a copy of it is readied for the top-k
-(`vitlab.speed.fastpath.serving_model`: the plan the fixed rules give this machine for one image at a
-time, compiled with `--fast-path compile`), and takes over the top-k when it is ready. The attention
+(`vitlab.inference.engine.serving_engine`: the engine the fixed rules give this machine for one image at a
+time, ONNX Runtime or PyTorch on the rules' plan, compiled with `--fast-path compile`), and takes over the
+top-k when it is ready. The attention
 maps, Figure 7 and the token norms always use the model as built (they read its attention).
 """
 
@@ -37,12 +38,13 @@ from torch import nn
 
 from vitlab.data.preprocess import describe
 from vitlab.errors import VitlabError, check_range
+from vitlab.inference.engine import DEFAULT_ENGINE, check_engine, serving_engine
 from vitlab.models.factory import check_source, create_model
 from vitlab.models.registry import get_config
 from vitlab.models.size import BYTES_FP32, format_bytes, parameters
 from vitlab.models.vit import VisionTransformer, count_parameters
 from vitlab.runtime import check_precision, machine_memory, resolve_device
-from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, check_fast_path, serving_model
+from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, check_fast_path
 from vitlab.weights import checkpoint as ckpt
 from vitlab.weights.formats import is_hub_id
 
@@ -132,16 +134,17 @@ class LoadedModel:
     precision: str
     notes: list[str] = field(default_factory=list)  # load warnings: a new head, dropped parts
     fast_path: FastPath = DEFAULT_FAST_PATH
-    served: Callable | None = None  # what computes the top-k once it is ready (`serving_model`)
+    engine: str = DEFAULT_ENGINE  # of the top-k (`vitlab.inference.engine`); the attention maps run on PyTorch
+    served: Callable | None = None  # what computes the top-k once it is ready (`serving_engine`)
     path: str = "the model as built (a faster copy is being readied)"  # the top-k's path, in words
     ready: threading.Event = field(default_factory=threading.Event)
 
     def warm_up(self) -> None:
-        """Ready the top-k's copy (`serving_model`); the page keeps answering with the model as built until
+        """Ready the top-k's copy (`serving_engine`); the page keeps answering with the model as built until
         then, and for good if readying fails (the reason is shown as its path)."""
         try:
-            self.served, self.path = serving_model(
-                self.model, precision=self.precision, device=self.device, fast=self.fast_path
+            self.served, self.path = serving_engine(
+                self.model, engine=self.engine, precision=self.precision, device=self.device, fast=self.fast_path
             )
         except Exception as e:  # a kernel this machine lacks: the model as built still answers
             self.path = f"the model as built (readying a faster copy failed: {type(e).__name__}: {e})"
@@ -210,6 +213,7 @@ class ModelStore:
         precision: str = "fp32",
         capacity: int = 3,
         fast_path: FastPath = DEFAULT_FAST_PATH,
+        engine: str = DEFAULT_ENGINE,
         memory_limit: int | None = None,
         loadable: tuple[str, ...] = KINDS,
     ):
@@ -224,6 +228,7 @@ class ModelStore:
         self.device = resolve_device(device)
         self.precision = check_precision(precision)
         self.fast_path = check_fast_path(fast_path)
+        self.engine = check_engine(engine)
         self.capacity = capacity
         self.memory_limit = memory_limit or default_memory_limit()
         self.loadable = tuple(loadable)
@@ -314,6 +319,7 @@ class ModelStore:
                 precision=self.precision,
                 notes=[str(w.message) for w in caught],
                 fast_path=self.fast_path,
+                engine=self.engine,
             )
             threading.Thread(target=loaded.warm_up, name=f"vitlab-warm-up {key}", daemon=True).start()
             self._sources.setdefault(key, source)

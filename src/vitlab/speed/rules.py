@@ -29,6 +29,11 @@ Each row of the table is the fastest path measured on that kind of machine, with
   5,000 ViT-S/16 images, 1,400 ViT-B/16 images), by the FLOPs the model will compute, never by the clock.
   Training does not compile by these rules (a few percent for a minute of compile, measured); `--fast-path
   compile` or a tuned plan does.
+
+The engine of an inference run, the other table here (`ENGINE_RULES`): PyTorch on the plan above, or ONNX
+Runtime running the model exported to ONNX (`vitlab.inference.engine`), where it was measured faster. ONNX
+Runtime's CPU provider has no bf16 matrix products, and it leads only where a batch is too small for the
+packed products to fill the cores: fp32, a few images at a time.
 """
 
 from __future__ import annotations
@@ -130,6 +135,53 @@ RULES = (
 )
 
 
+ENGINES = ("torch", "onnxruntime")
+
+
+@dataclass(frozen=True)
+class EngineRule:
+    """A row of ENGINE_RULES: where ONNX Runtime computes an inference run's logits ("*" = any)."""
+
+    vendor: str
+    kind: str
+    precision: str
+    max_batch: int  # batches of at most this many images
+
+    def matches(self, machine: Machine, precision: str, batch_size: int) -> bool:
+        return (
+            self.vendor in ("*", machine.vendor)
+            and self.kind in ("*", machine.kind)
+            and self.precision in ("*", precision)
+            and batch_size <= self.max_batch
+        )
+
+
+# Where ONNX Runtime runs an inference run; everything else runs on PyTorch. Figures behind each row: docs/speed.md.
+ENGINE_RULES = (
+    # AMD EPYC (Zen 4, family 25), one thread, ViT-S/16 fp32 (`vitlab bench --threads 1 --clock cpu`): at batch 1
+    # ONNX Runtime ran 9.44 img/s to the oneDNN-packed model's 7.96 (1.19x; 9.33 to 8.58 in a second run); from
+    # batch 2 the packed model (compiled, for a long run) led ONNX Runtime: 1.12x, 1.08x, 1.21x, 1.18x at 2, 4,
+    # 8, 32 images. On an AMD EPYC (Zen 5, family 26), the same kind, ONNX Runtime led at batch 1 too: ViT-S/16
+    # 22.70 img/s to 21.58, ViT-B/16 6.08 to 5.89, and trailed at batch 32 (docs/speed.md).
+    EngineRule("amd", "avx512-bf16", "fp32", max_batch=1),
+)
+
+
+def engine_by_rules(
+    machine: Machine, *, precision: str, batch_size: int, flops_per_item: float, device_type: str = "cpu"
+) -> tuple[str, str]:
+    """The engine (one of ENGINES) ENGINE_RULES give an inference run in batches of `batch_size` images of a
+    model of `flops_per_item` forward FLOPs per image, and where the choice came from, in words. A small model
+    runs on PyTorch (the rows were measured on ViT-S/16), as does anything off the CPU."""
+    source = f"rules ({machine.kind}, {machine.vendor})" if device_type == "cpu" else f"rules ({device_type})"
+    if device_type != "cpu":
+        return "torch", source
+    if flops_per_item < SMALL_FLOPS:
+        return "torch", f"{source}: a small model"
+    rule = next((r for r in ENGINE_RULES if r.matches(machine, precision, batch_size)), None)
+    return ("onnxruntime" if rule else "torch"), source
+
+
 def plan_by_rules(
     machine: Machine,
     *,
@@ -162,6 +214,10 @@ __all__ = [
     "Rule",
     "RULES",
     "plan_by_rules",
+    "ENGINES",
+    "EngineRule",
+    "ENGINE_RULES",
+    "engine_by_rules",
     "ATTENTION",
     "PRODUCTS",
     "MODES",
