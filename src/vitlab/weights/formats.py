@@ -236,10 +236,28 @@ def resolve_source(source: str | Path, *, cache_dir: str | Path | None = None) -
     )
 
 
+def find_in_hub_cache(repo_id: str, *, cache_dir: str | Path | None = None, what: str | None = None) -> Path:
+    """The snapshot folder of hub repo `repo_id` in the local Hugging Face cache (huggingface_hub with
+    local_files_only: never the network); a one-line VitlabError naming the cache when it is not there."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError) as e:
+        raise VitlabError(
+            f"{what or 'hub id'} {repo_id!r}: not in the local Hugging Face cache {cache} (looked for "
+            f"{cache / ('models--' + repo_id.replace('/', '--'))}); download it once with network access "
+            f"(huggingface-cli download {repo_id}) or give a local file",
+            arg="pretrained",
+        ) from e
+
+
 def download_from_hub(repo_id: str, *, cache_dir: str | Path | None = None) -> Path:
     """The local snapshot folder of hub repo `repo_id`: the cache first, then the network."""
     from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
     try:  # before any file or network access: "../../etc/passwd" is no repository
@@ -252,8 +270,8 @@ def download_from_hub(repo_id: str, *, cache_dir: str | Path | None = None) -> P
         ) from e
     cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
     try:
-        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+        return find_in_hub_cache(repo_id, cache_dir=cache)
+    except VitlabError:
         pass
     if constants.is_offline_mode():
         raise VitlabError(
@@ -548,6 +566,7 @@ __all__ = [
     "is_hub_id",
     "resolve_source",
     "download_from_hub",
+    "find_in_hub_cache",
     "detect_format",
     "convert_state_dict",
 ]
