@@ -165,7 +165,9 @@ class ResNetMini(nn.Module):
         """A new zero-initialised head for `num_classes` classes, as the ViT's (paper Section 3.2); 0: none,
         the model returns the pooled features. `global_pool`: timm's "avg", the only pooling here."""
         if global_pool not in (None, "avg"):
-            raise VitlabError(f"global_pool must be 'avg' for the CNN baseline; found {global_pool!r}", arg="global_pool")
+            raise VitlabError(
+                f"global_pool must be 'avg' for the CNN baseline; found {global_pool!r}", arg="global_pool"
+            )
         self.cfg = self.cfg.replace(num_classes=num_classes)
         weight = self.stem[0].weight
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()

@@ -37,8 +37,8 @@ from vitlab.models.registry import get_config, get_variant
 from vitlab.models.size import check_fits
 from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.weights import checkpoint as ckpt_format
-from vitlab.weights.infer import diff_keys
 from vitlab.weights.formats import find_in_hub_cache
+from vitlab.weights.infer import diff_keys
 from vitlab.weights.plan import plan_load
 from vitlab.weights.source import load_checkpoint
 

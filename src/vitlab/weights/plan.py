@@ -490,4 +490,12 @@ def _grid_of(n: int) -> tuple[int, int]:
     return s, s
 
 
-__all__ = ["PretrainedWarning", "LoadPlan", "HEAD_KEYS", "plan_load", "adapt_input_conv", "resample_pos_embed", "resample_position_tables"]
+__all__ = [
+    "PretrainedWarning",
+    "LoadPlan",
+    "HEAD_KEYS",
+    "plan_load",
+    "adapt_input_conv",
+    "resample_pos_embed",
+    "resample_position_tables",
+]
