@@ -447,7 +447,6 @@ def test_export_hf_folder_loads_in_transformers_with_labels_and_preprocessing(tm
 
 def test_export_folder_formats_refuse_what_the_other_library_lacks_by_name(tmp_path):
     import vitlab
-
     from vitlab.inference.export import export_model
 
     regs = fine_tuned("vit_medium_patch16_reg4_gap_256", img_size=64)
