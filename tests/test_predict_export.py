@@ -445,6 +445,24 @@ def test_export_hf_folder_loads_in_transformers_with_labels_and_preprocessing(tm
         assert max_diff(back(pixels), model(pixels)) <= 1e-5
 
 
+def test_export_timm_of_a_model_built_without_create_model_and_a_linear_patch_embedding(tmp_path):
+    """The literal reading of Eq. 1 (flatten + Linear) goes out as timm's Conv2d, the same weights reshaped."""
+    from vitlab.inference.export import export_model
+    from vitlab.models.vit import VisionTransformer, ViTConfig
+
+    model = VisionTransformer(
+        ViTConfig(img_size=32, patch_size=8, dim=32, depth=1, heads=2, num_classes=3, patch_embed="linear")
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    export_model(model, tmp_path / "timm", format="timm")
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert model.eval()(x).abs().max() > 1e-2 and max_diff(theirs(x), model(x)) <= 1e-4
+
+
 def test_export_folder_formats_refuse_what_the_other_library_lacks_by_name(tmp_path):
     import vitlab
     from vitlab.inference.export import export_model

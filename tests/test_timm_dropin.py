@@ -1,5 +1,5 @@
 """vitlab as a timm drop-in: what timm's tests/test_models.py asserts of a ViT classifier, over every registered
-name (vitlab.models.registry.VARIANTS), each at a small size (width 32, 2 blocks, a 2x2 patch grid) so that the
+name (vitlab.models.registry.VARIANTS), each at a small size (width 32, 1 block, a 2x2 patch grid) so that the
 whole file runs in seconds on one CPU core. timm is the reference where the two must agree (its data helpers,
 its layer-decay optimiser, its default pretrained configs); no network: hub weights come from a local cache
 made by the test.
@@ -30,11 +30,11 @@ B = 2
 
 
 def small_args(name: str) -> dict:
-    """Overrides that make `name` small: width 32, 2 heads, 2 blocks, a 2x2 grid of its own patch size."""
+    """Overrides that make `name` small: width 32, 2 heads, 1 block, a 2x2 grid of its own patch size."""
     cfg = VARIANTS[name].config
     if not VARIANTS[name].is_vit:
         return dict(width=4, blocks=1, img_size=16)
-    return dict(dim=32, heads=2, depth=2, mlp_dim=64, img_size=2 * cfg.patch_size)
+    return dict(dim=32, heads=2, depth=1, mlp_dim=64, img_size=2 * cfg.patch_size)
 
 
 def small(name: str, **kw) -> nn.Module:
@@ -76,6 +76,8 @@ def test_forward_and_backward_reach_every_parameter(name):
 def test_pretrained_cfg_is_the_dict_timm_reads(name):
     model = small(name)
     cfg = model.pretrained_cfg
+    assert model.default_cfg is cfg  # timm's older name, which its own tests read
+    assert model.num_classes >= 0 and model.num_features > 0 and model.head_hidden_size > 0
     assert {"input_size", "mean", "std", "crop_pct", "crop_mode", "interpolation", "num_classes"} <= set(cfg)
     assert cfg["input_size"] == (model.cfg.in_chans, *model.cfg.img_size)
     assert cfg["num_classes"] == model.num_classes and cfg["architecture"] == name
@@ -216,7 +218,7 @@ def test_dynamic_img_size_is_refused_by_name_and_another_size_says_what_to_do(na
 
 @pytest.mark.parametrize("name", VITS)
 def test_forward_intermediates(name):
-    model = small(name).eval()
+    model = small(name, depth=2).eval()
     x = images(model)
     D, (gh, gw), p = model.num_features, model.cfg.grid_size, model.num_prefix_tokens
     with torch.no_grad():
@@ -327,7 +329,7 @@ def test_pretrained_weights_load_with_other_in_chans_as_timms_adapt_input_conv(c
 def test_timms_layer_decay_optimiser_groups_vitlabs_blocks():
     from timm.optim import create_optimizer_v2
 
-    model = small("vit_small_patch16_224", depth=4)
+    model = small("vit_small_patch16_224", depth=4)  # 4 blocks: 6 groups
     opt = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.5)
     scales = sorted({g["lr_scale"] for g in opt.param_groups})
     assert len(scales) == 6 and scales[-1] == 1.0 and scales[0] == pytest.approx(0.5**5)  # stem, 4 blocks, head

@@ -29,6 +29,7 @@ from torch import nn
 
 from vitlab.errors import VitlabError
 from vitlab.fileio import whole_folder, write_json
+from vitlab.models.pretrained_cfg import PretrainedCfg
 from vitlab.models.vit import ViTConfig
 from vitlab.weights.formats import to_hf_state_dict
 
@@ -55,7 +56,7 @@ def export_folder(model: nn.Module, out, *, format: str, check: bool = True) -> 
         save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"))
         write_json(tmp / "config.json", config)
         if format == "hf":
-            write_json(tmp / "preprocessor_config.json", hf_preprocessor_config(model.pretrained_cfg, cfg))
+            write_json(tmp / "preprocessor_config.json", hf_preprocessor_config(model_pretrained_cfg(model), cfg))
         if check:
             report = {"max_abs_diff": (check_timm if format == "timm" else check_hf)(model, tmp)}
     files = ["config.json", "model.safetensors"] + (["preprocessor_config.json"] if format == "hf" else [])
@@ -63,6 +64,13 @@ def export_folder(model: nn.Module, out, *, format: str, check: bool = True) -> 
     if report.get("max_abs_diff") is not None:
         report["tolerance"] = CHECK_TOLERANCE
     return report
+
+
+def model_pretrained_cfg(model: nn.Module) -> PretrainedCfg:
+    """The model's PretrainedCfg; a model built without create_model gets the defaults at its own size."""
+    cfg = model.cfg
+    fallback = PretrainedCfg(input_size=(cfg.in_chans, *cfg.img_size), num_classes=cfg.num_classes)
+    return getattr(model, "pretrained_cfg", None) or fallback
 
 
 def conv_patch_embed(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
@@ -76,7 +84,7 @@ def conv_patch_embed(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, t
 
 def _refuse(format: str, model: nn.Module, library: str, features: list[str]) -> None:
     if features:
-        name = (model.pretrained_cfg or {}).get("architecture") or "this model"
+        name = model_pretrained_cfg(model).architecture or "this model"
         raise VitlabError(
             f"--format {format}: {name} has {', '.join(features)}, which {library} has no counterpart for; "
             "export it as .safetensors (vitlab, timm's names) instead"
@@ -140,7 +148,7 @@ def timm_config(model: nn.Module) -> dict:
         features.append(f"LayerNorm eps {cfg.norm_eps} (timm's ViTs have 1e-6, its CLIP towers 1e-5)")
     _refuse("timm", model, "timm's VisionTransformer", features)
     architecture, model_args = timm_architecture(cfg)
-    pcfg = dict(model.pretrained_cfg.to_timm())
+    pcfg = model_pretrained_cfg(model).to_timm()
     for key in ("architecture", "hf_hub_id", "label_names"):
         pcfg.pop(key, None)
     out = {
@@ -151,7 +159,7 @@ def timm_config(model: nn.Module) -> dict:
         "model_args": model_args,
         "pretrained_cfg": {k: list(v) if isinstance(v, tuple) else v for k, v in pcfg.items()},
     }
-    labels = model.pretrained_cfg.label_names
+    labels = model_pretrained_cfg(model).label_names
     if labels is not None and len(labels) == cfg.num_classes:
         out["label_names"] = list(labels)
     return out
@@ -192,7 +200,7 @@ def hf_config(model: nn.Module) -> dict:
         (cfg.num_classes == 0, "no head (num_classes 0; ViTForImageClassification has one)"),
     ]
     _refuse("hf", model, "transformers' ViT (ViTForImageClassification)", [what for bad, what in checks if bad])
-    labels = model.pretrained_cfg.label_names
+    labels = model_pretrained_cfg(model).label_names
     if labels is None or len(labels) != cfg.num_classes:
         labels = [f"LABEL_{i}" for i in range(cfg.num_classes)]
     return {
@@ -279,6 +287,7 @@ __all__ = [
     "CHECK_TOLERANCE",
     "export_folder",
     "conv_patch_embed",
+    "model_pretrained_cfg",
     "timm_architecture",
     "timm_config",
     "check_timm",

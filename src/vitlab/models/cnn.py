@@ -158,6 +158,11 @@ class ResNetMini(nn.Module):
 
     head_hidden_size = num_features
 
+    @property
+    def default_cfg(self):
+        """timm's older name of `pretrained_cfg`."""
+        return self.pretrained_cfg
+
     def get_classifier(self) -> nn.Module:
         return self.head
 

@@ -830,6 +830,11 @@ class VisionTransformer(nn.Module):
         return self.cfg.num_prefix_tokens
 
     @property
+    def default_cfg(self):
+        """timm's older name of `pretrained_cfg`, which timm's tests and scripts still read."""
+        return self.pretrained_cfg
+
+    @property
     def global_pool(self) -> str:
         """The pooling under timm's name: "token" (the class token, Eq. 4) or "avg" (the mean of the patches)."""
         return {"cls": "token", "mean": "avg"}.get(self.cfg.pool, self.cfg.pool)
