@@ -47,6 +47,12 @@ the paper's, so that DeiT, DINO/DINOv2 and CLIP checkpoints load exactly (module
   class token concatenated with the mean of the patch tokens (a head of 2D inputs).
 Prefix tokens come first, in the order [class, distillation, registers], then the N patches;
 `cfg.num_prefix_tokens` counts them all.
+
+`VisionTransformer` has timm's interface (`forward_features`, `forward_head`, `forward_intermediates`,
+`reset_classifier`, `get_classifier`, `num_features`, `group_matcher`, ...), so code written for timm's
+ViT runs on it. It is traced with `torch.jit.trace` or `torch.export`; `torch.jit.script` and
+`torch.fx.symbolic_trace` are refused in one line (the forward takes Python options and checks its input
+in Python).
 """
 
 from __future__ import annotations
