@@ -490,3 +490,15 @@ def test_cli_export_format_hf_and_timm(timm_dir, tmp_path, capsys):
         printed = capsys.readouterr().out
         assert rc == 0 and (out / "config.json").is_file(), printed
         assert re.search(rf"^{against} vs vitlab: max abs difference \S+ \(tolerance 1e-04\)$", printed, re.M)
+
+
+def test_export_leaves_the_model_it_was_handed_as_it_was(tmp_path):
+    import vitlab
+    from vitlab.inference.export import export_model
+
+    model = vitlab.create_model("vit_mini", num_classes=3, img_size=32).train().to(torch.float64)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    export_model(model, tmp_path / "m.safetensors")
+    export_model(model, tmp_path / "timm", format="timm", check=False)
+    assert model.training and next(model.parameters()).dtype == torch.float64
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -13,6 +13,7 @@ moved into place only when complete (and, for ONNX, only when the check passed).
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shutil
@@ -81,7 +82,7 @@ def export_model(
     out = check_export(out, opset=opset, force=force, format=format)
     if format is not None:
         return interop.export_folder(model, out, format=format, check=check)
-    model = model.eval().float().cpu()
+    model = copy.deepcopy(model).eval().float().cpu()  # the caller's model stays as it is
     with created_folders(out.parent):
         if out.suffix.lower() == ".safetensors":
             return export_safetensors(model, out)

@@ -19,6 +19,7 @@ and compares its logits with the model's on random images: at most `CHECK_TOLERA
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 from pathlib import Path
@@ -47,7 +48,7 @@ def export_folder(model: nn.Module, out, *, format: str, check: bool = True) -> 
     if not isinstance(cfg, ViTConfig):
         raise VitlabError(f"--format {format}: only a ViT exports to {format}; this model is {type(model).__name__}")
     out = Path(out).expanduser()
-    model = model.eval().float().cpu()
+    model = copy.deepcopy(model).eval().float().cpu()  # the caller's model stays as it is
     config = timm_config(model) if format == "timm" else hf_config(model)  # refusals before any file is written
     tensors = conv_patch_embed(model.state_dict(), cfg)
     if format == "hf":
