@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -355,3 +356,149 @@ def test_export_rejects_unknown_suffix_and_writes_nothing(tmp_path):
     with pytest.raises(VitlabError, match="expected a path ending in .safetensors or .onnx"):
         export_model(vitlab.create_model("vit_mini_x"), tmp_path / "m.pt")
     assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------------------------------
+# vitlab export --format timm | hf: folders the other libraries load, checked with the real libraries
+
+LABELS = tuple(f"kind_{i}" for i in range(7))
+
+
+def fine_tuned(name: str, **kw):
+    """A small model of `name` as after fine-tuning: 7 named classes, a trained (non-zero) head."""
+    import vitlab
+
+    torch.manual_seed(0)
+    model = vitlab.create_model(name, depth=2, dim=32, heads=2, mlp_dim=64, num_classes=7, **kw)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.pretrained_cfg = model.pretrained_cfg.replace(label_names=LABELS, head="loaded")
+    return model.eval()
+
+
+TIMM_EXPORTS = {  # one of each kind of ViT timm builds: plain, DeiT distilled, CLIP (eps 1e-5), registers + GAP
+    "vit_small_patch16_224": dict(img_size=64),
+    "deit_tiny_distilled_patch16_224": dict(img_size=64),
+    "vit_base_patch16_clip_quickgelu_224": dict(img_size=64),
+    "vit_medium_patch16_reg4_gap_256": dict(img_size=64),
+    "vit_small_patch14_reg4_dinov2": dict(img_size=56),
+}
+
+
+@pytest.mark.parametrize("name", list(TIMM_EXPORTS))
+def test_export_timm_folder_loads_in_timm_with_its_fine_tuned_head(name, tmp_path):
+    from timm.data import resolve_data_config
+
+    from vitlab.inference.export import export_model
+
+    model = fine_tuned(name, **TIMM_EXPORTS[name])
+    out = tmp_path / "timm"
+    report = export_model(model, out, format="timm")
+    assert report["max_abs_diff"] <= 1e-4 and {"config.json", "model.safetensors"} <= {p.name for p in out.iterdir()}
+    theirs = timm.create_model(f"local-dir:{out}", pretrained=True).eval()  # no pretrained_cfg_overlay
+    x = torch.randn(2, 3, *model.cfg.img_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(x)
+        assert theirs.num_classes == 7 and ours.abs().max() > 1e-2  # the fine-tuned head, not a zero one
+        assert max_diff(theirs(x), ours) <= 1e-4
+    same = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # noqa: E731 (JSON's lists)
+    assert same(resolve_data_config(model=theirs)) == same(resolve_data_config(model=model))  # same preprocessing
+    assert theirs.pretrained_cfg["label_names"] == list(LABELS)
+    again = create_model(pretrained=str(out))  # and vitlab reads timm's hub folder back
+    with torch.no_grad():
+        assert max_diff(again(x), ours) <= 1e-5
+
+
+def test_export_hf_folder_loads_in_transformers_with_labels_and_preprocessing(tmp_path, chelsea, capsys):
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import save_file
+
+    model = fine_tuned("vit_small_patch16_224", img_size=64)
+    # timm's centre crop at a size whose margin is even (80 -> 64): HF rounds the crop's offset down where
+    # torchvision rounds half up, so only an even margin gives the same pixels in both (docs/family.md)
+    model.pretrained_cfg = model.pretrained_cfg.replace(crop_pct=0.8)
+    source = tmp_path / "tuned.safetensors"
+    save_file(model.state_dict(), str(source))
+    (tmp_path / "tuned.json").write_text(json.dumps({"architecture": "vit_small_patch16_224"}))
+    out = tmp_path / "hf"
+    from vitlab.inference.export import export_model
+
+    report = export_model(model, out, format="hf")
+    assert report["max_abs_diff"] <= 1e-4
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "config.json",
+        "model.safetensors",
+        "preprocessor_config.json",
+    ]
+    theirs = transformers.ViTForImageClassification.from_pretrained(str(out)).eval()
+    assert theirs.config.num_labels == 7 and theirs.config.id2label == dict(enumerate(LABELS))
+    processor = transformers.AutoImageProcessor.from_pretrained(str(out))
+    pixels = processor(chelsea, return_tensors="pt")["pixel_values"]
+    back = create_model(pretrained=str(out))  # vitlab reads its own save_pretrained folder back
+    assert back.pretrained_cfg.label_names == LABELS and back.pretrained_cfg.crop_pct == 0.8
+    ours = eval_transform(back.pretrained_cfg)(chelsea)[None]
+    assert pixels.shape == ours.shape and max_diff(pixels, ours) <= 1e-5  # the same preprocessing
+    assert max_diff(eval_transform(model.pretrained_cfg.replace(resize_backend="tensor"))(chelsea)[None], ours) <= 1e-6
+    with torch.no_grad():
+        assert max_diff(theirs(pixel_values=pixels).logits, model(pixels)) <= 1e-4
+        assert max_diff(back(pixels), model(pixels)) <= 1e-5
+
+
+def test_export_timm_of_a_model_built_without_create_model_and_a_linear_patch_embedding(tmp_path):
+    """The literal reading of Eq. 1 (flatten + Linear) goes out as timm's Conv2d, the same weights reshaped."""
+    from vitlab.inference.export import export_model
+    from vitlab.models.vit import VisionTransformer, ViTConfig
+
+    model = VisionTransformer(
+        ViTConfig(img_size=32, patch_size=8, dim=32, depth=1, heads=2, num_classes=3, patch_embed="linear")
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    export_model(model, tmp_path / "timm", format="timm")
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert model.eval()(x).abs().max() > 1e-2 and max_diff(theirs(x), model(x)) <= 1e-4
+
+
+def test_export_folder_formats_refuse_what_the_other_library_lacks_by_name(tmp_path):
+    import vitlab
+    from vitlab.inference.export import export_model
+
+    regs = fine_tuned("vit_medium_patch16_reg4_gap_256", img_size=64)
+    with pytest.raises(
+        VitlabError,
+        match=r"^--format hf: vit_medium_patch16_reg4_gap_256 has 4 register tokens, "
+        r"LayerScale, .*which transformers' ViT \(ViTForImageClassification\) has no counterpart",
+    ):
+        export_model(regs, tmp_path / "hf", format="hf")
+    sincos = vitlab.create_model("vit_mini", pos_embed="sincos2d")
+    with pytest.raises(VitlabError, match=r"^--format timm: vit_mini has pos_embed 'sincos2d'"):
+        export_model(sincos, tmp_path / "timm", format="timm")
+    with pytest.raises(VitlabError, match="format must be one of timm, hf; found 'keras'"):
+        export_model(sincos, tmp_path / "k", format="keras")
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_cli_export_format_hf_and_timm(timm_dir, tmp_path, capsys):
+    folder, ref = timm_dir
+    for fmt, against in (("hf", "transformers"), ("timm", "timm")):
+        out = tmp_path / fmt
+        rc = main(["export", "--pretrained", str(folder), "--format", fmt, "--out", str(out)])
+        printed = capsys.readouterr().out
+        assert rc == 0 and (out / "config.json").is_file(), printed
+        assert re.search(rf"^{against} vs vitlab: max abs difference \S+ \(tolerance 1e-04\)$", printed, re.M)
+
+
+def test_export_leaves_the_model_it_was_handed_as_it_was(tmp_path):
+    import vitlab
+    from vitlab.inference.export import export_model
+
+    model = vitlab.create_model("vit_mini", num_classes=3, img_size=32).train().to(torch.float64)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    export_model(model, tmp_path / "m.safetensors")
+    export_model(model, tmp_path / "timm", format="timm", check=False)
+    assert model.training and next(model.parameters()).dtype == torch.float64
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

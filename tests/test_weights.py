@@ -514,3 +514,20 @@ def test_hub_id_from_offline_cache(tmp_path, monkeypatch):
         create_model("vit_base_patch16_224", pretrained="google/vit-base-patch16-224")
     msg = str(err.value)
     assert "'google/vit-base-patch16-224'" in msg and str(cache) in msg and "HF_HUB_OFFLINE" in msg
+
+
+def test_a_hybrid_run_checkpoint_loads_back_as_the_same_model(tmp_path):
+    """A hybrid's patch embedding is a 1x1 projection of its conv stem's map: its kernel and input channels are the
+    stem's, and the checkpoint's own config (patch size 4, one grey channel) is what the model is built from."""
+    import vitlab
+    from vitlab.weights.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    model = vitlab.create_model(
+        "vit_mini", stem="hybrid", stem_width=16, patch_size=4, img_size=28, in_chans=1, num_classes=10
+    ).eval()
+    torch.nn.init.normal_(model.head.weight)
+    back = vitlab.create_model(checkpoint=save_checkpoint(tmp_path / "run", "e1", model, {"epoch": 1})).eval()
+    assert (back.cfg.stem, back.cfg.patch_size, back.cfg.in_chans, back.cfg.stem_width) == ("hybrid", 4, 1, 16)
+    x = torch.randn(2, 1, 28, 28)
+    assert torch.equal(model(x), back(x))

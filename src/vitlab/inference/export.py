@@ -4,6 +4,8 @@
                                              # so timm's VisionTransformer.load_state_dict takes them as they are
     export_model(model, "vit.onnx")          # input "image" (B, 3, H, W) with a dynamic batch axis, output
                                              # "logits" (B, K); checked with onnxruntime (max abs diff <= 1e-4)
+    export_model(model, "vit-timm", format="timm")  # a timm hub folder; format="hf": a save_pretrained
+                                             # folder (vitlab.inference.interop), each checked with its library
 
 Nothing half-written is ever left: files are written in a temporary folder next to the target and
 moved into place only when complete (and, for ONNX, only when the check passed).
@@ -11,6 +13,7 @@ moved into place only when complete (and, for ONNX, only when the check passed).
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shutil
@@ -28,6 +31,7 @@ from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import (
     FILE_MODE,
     check_out_file,
+    check_out_folder,
     created_folders,
     import_onnxruntime,
     remove_leftovers,
@@ -36,6 +40,7 @@ from vitlab.fileio import (
     write_error,
     write_json,
 )
+from vitlab.inference import interop
 from vitlab.weights.checkpoint import model_meta
 
 ONNX_TOLERANCE = 1e-4  # max abs difference of the logits, ONNX Runtime vs PyTorch (fp32)
@@ -43,10 +48,15 @@ SUFFIXES = (".safetensors", ".onnx")
 MIN_OPSET = 17  # the first opset with LayerNormalization; torch's exporter writes 18 and converts to others
 
 
-def check_export(out: str | Path, *, opset: int | None = None, force: bool = False) -> Path:
-    """The export's options, checked before any work: the format from the suffix, the opset, and the
-    place (vitlab.fileio.check_out_file: an existing file, or its .json, is replaced only with `force`)."""
+def check_export(out: str | Path, *, opset: int | None = None, force: bool = False, format: str | None = None) -> Path:
+    """The export's options, checked before any work: the format (`format`, else from the suffix), the
+    opset, and the place (vitlab.fileio.check_out_file: an existing file, or its .json, is replaced only
+    with `force`; a folder format's folder must be new, empty or an earlier export of that format)."""
     out = Path(out).expanduser()
+    if format is not None:
+        if format not in interop.FORMATS:
+            raise VitlabError(f"format must be one of {', '.join(interop.FORMATS)}; found {format!r}", arg="format")
+        return check_out_folder(out, kind=f"export-{format}", arg="out")
     if out.suffix.lower() not in SUFFIXES:
         raise VitlabError(
             f"out {out}: unknown export format {out.suffix!r}; expected a path ending in {' or '.join(SUFFIXES)}",
@@ -58,13 +68,21 @@ def check_export(out: str | Path, *, opset: int | None = None, force: bool = Fal
 
 
 def export_model(
-    model: nn.Module, out: str | Path, *, check: bool = True, opset: int | None = None, force: bool = False
+    model: nn.Module,
+    out: str | Path,
+    *,
+    check: bool = True,
+    opset: int | None = None,
+    force: bool = False,
+    format: str | None = None,
 ) -> dict:
-    """Write `model` to `out` (format from the suffix). Returns a report: the files written and, for
-    ONNX, the max abs difference to PyTorch measured by ONNX Runtime. An existing file is replaced only
-    with `force`."""
-    out = check_export(out, opset=opset, force=force)
-    model = model.eval().float().cpu()
+    """Write `model` to `out` (format from the suffix, or `format` "timm" / "hf": a folder). Returns a
+    report: the files written and, for ONNX, timm and hf, the max abs difference measured by the other
+    runtime. An existing file is replaced only with `force`."""
+    out = check_export(out, opset=opset, force=force, format=format)
+    if format is not None:
+        return interop.export_folder(model, out, format=format, check=check)
+    model = copy.deepcopy(model).eval().float().cpu()  # the caller's model stays as it is
     with created_folders(out.parent):
         if out.suffix.lower() == ".safetensors":
             return export_safetensors(model, out)

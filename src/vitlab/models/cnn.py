@@ -163,7 +163,7 @@ class ResNetMini(nn.Module):
         self.layer2 = _stage(width, 2 * width, 2, blocks, tuple(rates[blocks : 2 * blocks]))
         self.layer3 = _stage(2 * width, 4 * width, 2, blocks, tuple(rates[2 * blocks :]))
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.head = nn.Linear(4 * width, cfg.num_classes)
+        self.head = nn.Linear(4 * width, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self.pretrained_cfg = None  # a vitlab.models.pretrained_cfg.PretrainedCfg, set by create_model
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -181,12 +181,35 @@ class ResNetMini(nn.Module):
     def num_classes(self) -> int:
         return self.cfg.num_classes
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """A new zero-initialised head for `num_classes` classes, as the ViT's (paper Section 3.2)."""
+    @property
+    def num_features(self) -> int:
+        """Channels of the last stage, what the pooled head reads (timm's num_features)."""
+        return 4 * self.cfg.width
+
+    head_hidden_size = num_features
+
+    @property
+    def default_cfg(self):
+        """timm's older name of `pretrained_cfg`."""
+        return self.pretrained_cfg
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new zero-initialised head for `num_classes` classes, as the ViT's (paper Section 3.2); 0: none,
+        the model returns the pooled features. `global_pool`: timm's "avg", the only pooling here."""
+        if global_pool not in (None, "avg"):
+            raise VitlabError(
+                f"global_pool must be 'avg' for the CNN baseline; found {global_pool!r}", arg="global_pool"
+            )
         self.cfg = self.cfg.replace(num_classes=num_classes)
-        self.head = nn.Linear(self.head.in_features, num_classes).to(self.head.weight.device)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        weight = self.stem[0].weight
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        if num_classes > 0:
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+            self.head.to(device=weight.device, dtype=weight.dtype)
 
     def no_weight_decay(self) -> set[str]:
         return set()

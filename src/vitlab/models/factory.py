@@ -5,11 +5,17 @@
     create_model(pretrained="model.safetensors")                         # the architecture read from the file
     create_model(checkpoint="runs/digits")                               # a vitlab run (its last.json), any kind
     create_model("vit_mini", num_classes=5, img_size=64, drop_path=0.1)  # checked overrides
+    create_model("vit_small_patch16_224", pretrained=True)               # timm's default weights, local cache
+    create_model("vit_small_patch16_224", drop_path_rate=0.1, embed_dim=192, num_heads=3)  # timm's keywords
 
 The arguments mean the same whatever the source: `name` is a registered model (vitlab.model_names()),
 checked field by field against the weights when both are given; `num_classes` different from the
 weights' gives a new zero-initialised head (paper Section 3.2); `img_size` different from the weights'
-resamples the position embedding (Section 3.2); `overrides` are other config fields. Every model comes
+resamples the position embedding (Section 3.2); `in_chans` different from the weights' adapts the patch
+projection (`vitlab.weights.plan.adapt_input_conv`); `overrides` are other config fields, by vitlab's
+names or timm's (`TIMM_KEYWORDS`). As in timm, `pretrained=False` is a random init and `pretrained=True`
+the variant's default weights (its `pretrained_cfg.hf_hub_id`), read from the local Hugging Face cache
+only. Every model comes
 with a typed `model.pretrained_cfg` (vitlab.models.pretrained_cfg.PretrainedCfg): its preprocessing,
 class names and provenance. Loaded weights come in eval mode; a new model in train mode.
 
@@ -31,15 +37,28 @@ from vitlab.models.registry import get_config, get_variant
 from vitlab.models.size import check_fits
 from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.weights import checkpoint as ckpt_format
+from vitlab.weights.formats import find_in_hub_cache
 from vitlab.weights.infer import diff_keys
 from vitlab.weights.plan import plan_load
 from vitlab.weights.source import load_checkpoint
+
+# timm's create_model keywords -> ViTConfig fields (timm's global_pool values are translated by GLOBAL_POOLS)
+TIMM_KEYWORDS = {
+    "embed_dim": "dim",
+    "num_heads": "heads",
+    "drop_rate": "dropout",
+    "attn_drop_rate": "attn_dropout",
+    "drop_path_rate": "drop_path",
+    "init_values": "layer_scale",
+    "global_pool": "pool",
+}
+GLOBAL_POOLS = {"token": "cls", "avg": "mean"}  # timm's "map", "max", "avgmax" and "" (no pooling): none here
 
 
 def create_model(
     name: str | None = None,
     *,
-    pretrained: str | Path | None = None,
+    pretrained: bool | str | Path | None = None,
     checkpoint: str | Path | None = None,
     num_classes: int | None = None,
     img_size: int | tuple[int, int] | None = None,
@@ -48,10 +67,15 @@ def create_model(
     """Build a model, like timm.create_model; see the module docstring for the arguments.
 
     pretrained: weights of timm, Hugging Face, torchvision or the JAX release: a .safetensors/.pth/
-        .bin/.npz file, a folder (save_pretrained, timm hub layout), or a hub id (vitlab.weights).
+        .bin/.npz file, a folder (save_pretrained, timm hub layout), or a hub id (vitlab.weights);
+        True: the named variant's default weights from the local hub cache; False or None: random init.
     checkpoint: a vitlab checkpoint: a run folder (its last.json), a last.json/best.json pointer, a
         checkpoint folder, or an exported .safetensors with its .json.
     """
+    overrides = timm_keywords(overrides)
+    label = pretrained
+    if isinstance(pretrained, bool):
+        pretrained, label = default_weights(name, checkpoint) if pretrained else (None, None)
     check_source(name, pretrained, checkpoint)
     for side in (img_size,) if img_size is None or isinstance(img_size, int) else img_size:
         check_range("img_size", side, low=1, integer=True, optional=True)  # before any weights are read
@@ -60,7 +84,7 @@ def create_model(
     if checkpoint is not None:
         return _from_checkpoint(name, Path(checkpoint).expanduser(), num_classes, img_size, overrides)
     if pretrained is not None:
-        return _from_weights(name, pretrained, str(pretrained), num_classes, img_size, overrides)
+        return _from_weights(name, pretrained, str(label), num_classes, img_size, overrides)
     variant = get_variant(name)
     config = get_config(name, num_classes=num_classes, img_size=img_size, **overrides)
     check_fits(config, what=f"model {name}")  # counted from the config: nothing is allocated for a size that cannot fit
@@ -69,6 +93,57 @@ def create_model(
         architecture=name, input_size=(config.in_chans, *config.img_size), num_classes=config.num_classes
     )
     return model
+
+
+def timm_keywords(overrides: dict) -> dict:
+    """`overrides` with timm's keyword names (TIMM_KEYWORDS) in vitlab's; a timm name and its vitlab field
+    both given with different values is refused, naming both, and so is timm's dynamic_img_size=True."""
+    if overrides.get("dynamic_img_size"):
+        raise VitlabError(
+            "dynamic_img_size=True: vitlab's ViT takes the img_size it was built for (its position table is "
+            "resampled once, when the model is built); give img_size=... instead",
+            arg="dynamic_img_size",
+        )
+    out = {k: v for k, v in overrides.items() if k not in TIMM_KEYWORDS and k != "dynamic_img_size"}
+    for timm_name, field in TIMM_KEYWORDS.items():
+        if overrides.get(timm_name) is None:
+            continue
+        value = overrides[timm_name]
+        if field == "pool":
+            if value not in GLOBAL_POOLS:
+                raise VitlabError(
+                    f"global_pool must be one of {', '.join(map(repr, GLOBAL_POOLS))} (timm's names for pool "
+                    f"'cls' and 'mean'); found {value!r}, which vitlab's ViT does not implement",
+                    arg="global_pool",
+                )
+            value = GLOBAL_POOLS[value]
+        if overrides.get(field) is not None and overrides[field] != value:
+            raise VitlabError(
+                f"{timm_name} (timm's name for {field}) and {field} are both given, as {overrides[timm_name]!r} "
+                f"and {overrides[field]!r}; give one of them",
+                arg=timm_name,
+            )
+        out[field] = value
+    return out
+
+
+def default_weights(name: str | None, checkpoint) -> tuple[Path, str]:
+    """pretrained=True: (the local folder of `name`'s default weights, their hub id), from the variant's
+    `pretrained_cfg.hf_hub_id` and the local Hugging Face cache only (nothing is downloaded)."""
+    if checkpoint is not None:
+        raise VitlabError("give pretrained=True (the variant's default weights) or a checkpoint, not both")
+    if name is None:
+        raise VitlabError("pretrained=True needs a model name, whose default weights it loads", arg="pretrained")
+    variant = get_variant(name)
+    repo = variant.pretrained_cfg.hf_hub_id
+    if repo is None:
+        what = "a CNN baseline" if not variant.is_vit else "a vitlab model timm has no weights for"
+        raise VitlabError(
+            f"pretrained=True: model {name!r} is {what}, with no default pretrained weights; give "
+            "pretrained=PATH or a hub id, or pretrained=False for random weights",
+            arg="pretrained",
+        )
+    return find_in_hub_cache(repo, what=f"pretrained=True: the default weights of {name}"), f"hf-hub:{repo}"
 
 
 def build_on_meta(cfg: ViTConfig | ResNetConfig) -> nn.Module:
@@ -156,4 +231,13 @@ def _from_checkpoint(name, path: Path, num_classes, img_size, overrides) -> nn.M
     return model.eval()
 
 
-__all__ = ["create_model", "build_on_meta", "meta_state_dict", "check_source"]
+__all__ = [
+    "create_model",
+    "build_on_meta",
+    "meta_state_dict",
+    "check_source",
+    "timm_keywords",
+    "default_weights",
+    "TIMM_KEYWORDS",
+    "GLOBAL_POOLS",
+]

@@ -6,11 +6,17 @@ normalised its training images its own way and a mismatch silently costs accurac
 (vision_transformer#39: 83.41% vs 85.08% top-1 from the resize alone). timm keeps the same record
 (`timm.models._pretrained.PretrainedCfg`); this one adds what vitlab learned while loading the weights
 (the head's state, notes on dropped parts).
+
+It is also a read-only mapping with timm's keys (`input_size`, `mean`, `std`, `crop_pct`, `crop_mode`,
+`interpolation`, `num_classes`, `classifier`, `first_conv`, `hf_hub_id`, ...), so that code written for
+timm reads it as it reads timm's: `timm.data.resolve_data_config(model=model)`, `cfg["classifier"]`,
+`cfg.get("mean")`, `dict(cfg)`. vitlab itself reads the typed fields (`cfg.crop_pct`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 
 from vitlab.errors import VitlabError
@@ -91,8 +97,14 @@ def _number(value, low: float | None) -> bool:
     return ok and (low is None or value > low)
 
 
+# timm's keys that have no field of their own: the module names of the classifier and of the first
+# convolution (what timm's layer-decay grouping and input-channel adaptation look for); the CNN
+# baseline's first convolution is "stem.0".
+TIMM_CLASSIFIER, TIMM_FIRST_CONV = "head", "patch_embed.proj"
+
+
 @dataclass(frozen=True)
-class PretrainedCfg:
+class PretrainedCfg(Mapping):
     source: str = "random init"  # a weights file, folder, hub id, vitlab checkpoint, or "random init"
     format: str | None = None  # timm | hf | torchvision | jax | vitlab: the layout the weights were read from
     architecture: str | None = None  # the registered model name, when there is one
@@ -110,6 +122,8 @@ class PretrainedCfg:
     # zero-initialised head for other classes), "none" (num_classes=0: the model returns features).
     head: str = "random"
     notes: tuple[str, ...] = ()  # what loading changed: resampled position tables, dropped parts
+    hf_hub_id: str | None = None  # the hub repository of the variant's default weights (timm's), for pretrained=True
+    first_conv: str = TIMM_FIRST_CONV  # the module the input channels go into (timm's key of the same name)
 
     def __post_init__(self) -> None:
         # Lists from JSON become tuples, so a config read back from disk equals the one written.
@@ -125,10 +139,10 @@ class PretrainedCfg:
         def fail(name: str, expected: str):
             raise VitlabError(f"pretrained_cfg {name} must be {expected}; found {getattr(self, name)!r}", arg=name)
 
-        for name in ("source", "crop_mode", "interpolation", "resize_backend", "head"):
+        for name in ("source", "crop_mode", "interpolation", "resize_backend", "head", "first_conv"):
             if not isinstance(getattr(self, name), str):
                 fail(name, "a string")
-        for name in ("format", "architecture"):
+        for name in ("format", "architecture", "hf_hub_id"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 fail(name, "a string or null")
         size = self.input_size
@@ -172,6 +186,37 @@ class PretrainedCfg:
         """JSON-ready (tuples as lists)."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
+    def to_timm(self) -> dict:
+        """The dict timm keeps as `model.pretrained_cfg` (timm.models.PretrainedCfg.to_dict's keys): what
+        timm's data helpers, optimisers and hub writers read (tuples, as timm keeps them)."""
+        out = {
+            "architecture": self.architecture,
+            "hf_hub_id": self.hf_hub_id,
+            "input_size": self.input_size,
+            "fixed_input_size": True,  # vitlab's ViT takes the size it was built for (no dynamic_img_size)
+            "interpolation": self.interpolation,
+            "crop_pct": self.crop_pct,
+            "crop_mode": self.crop_mode,
+            "mean": self.mean,
+            "std": self.std,
+            "num_classes": self.num_classes,
+            "first_conv": self.first_conv,
+            "classifier": TIMM_CLASSIFIER,
+        }
+        if self.label_names is not None:
+            out["label_names"] = self.label_names
+        return out
+
+    # The read-only mapping of timm's keys (the module docstring): three methods, from to_timm.
+    def __getitem__(self, key: str):
+        return self.to_timm()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_timm())
+
+    def __len__(self) -> int:
+        return len(self.to_timm())
+
     @classmethod
     def from_dict(cls, data: dict | None) -> PretrainedCfg:
         """From `to_dict()` output, or the untyped dict older vitlab checkpoints stored; unknown keys
@@ -182,6 +227,8 @@ class PretrainedCfg:
 
 __all__ = [
     "PretrainedCfg",
+    "TIMM_CLASSIFIER",
+    "TIMM_FIRST_CONV",
     "HEAD_STATES",
     "CROP_MODES",
     "INTERPOLATIONS",

@@ -13,6 +13,11 @@ image towers (Radford et al. 2021), and timm's GAP, register and no-qkv-bias ViT
 preprocessing its source uses (`PretrainedCfg`, from `PREPROCESSING`), which a checkpoint without its
 own preprocessing then gets.
 
+Each ViT that timm also has names its default weights on the Hugging Face hub (`HUB_IDS`, timm 1.0.31's
+default tag of the name), which `create_model(name, pretrained=True)` loads from the local hub cache,
+and carries that tag's preprocessing (the CLIP towers: timm's, whose default weights are ImageNet
+fine-tunes).
+
 Nothing here loads weights or builds a module: `vitlab.models.factory.create_model` does, from these
 entries.
 """
@@ -20,7 +25,7 @@ entries.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vitlab.errors import VitlabError
 from vitlab.models.cnn import ResNetConfig
@@ -54,6 +59,48 @@ class Variant:
         if not self.is_vit:
             return f"width={c.width} blocks/stage={c.blocks} img={c.img_size[0]}  ({self.source})"
         return f"{c.describe()}  ({self.source})"
+
+
+# The default weights of each name timm has: timm 1.0.31's default tag (`timm.models.get_pretrained_cfg(name)`).
+# A tag alone means the repository timm/<name>.<tag>; a full id is a repository of another timm name.
+HUB_IDS = {
+    **{f"vit_{s}_patch{p}_224": "augreg_in21k_ft_in1k" for s in ("tiny", "small", "base", "large") for p in (16, 32)},
+    "vit_tiny_patch32_224": None,  # timm has the name, but no weights for it
+    "vit_base_patch16_224": "augreg2_in21k_ft_in1k",
+    "vit_large_patch32_224": "orig_in21k",
+    "vit_base_patch16_384": "augreg_in21k_ft_in1k",
+    "vit_large_patch16_384": "augreg_in21k_ft_in1k",
+    "vit_huge_patch14_224": "orig_in21k",
+    **{f"deit_{s}_patch16_224": "fb_in1k" for s in ("tiny", "small", "base")},
+    **{f"deit_{s}_distilled_patch16_224": "fb_in1k" for s in ("tiny", "small", "base")},
+    **{f"deit3_{s}_patch16_224": "fb_in1k" for s in ("small", "base")},
+    **{f"vit_{s}_patch{p}_224_dino": f"timm/vit_{s}_patch{p}_224.dino" for s in ("small", "base") for p in (16, 8)},
+    **{f"vit_{s}_patch14_dinov2": "lvd142m" for s in ("small", "base", "large")},
+    **{f"vit_{s}_patch14_reg4_dinov2": "lvd142m" for s in ("small", "base", "large")},
+    **{f"vit_{s}_patch{p}_clip_224": "laion2b_ft_in12k_in1k" for s, p in (("base", 32), ("base", 16), ("large", 14))},
+    "vit_base_patch32_clip_quickgelu_224": "timm/vit_base_patch32_clip_224.laion400m_e32",
+    "vit_base_patch16_clip_quickgelu_224": "timm/vit_base_patch16_clip_224.metaclip_2pt5b",
+    "vit_large_patch14_clip_quickgelu_224": "timm/vit_large_patch14_clip_224.dfn2b",
+    "vit_base_patch16_224_miil": "in21k",
+    "vit_medium_patch16_gap_256": "sw_in12k_ft_in1k",
+    "vit_medium_patch16_reg4_gap_256": "sbb_in12k_ft_in1k",
+}
+
+
+def hub_id(name: str) -> str | None:
+    """The hub repository of `name`'s default weights (timm's), or None when there are none."""
+    tag = HUB_IDS.get(name)
+    return tag if tag is None or "/" in tag else f"timm/{name}.{tag}"
+
+
+# The CLIP towers' preprocessing as timm's default tag of the name has it (ImageNet fine-tunes and
+# the quick-GELU towers' releases), where it is not OpenAI CLIP's crop 1.0.
+CLIP_TIMM_PREPROCESSING = {
+    "vit_base_patch32_clip_224": dict(crop_pct=0.9),
+    "vit_base_patch16_clip_224": dict(crop_pct=0.95),
+    "vit_large_patch14_clip_224": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
+    "vit_base_patch32_clip_quickgelu_224": dict(crop_pct=0.9),
+}
 
 
 def _vit(size: str, patch: int, img: int) -> Variant:
@@ -151,7 +198,7 @@ FAMILY: dict[str, Variant] = {
 }
 
 
-VARIANTS: dict[str, Variant] = {
+_VARIANTS: dict[str, Variant] = {
     **{f"vit_{s}_patch{p}_224": _vit(s, p, 224) for s in ("tiny", "small", "base", "large") for p in (16, 32)},
     "vit_base_patch16_384": _vit("base", 16, 384),
     "vit_large_patch16_384": _vit("large", 16, 384),
@@ -171,6 +218,18 @@ VARIANTS: dict[str, Variant] = {
     "resnet_mini": Variant(ResNetConfig(width=16, blocks=1), "vitlab: CIFAR-style ResNet, 3 stages of BasicBlocks"),
     "resnet_small": Variant(ResNetConfig(width=32, blocks=2), "vitlab: CIFAR-style ResNet, 3 stages of BasicBlocks"),
 }
+
+
+def _with_timm_defaults(name: str, variant: Variant) -> Variant:
+    """The variant with its default weights' hub id and, for a CLIP tower, timm's preprocessing of the name;
+    the CNN baselines' first convolution is their stem's."""
+    if not variant.is_vit:
+        return replace(variant, pretrained_cfg=variant.pretrained_cfg.replace(first_conv="stem.0"))
+    pcfg = variant.pretrained_cfg.replace(hf_hub_id=hub_id(name), **CLIP_TIMM_PREPROCESSING.get(name, {}))
+    return replace(variant, pretrained_cfg=pcfg)
+
+
+VARIANTS: dict[str, Variant] = {name: _with_timm_defaults(name, v) for name, v in _VARIANTS.items()}
 
 
 def model_names() -> list[str]:
@@ -194,4 +253,4 @@ def get_config(name: str, **overrides) -> ViTConfig | ResNetConfig:
     return config.replace(**overrides) if overrides else config
 
 
-__all__ = ["SIZES", "Variant", "VARIANTS", "model_names", "get_variant", "get_config"]
+__all__ = ["SIZES", "HUB_IDS", "hub_id", "Variant", "VARIANTS", "model_names", "get_variant", "get_config"]

@@ -47,6 +47,12 @@ the paper's, so that DeiT, DINO/DINOv2 and CLIP checkpoints load exactly (module
   class token concatenated with the mean of the patch tokens (a head of 2D inputs).
 Prefix tokens come first, in the order [class, distillation, registers], then the N patches;
 `cfg.num_prefix_tokens` counts them all.
+
+`VisionTransformer` has timm's interface (`forward_features`, `forward_head`, `forward_intermediates`,
+`reset_classifier`, `get_classifier`, `num_features`, `group_matcher`, ...), so code written for timm's
+ViT runs on it. It is traced with `torch.jit.trace` or `torch.export`; `torch.jit.script` and
+`torch.fx.symbolic_trace` are refused in one line (the forward takes Python options and checks its input
+in Python).
 """
 
 from __future__ import annotations
@@ -728,6 +734,12 @@ class VisionTransformer(nn.Module):
     def forward(
         self, x: torch.Tensor, return_attention: bool | Iterable[int] = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        if isinstance(x, torch.fx.Proxy):  # fx traces the options too, and the input is checked in Python
+            raise VitlabError(
+                "torch.fx.symbolic_trace: vitlab's ViT takes Python options and checks its input's shape in "
+                "Python, so it cannot be traced symbolically; use torch.jit.trace(model, example) or "
+                "torch.export.export(model, (example,))"
+            )
         class_token_only = self.cfg.pool == "cls"  # Eq. 4 reads z_L^0 alone
         if return_attention is False:
             return self.forward_head(self.forward_features(x, class_token_only=class_token_only))
@@ -747,12 +759,112 @@ class VisionTransformer(nn.Module):
             )
         return layers
 
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list | tuple[torch.Tensor, list]:
+        """timm's forward_intermediates: the outputs of some blocks, z_l, for dense heads and probes.
+
+        indices: the last n blocks (an int), the blocks named (negative from the end), or all (None).
+        norm: pass each through the final LayerNorm. output_fmt: "NCHW", the patch tokens as a
+        (B, D, gh, gw) map, or "NLC", (B, N, D). return_prefix_tokens: each as (patches, (B, p, D) prefix).
+        Returns the list, with `intermediates_only`; else (forward_features' output, the list).
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise VitlabError(f"output_fmt must be 'NCHW' or 'NLC'; found {output_fmt!r}", arg="output_fmt")
+        take = self._block_indices(indices)
+        x = self.embed(x)  # (B, p+N, D)
+        B, p = x.shape[0], self.cfg.num_prefix_tokens
+        gh, gw = self.cfg.grid_size
+        outs = []
+        last = max(take) if stop_early else len(self.blocks) - 1
+        for i, block in enumerate(self.blocks[: last + 1]):
+            bias = self.rel_pos[i]().to(x.dtype) if self.rel_pos is not None else None  # (h, p+N, p+N)
+            if self.grad_checkpointing and self.training:
+                x, _ = checkpoint(block, x, bias, use_reentrant=False)
+            else:
+                x, _ = block(x, bias)
+            if i in take:
+                y = self.norm(x) if norm else x
+                patches = y[:, p:]  # (B, N, D)
+                if output_fmt == "NCHW":
+                    patches = patches.reshape(B, gh, gw, -1).permute(0, 3, 1, 2).contiguous()  # (B, D, gh, gw)
+                outs.append((patches, y[:, :p]) if return_prefix_tokens else patches)
+        if intermediates_only:
+            return outs
+        return self.norm(x), outs
+
+    def _block_indices(self, indices: int | Sequence[int] | None) -> set[int]:
+        """timm's feature_take_indices: None all blocks, n the last n, a sequence those (negative from the end)."""
+        L = len(self.blocks)
+        if indices is None:
+            return set(range(L))
+        if isinstance(indices, int):
+            if not 0 < indices <= L:
+                raise VitlabError(f"indices {indices}: expected the number of last blocks, 1..{L}", arg="indices")
+            return set(range(L - indices, L))
+        take = {int(i) % L if -L <= int(i) < L else int(i) for i in indices}
+        bad = sorted(i for i in take if not 0 <= i < L)
+        if bad or not take:
+            raise VitlabError(f"indices {list(indices)}: this model has blocks 0..{L - 1}", arg="indices")
+        return take
+
     # --- fine-tuning helpers (timm's API) ---------------------------------------------------------
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """A new zero-initialised head for `num_classes` classes (Section 3.2); a DeiT model gets two."""
-        self.cfg = self.cfg.replace(num_classes=num_classes)
-        device = next(self.parameters()).device
+    @property
+    def num_classes(self) -> int:
+        return self.cfg.num_classes
+
+    @property
+    def num_features(self) -> int:
+        """D, the width of the tokens forward_features returns (timm's num_features)."""
+        return self.cfg.dim
+
+    @property
+    def head_hidden_size(self) -> int:
+        """The width of what the head reads, forward_head(pre_logits=True): D, or 2D for pool 'cls+mean'."""
+        return self.cfg.pooled_dim
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.cfg.num_prefix_tokens
+
+    @property
+    def default_cfg(self):
+        """timm's older name of `pretrained_cfg`, which timm's tests and scripts still read."""
+        return self.pretrained_cfg
+
+    @property
+    def global_pool(self) -> str:
+        """The pooling under timm's name: "token" (the class token, Eq. 4) or "avg" (the mean of the patches)."""
+        return {"cls": "token", "mean": "avg"}.get(self.cfg.pool, self.cfg.pool)
+
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
+        """The head (nn.Identity without classes); a DeiT model's two heads, as timm's distilled ViT."""
+        return self.head if self.head_dist is None else (self.head, self.head_dist)
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new zero-initialised head for `num_classes` classes (Section 3.2); a DeiT model gets two;
+        0: no head, the model returns the pooled features. `global_pool` (timm's "token" or "avg") changes
+        the pooling too, the final LayerNorm staying where it is (its weights are the model's)."""
+        check_range("num_classes", num_classes, low=0, integer=True)
+        changes = {"num_classes": num_classes}
+        if global_pool is not None:
+            pools = {"token": "cls", "avg": "mean"}
+            if global_pool not in pools:
+                raise VitlabError(
+                    f"global_pool must be 'token' or 'avg' (pool 'cls' or 'mean'); found {global_pool!r}",
+                    arg="global_pool",
+                )
+            changes.update(pool=pools[global_pool], fc_norm=self.cfg.use_fc_norm)
+        self.cfg = self.cfg.replace(**changes)
+        weight = next(self.parameters())
         new = lambda width: nn.Linear(width, num_classes) if num_classes > 0 else nn.Identity()  # noqa: E731
         self.head = new(self.cfg.pooled_dim)
         self.head_dist = new(self.cfg.dim) if self.cfg.use_dist_head else None
@@ -760,7 +872,15 @@ class VisionTransformer(nn.Module):
             if isinstance(head, nn.Linear):
                 nn.init.zeros_(head.weight)
                 nn.init.zeros_(head.bias)
-                head.to(device)
+                head.to(device=weight.device, dtype=weight.dtype).train(self.training)
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter groups (layer-wise learning-rate decay): the embedding, then each block, then the
+        final norm and the head."""
+        return dict(
+            stem=r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed|^norm_pre|^rel_pos",
+            blocks=r"^blocks\.(\d+)" if coarse else [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        )
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that should not be decayed: the prefix tokens, the position tables."""
@@ -778,6 +898,12 @@ class VisionTransformer(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each block's activations in the backward pass: less memory, ~30% more compute."""
         self.grad_checkpointing = enable
+
+    def __prepare_scriptable__(self):
+        raise VitlabError(
+            "torch.jit.script: vitlab's ViT is not TorchScript (its forward takes Python options and checks its "
+            "input in Python); use torch.jit.trace(model, example) or torch.export.export(model, (example,))"
+        )
 
     # --- loading ------------------------------------------------------------------------------------
 

@@ -236,10 +236,28 @@ def resolve_source(source: str | Path, *, cache_dir: str | Path | None = None) -
     )
 
 
+def find_in_hub_cache(repo_id: str, *, cache_dir: str | Path | None = None, what: str | None = None) -> Path:
+    """The snapshot folder of hub repo `repo_id` in the local Hugging Face cache (huggingface_hub with
+    local_files_only: never the network); a one-line VitlabError naming the cache when it is not there."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError) as e:
+        raise VitlabError(
+            f"{what or 'hub id'} {repo_id!r}: not in the local Hugging Face cache {cache} (looked for "
+            f"{cache / ('models--' + repo_id.replace('/', '--'))}); download it once with network access "
+            f"(huggingface-cli download {repo_id}) or give a local file",
+            arg="pretrained",
+        ) from e
+
+
 def download_from_hub(repo_id: str, *, cache_dir: str | Path | None = None) -> Path:
     """The local snapshot folder of hub repo `repo_id`: the cache first, then the network."""
     from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
     try:  # before any file or network access: "../../etc/passwd" is no repository
@@ -252,8 +270,8 @@ def download_from_hub(repo_id: str, *, cache_dir: str | Path | None = None) -> P
         ) from e
     cache = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
     try:
-        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+        return find_in_hub_cache(repo_id, cache_dir=cache)
+    except VitlabError:
         pass
     if constants.is_offline_mode():
         raise VitlabError(
@@ -362,40 +380,55 @@ def _fuse_qkv(out: dict, parts: dict) -> None:
         out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([qkv["q"], qkv["k"], qkv["v"]], dim=0)
 
 
+# Hugging Face's names <-> vitlab's, one table read both ways (`_convert_hf` in, `to_hf_state_dict` out).
+# Inside block i (HF encoder.layer.i / transformers 5's layers.i, vitlab's blocks.i); "{}" is weight or bias.
+# The first HF name of each vitlab name is the one save_pretrained writes (ViTModel's).
+HF_BLOCK_NAMES = (
+    ("attention.output.dense.{}", "attn.proj.{}"),
+    ("intermediate.dense.{}", "mlp.fc1.{}"),
+    ("output.dense.{}", "mlp.fc2.{}"),
+    ("layernorm_before.{}", "norm1.{}"),
+    ("layernorm_after.{}", "norm2.{}"),
+    ("attention.o_proj.{}", "attn.proj.{}"),  # transformers 5's in-memory layout
+    ("mlp.fc1.{}", "mlp.fc1.{}"),  # Dinov2
+    ("mlp.fc2.{}", "mlp.fc2.{}"),
+    ("norm1.{}", "norm1.{}"),
+    ("norm2.{}", "norm2.{}"),
+    ("layer_scale1.lambda1", "ls1.gamma"),  # Dinov2's LayerScale
+    ("layer_scale2.lambda1", "ls2.gamma"),
+)
+# q, k and v, which vitlab keeps as one qkv Linear: (the HF name, with {q} the projection and {} weight or bias).
+HF_QKV_NAMES = (("attention.attention.{q}.{}", ("query", "key", "value")), ("attention.{q}_proj.{}", ("q", "k", "v")))
+HF_TOP_NAMES = {
+    "embeddings.cls_token": "cls_token",
+    "embeddings.distillation_token": "dist_token",  # DeiT
+    "embeddings.register_tokens": "reg_token",  # Dinov2WithRegisters
+    "embeddings.position_embeddings": "pos_embed",
+    "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+    "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+    "layernorm.weight": "norm.weight",
+    "layernorm.bias": "norm.bias",
+    "classifier.weight": "head.weight",
+    "classifier.bias": "head.bias",
+    "cls_classifier.weight": "head.weight",  # DeiTForImageClassificationWithTeacher
+    "cls_classifier.bias": "head.bias",
+    "distillation_classifier.weight": "head_dist.weight",
+    "distillation_classifier.bias": "head_dist.bias",
+}
+
+
+def _hf_pattern(template: str) -> str:
+    return re.escape(template).replace(r"\{q\}", r"(\w+)").replace(r"\{\}", "(weight|bias)")
+
+
 def _convert_hf(sd: dict) -> tuple[dict, list[str]]:
     """Hugging Face ViT, DeiT and Dinov2 (with or without registers), bare or *ForImageClassification
     (DeiT's WithTeacher too), both the saved layout (encoder.layer.i.attention.attention.query) and
     transformers 5's in-memory one (layers.i.attention.q_proj)."""
     out, qkv, notes = {}, {}, []
-    block_rules = [
-        (r"attention\.attention\.(query|key|value)\.(weight|bias)", "qkv"),
-        (r"attention\.(q|k|v)_proj\.(weight|bias)", "qkv"),
-        (r"attention\.output\.dense\.(weight|bias)", "attn.proj.{}"),
-        (r"attention\.o_proj\.(weight|bias)", "attn.proj.{}"),
-        (r"intermediate\.dense\.(weight|bias)", "mlp.fc1.{}"),
-        (r"output\.dense\.(weight|bias)", "mlp.fc2.{}"),
-        (r"mlp\.(fc1|fc2)\.(weight|bias)", "mlp.{}.{}"),
-        (r"layernorm_before\.(weight|bias)", "norm1.{}"),
-        (r"layernorm_after\.(weight|bias)", "norm2.{}"),
-        (r"(norm1|norm2)\.(weight|bias)", "{}.{}"),  # Dinov2
-        (r"layer_scale(1|2)\.lambda1", "ls{}.gamma"),  # Dinov2's LayerScale
-    ]
-    top_rules = {
-        "embeddings.cls_token": "cls_token",
-        "embeddings.distillation_token": "dist_token",  # DeiT
-        "embeddings.register_tokens": "reg_token",  # Dinov2WithRegisters
-        "embeddings.position_embeddings": "pos_embed",
-        "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
-        "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
-        "layernorm.weight": "norm.weight",
-        "layernorm.bias": "norm.bias",
-        "classifier.weight": "head.weight",
-        "classifier.bias": "head.bias",
-        "cls_classifier.weight": "head.weight",  # DeiTForImageClassificationWithTeacher
-        "cls_classifier.bias": "head.bias",
-        "distillation_classifier.weight": "head_dist.weight",
-        "distillation_classifier.bias": "head_dist.bias",
-    }
+    block_rules = [(_hf_pattern(hf), ours) for hf, ours in HF_BLOCK_NAMES]
+    qkv_rules = [(_hf_pattern(hf), {name: name[0] for name in names}) for hf, names in HF_QKV_NAMES]
+    top_rules = HF_TOP_NAMES
     for key, value in sd.items():
         name = next((key[len(p) :] for p in HF_PREFIXES if key.startswith(p)), key)
         if name in top_rules:
@@ -404,15 +437,17 @@ def _convert_hf(sd: dict) -> tuple[dict, list[str]]:
         m = re.fullmatch(r"(?:encoder\.layer|layers)\.(\d+)\.(.+)", name)
         if m:
             i, rest = int(m.group(1)), m.group(2)
+            q = next(
+                (mm for pattern, names in qkv_rules if (mm := re.fullmatch(pattern, rest)) and mm[1] in names), None
+            )
+            if q is not None:
+                qkv.setdefault((i, q.group(2)), {})[q.group(1)[0]] = value
+                continue
             for pattern, target in block_rules:
                 mm = re.fullmatch(pattern, rest)
-                if not mm:
-                    continue
-                if target == "qkv":
-                    qkv.setdefault((i, mm.group(2)), {})[mm.group(1)[0]] = value
-                else:
+                if mm:
                     out[f"blocks.{i}." + target.format(*mm.groups())] = value
-                break
+                    break
             else:
                 out[key] = value  # left for the key check to report
             continue
@@ -426,6 +461,32 @@ def _convert_hf(sd: dict) -> tuple[dict, list[str]]:
     if "reg_token" in out and "pos_embed" in out:
         _fold_class_position(out)
     return out, sorted(set(notes))
+
+
+def to_hf_state_dict(sd: dict[str, torch.Tensor], prefix: str = "vit.") -> dict[str, torch.Tensor]:
+    """vitlab's (timm's) names -> the names ViTForImageClassification.save_pretrained writes: the tables
+    above read the other way (the first HF name of each vitlab name), qkv split into query, key and
+    value, the backbone under `prefix` and the head as `classifier`."""
+    top, block = {}, {}
+    for hf, ours in HF_TOP_NAMES.items():
+        top.setdefault(ours, hf)
+    for hf, ours in HF_BLOCK_NAMES:
+        for kind in ("weight", "bias") if "{}" in ours else ("",):
+            block.setdefault(ours.format(kind), hf.format(kind))
+    qkv_template, qkv_names = HF_QKV_NAMES[0]
+    out = {}
+    for key, value in sd.items():
+        m = re.fullmatch(r"blocks\.(\d+)\.(.+)", key)
+        if key in top:
+            out[top[key] if top[key].startswith("classifier") else prefix + top[key]] = value
+        elif m and m[2] in ("attn.qkv.weight", "attn.qkv.bias"):
+            for q, part in zip(qkv_names, value.chunk(3, dim=0)):  # (3D, ...) -> three (D, ...)
+                out[f"{prefix}encoder.layer.{m[1]}." + qkv_template.format(m[2].rsplit(".", 1)[1], q=q)] = part
+        elif m and m[2] in block:
+            out[f"{prefix}encoder.layer.{m[1]}.{block[m[2]]}"] = value
+        else:
+            raise VitlabError(f"tensor {key!r} has no counterpart in Hugging Face's ViT", arg="format")
+    return out
 
 
 def _convert_torchvision(sd: dict) -> tuple[dict, list[str]]:
@@ -548,6 +609,11 @@ __all__ = [
     "is_hub_id",
     "resolve_source",
     "download_from_hub",
+    "find_in_hub_cache",
     "detect_format",
     "convert_state_dict",
+    "to_hf_state_dict",
+    "HF_TOP_NAMES",
+    "HF_BLOCK_NAMES",
+    "HF_QKV_NAMES",
 ]

@@ -45,7 +45,10 @@ def infer_config(sd: dict[str, torch.Tensor], config: dict | None = None) -> dic
     w = sd.get("patch_embed.proj.weight")
     if w is None:
         raise VitlabError("the checkpoint has no patch embedding (patch_embed.proj.weight or its equivalent)")
-    if w.ndim == 4:  # (D, C, P, P)
+    if w.ndim == 4 and "patch_embed.backbone.stem.0.weight" in sd:  # a hybrid: a 1x1 projection of the stem's map
+        stem = sd["patch_embed.backbone.stem.0.weight"]  # (width, C, 3, 3)
+        cfg.update(dim=w.shape[0], in_chans=stem.shape[1], stem="hybrid", stem_width=stem.shape[0])
+    elif w.ndim == 4:  # (D, C, P, P)
         cfg.update(dim=w.shape[0], in_chans=w.shape[1], patch_size=w.shape[2])
     else:  # linear patch embedding (D, C*P*P), only written by vitlab, whose config says the rest
         cfg.update(dim=w.shape[0], patch_embed="linear")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -92,6 +92,11 @@ def plan_load(
     inferred = {k: v for k, v in ckpt.config.items() if k != "grid_size"}
     named = name is not None
     notes = list(ckpt.notes)
+    chans, from_chans = overrides.get("in_chans"), inferred.get("in_chans")
+    adapted = chans is not None and from_chans not in (None, chans)
+    if adapted:  # grayscale (or more channels) from RGB weights
+        ckpt = _adapt_input_channels(ckpt, chans, notes)
+        inferred["in_chans"] = chans
     family = None if named else family_of(inferred)
     if named:  # the user named the architecture: the checkpoint must fit it
         base = get_config(name, **overrides)
@@ -117,6 +122,8 @@ def plan_load(
     strict = head not in ("new", "absent", "none")
     _check_keys(cfg, sd, name, ckpt, skip_head=not strict, model_tensors=model_tensors)
     pcfg = _plan_pretrained_cfg(ckpt, cfg, name, family, notes, inferred, head, source)
+    if adapted:
+        pcfg = _per_channel_stats(pcfg, from_chans, chans)
     return LoadPlan(config=cfg, state_dict=sd, strict=strict, pretrained_cfg=pcfg)
 
 
@@ -365,6 +372,55 @@ def _plan_preprocessing(ckpt: Checkpoint, name: str | None, family, notes: list[
     return p
 
 
+def adapt_input_conv(in_chans: int, weight: torch.Tensor) -> torch.Tensor:
+    """The patch projection (D, C, P, P) made to take `in_chans` channels, as timm's adapt_input_conv: one
+    channel sums the filters (a gray image is R = G = B, so the response is the RGB model's), others repeat
+    them cyclically and scale by C / in_chans (the response to an input of equal channels is unchanged)."""
+    C = weight.shape[1]
+    if in_chans == C:
+        return weight
+    w = weight.float()
+    if in_chans == 1:
+        w = w.sum(dim=1, keepdim=True)  # (D, 1, P, P)
+    else:
+        w = w.repeat(1, -(-in_chans // C), 1, 1)[:, :in_chans] * (C / in_chans)  # (D, in_chans, P, P)
+    return w.to(weight.dtype)
+
+
+def _adapt_input_channels(ckpt: Checkpoint, in_chans: int, notes: list[str]) -> Checkpoint:
+    """A copy of `ckpt` whose patch projection takes `in_chans` channels (adapt_input_conv), with a note."""
+    key = "patch_embed.proj.weight"
+    weight = ckpt.state_dict.get(key)
+    if weight is None or weight.ndim != 4:
+        raise VitlabError(
+            f"in_chans {in_chans}: checkpoint {ckpt.path} has no convolutional patch projection ({key}) to adapt "
+            f"from its {ckpt.config.get('in_chans')} channels; load it with its own in_chans",
+            arg="in_chans",
+        )
+    C = weight.shape[1]
+    notes.append(f"patch projection adapted from {C} to {in_chans} input channel(s), as timm's adapt_input_conv")
+    return replace(
+        ckpt,
+        state_dict={**ckpt.state_dict, key: adapt_input_conv(in_chans, weight)},
+        config={**ckpt.config, "in_chans": in_chans},
+    )
+
+
+def _per_channel_stats(pcfg: PretrainedCfg, from_chans: int, in_chans: int) -> PretrainedCfg:
+    """The mean and std of an adapted model, one per input channel: their average for one channel (the
+    summed filters see a gray image), repeated cyclically for others (as the filters are)."""
+    out = {}
+    for field in ("mean", "std"):
+        values = getattr(pcfg, field)
+        if len(values) != from_chans:
+            continue
+        if in_chans == 1:
+            out[field] = (sum(values) / from_chans,)
+        elif in_chans <= 4:
+            out[field] = tuple(values[i % from_chans] for i in range(in_chans))
+    return pcfg.replace(**out)
+
+
 def _warn(message: str) -> None:
     warnings.warn(message, PretrainedWarning, stacklevel=4)
 
@@ -434,4 +490,12 @@ def _grid_of(n: int) -> tuple[int, int]:
     return s, s
 
 
-__all__ = ["PretrainedWarning", "LoadPlan", "HEAD_KEYS", "plan_load", "resample_pos_embed", "resample_position_tables"]
+__all__ = [
+    "PretrainedWarning",
+    "LoadPlan",
+    "HEAD_KEYS",
+    "plan_load",
+    "adapt_input_conv",
+    "resample_pos_embed",
+    "resample_position_tables",
+]

@@ -185,10 +185,14 @@ def _check_own_config(inferred: dict, stored: dict, sd: dict, path, model_tensor
         stated = ViTConfig(**stored)
     except (VitlabError, TypeError):
         return  # the config's own fields were checked where it was read
+    # A hybrid's patch embedding is a 1x1 projection of the stem's feature map: its kernel is not the patch size
+    # (the stem's downsampling is; the load itself checks every tensor's shape).
+    stem_fields = ("patch_size",) if stated.stem == "hybrid" else ()
     diffs = [
         f"{f}: config {structural_value(stated, f)!r} vs tensors {inferred_value(inferred, f)!r}"
         for f in (*STRUCTURAL_FIELDS, "num_classes")
-        if inferred_value(inferred, f) is not None
+        if f not in stem_fields
+        and inferred_value(inferred, f) is not None
         and (f != "num_classes" or "num_classes" in stored)
         and structural_value(stated, f) != inferred_value(inferred, f)
     ]
