@@ -342,18 +342,7 @@ def bench_model(
     ("auto": the rules' plan for a long run; "tuned": `vitlab tune`'s, measured first if need be), then each
     path of `against` (see the module docstring). `notes` gets a line for each path left out, with the
     reason; `log` the tuning's progress."""
-    check_precision(precision)
-    check_range("batch_size", batch_size, low=1, integer=True)
-    if mode not in MODES:
-        raise VitlabError(f"mode must be one of {', '.join(MODES)}; found {mode!r}", arg="mode")
-    for fast in fast_paths:
-        if check_fast_path(fast) not in OURS:
-            raise VitlabError(
-                f"fast_path: a bench row runs vitlab's {' or '.join(OURS)} path; found {fast!r}", arg="fast_path"
-            )
-    for path in against:
-        if path not in PATHS[2:]:
-            raise VitlabError(f"against: {path!r} is not a peer; expected {', '.join(PATHS[2:])}", arg="against")
+    _check_options(precision, batch_size, mode, fast_paths, against)
     device = resolve_device(device)
     notes = notes if notes is not None else []
     train = mode == "train"
@@ -442,7 +431,29 @@ def bench_model(
         if tmp is not None:
             tmp.cleanup()
 
-    cfg_flops = count_macs(cfg).flops * batch_size * (3 if train else 1)  # training: forward and backward
+    flops = count_macs(cfg).flops * batch_size * (3 if mode == "train" else 1)  # training: forward and backward
+    return _rows(name, mode, precision, batch_size, times, how, compile_s, flops, matmul_flops[precision], clock)
+
+
+def _check_options(precision: str, batch_size: int, mode: str, fast_paths, against) -> None:
+    """`bench_model`'s options, each refused by name."""
+    check_precision(precision)
+    check_range("batch_size", batch_size, low=1, integer=True)
+    if mode not in MODES:
+        raise VitlabError(f"mode must be one of {', '.join(MODES)}; found {mode!r}", arg="mode")
+    for fast in fast_paths:
+        if check_fast_path(fast) not in OURS:
+            raise VitlabError(
+                f"fast_path: a bench row runs vitlab's {' or '.join(OURS)} path; found {fast!r}", arg="fast_path"
+            )
+    for path in against:
+        if path not in PATHS[2:]:
+            raise VitlabError(f"against: {path!r} is not a peer; expected {', '.join(PATHS[2:])}", arg="against")
+
+
+def _rows(name, mode, precision, batch_size, times, how, compile_s, flops, peak, clock) -> list[BenchRow]:
+    """A BenchRow per path timed: images/s, FLOP/s (`flops` per call) against the machine's `peak`, vitlab's paths
+    against the fastest peer, and what compiling cost and when it pays."""
     peers = [p for p in PATHS[2:] if p in times]
     rows = []
     for path in [p for p in PATHS if p in times]:
@@ -456,8 +467,8 @@ def bench_model(
             path,
             batch_size / s,
             s,
-            cfg_flops / s,
-            cfg_flops / s / matmul_flops[precision],
+            flops / s,
+            flops / s / peak,
             how[path],
             cpu=this_machine().cpu,
             threads=torch.get_num_threads(),

@@ -146,43 +146,8 @@ def scan_folder(
             arg="data",
         )
 
-    # Open every file once: unreadable ones are skipped and listed, readable ones maybe cached.
-    images: dict[str, Image.Image] = {}
-    budget = cache_mb * 2**20
-    all_files = [
-        (p, c, part)
-        for part, files in (("train", train_files), ("val", val_files))
-        for c, paths in files.items()
-        for p in paths
-    ]
-    good: dict[str, dict[str, list[str]]] = {"train": {c: [] for c in classes}, "val": {c: [] for c in classes}}
-    for path, c, part in tqdm(all_files, desc=f"scan {root.name}", leave=False, disable=not progress):
-        try:
-            im = open_image(path)
-        except VitlabError as e:
-            skipped.append((path, str(e).removeprefix(f"{path}: ")))
-            continue
-        good[part][c].append(path)
-        if budget > 0 and im.width * im.height * 3 <= budget:
-            images[path] = im
-            budget -= im.width * im.height * 3
-        else:
-            budget = 0  # past the budget: cache nothing more, and free what we have (all or nothing)
-            images.clear()
-
-    for part in ("train",) if layout == "single" else ("train", "val"):
-        base = root / part if layout == "train/val" else root
-        dirs = classes if part == "train" else val_files.keys()
-        empty = [c for c in dirs if not good[part][c]]
-        if empty:
-            bad = [f"{base / c}" for c in empty]
-            inside = [f"{Path(p).name}: {why}" for p, why in skipped if any(Path(p).is_relative_to(b) for b in bad)]
-            shown = "; ".join(inside[:3]) + (f"; and {len(inside) - 3} more" if len(inside) > 3 else "")
-            raise VitlabError(
-                f"class folder(s) with no readable image: {', '.join(bad)}; add images (.jpg, .png, ...) "
-                "or remove the folder" + (f" (skipped there: {shown})" if inside else "")
-            )
-
+    good, images = _open_every_file(root, classes, train_files, val_files, skipped, cache_mb, progress)
+    _refuse_empty_classes(root, layout, classes, val_files, good, skipped)
     train = [(p, index[c]) for c in classes for p in good["train"][c]]
     if layout == "train/val":
         val = [(p, index[c]) for c in classes for p in good["val"][c]]
@@ -208,6 +173,52 @@ def scan_folder(
         images,
         given,
     )
+
+
+def _open_every_file(
+    root: Path, classes: list[str], train_files: dict, val_files: dict, skipped: list, cache_mb: float, progress: bool
+) -> tuple[dict[str, dict[str, list[str]]], dict[str, Image.Image]]:
+    """Open every file once: ({"train"|"val": {class: readable paths}}, the decoded images kept while their RGB bytes
+    stay under `cache_mb`); an unreadable file is added to `skipped` with why."""
+    images: dict[str, Image.Image] = {}
+    budget = cache_mb * 2**20
+    all_files = [
+        (p, c, part)
+        for part, files in (("train", train_files), ("val", val_files))
+        for c, paths in files.items()
+        for p in paths
+    ]
+    good: dict[str, dict[str, list[str]]] = {"train": {c: [] for c in classes}, "val": {c: [] for c in classes}}
+    for path, c, part in tqdm(all_files, desc=f"scan {root.name}", leave=False, disable=not progress):
+        try:
+            im = open_image(path)
+        except VitlabError as e:
+            skipped.append((path, str(e).removeprefix(f"{path}: ")))
+            continue
+        good[part][c].append(path)
+        if budget > 0 and im.width * im.height * 3 <= budget:
+            images[path] = im
+            budget -= im.width * im.height * 3
+        else:
+            budget = 0  # past the budget: cache nothing more, and free what we have (all or nothing)
+            images.clear()
+    return good, images
+
+
+def _refuse_empty_classes(root: Path, layout: str, classes: list[str], val_files: dict, good: dict, skipped: list):
+    """A class folder with no readable image is an error that names it (and what was skipped there)."""
+    for part in ("train",) if layout == "single" else ("train", "val"):
+        base = root / part if layout == "train/val" else root
+        dirs = classes if part == "train" else val_files.keys()
+        empty = [c for c in dirs if not good[part][c]]
+        if empty:
+            bad = [f"{base / c}" for c in empty]
+            inside = [f"{Path(p).name}: {why}" for p, why in skipped if any(Path(p).is_relative_to(b) for b in bad)]
+            shown = "; ".join(inside[:3]) + (f"; and {len(inside) - 3} more" if len(inside) > 3 else "")
+            raise VitlabError(
+                f"class folder(s) with no readable image: {', '.join(bad)}; add images (.jpg, .png, ...) "
+                "or remove the folder" + (f" (skipped there: {shown})" if inside else "")
+            )
 
 
 def _is_hidden(name: str) -> bool:
