@@ -199,6 +199,7 @@ def test_only_selects_claims_10_and_11_and_naming_nothing_is_a_one_line_error(tm
     assert not (tmp_path / "r").exists()  # refused before anything was written
 
 
+@pytest.mark.slow  # 40 s on 2 cores; the quick report of every claim (test_reproduce.py) renders both claims too
 def test_quick_only_10_11_end_to_end(tmp_path, capsys):
     out = tmp_path / "q"
     assert main(["reproduce", "--quick", "--no-progress", "--only", "10,11", "--out", str(out)]) == 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 from vitlab.cli._common import add_model_source, add_out, example, model_from_args
 from vitlab.inference.export import check_export, export_model
 
-HELP = "write a model as .safetensors, .onnx, a timm or an HF folder (checked)"  # its line in `vitlab --help`
+HELP = "write a model: .safetensors, .onnx, a timm or HF folder (checked)"  # its line in `vitlab --help`
 EXAMPLE = "vitlab export --checkpoint runs/digits_vit --out runs/digits_vit.onnx"  # the last line of its --help
 
 
