@@ -52,8 +52,10 @@ def _runs(scale: Scale, factor: int = 1, held_out: bool = False) -> list[Run]:
 
 def _plan(scale: Scale) -> list[Run]:
     # every arm and learning rate on the held-out digits at the budget and twice it (the lr is chosen there, and the
-    # budget checked), and on the verdict's digits at the budget
-    return _runs(scale, held_out=True) + _runs(scale, 2, held_out=True) + _runs(scale)
+    # budget checked), and on the verdict's digits at the budget; and the pre-trained CNN the digit probes read
+    # (claim 5's, planned here too so that the claim runs alone)
+    cnn = [fashion_run(CNN, n_full(scale), s, scale) for s in scale.seeds]
+    return _runs(scale, held_out=True) + _runs(scale, 2, held_out=True) + _runs(scale) + cnn
 
 
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
