@@ -112,7 +112,17 @@ def folders() -> dict:
     return {}
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=[f"line{b['line']}" for b in RUNNABLE])
+# A block marked `slow="why"` runs with the slow tests (`make test ARGS="-m slow"`, as CI runs them), and so does every
+# block that runs after it.
+SLOW = {b["attrs"]["id"] for b in RUNNABLE if "slow" in b["attrs"] and "id" in b["attrs"]}
+
+
+def _param(block: dict):
+    slow = "slow" in block["attrs"] or block["attrs"].get("after") in SLOW
+    return pytest.param(block, id=f"line{block['line']}", marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("block", [_param(b) for b in RUNNABLE])
 def test_readme_block_runs(block, folders, tmp_path):
     after = block["attrs"].get("after")
     if after is not None and after not in folders:

@@ -257,6 +257,7 @@ def test_release_init_gives_xavier_scale_weights_and_keeps_the_zero_head():
     assert default.blocks[0].mlp.fc1.weight.std() < fc1.std() / 3  # the constructor's std 0.02: 4-6x smaller
 
 
+@pytest.mark.slow  # 20 s on 2 cores: the search's code path end to end
 def test_tune_quick_end_to_end(tmp_path, fashion, one_thread, capsys):
     out = tmp_path / "search"
     assert main(["reproduce", "--tune", "--quick", "--workers", "1", "--out", str(out)]) == 0
