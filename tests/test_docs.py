@@ -143,7 +143,7 @@ def test_the_api_page_documents_every_public_name(site):
 
 
 # Words of how the software was made, which a user cannot look up: a tracker's numbers, "the issue's ...".
-PROCESS_WORDS = re.compile(r"\bissues? #?\d+|\bthe issue's\b|\bthis session\b", re.IGNORECASE)
+PROCESS_WORDS = re.compile(r"\bissues? #?\d+|\bthe issue's\b|\b(this|previous|last|earlier) session\b", re.IGNORECASE)
 
 
 def _texts_users_read():
