@@ -58,6 +58,7 @@ from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import import_onnxruntime
 from vitlab.inference.engine import inference_engine, onnxruntime_session
 from vitlab.inference.export import ONNX_TOLERANCE
+from vitlab.inference.interop import timm_architecture
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config, get_variant
 from vitlab.models.size import estimate_memory, format_bytes
@@ -179,21 +180,7 @@ def timm_twin(model: VisionTransformer) -> nn.Module:
             "(learned 1-D position embedding, conv patch embedding), or compare without timm",
             arg="against",
         )
-    twin = TimmViT(
-        img_size=c.img_size,
-        patch_size=c.patch_size,
-        in_chans=c.in_chans,
-        num_classes=c.num_classes,
-        embed_dim=c.dim,
-        depth=c.depth,
-        num_heads=c.heads,
-        mlp_ratio=c.hidden_dim / c.dim,
-        qkv_bias=c.qkv_bias,
-        class_token=c.class_token,
-        global_pool="token" if c.pool == "cls" else "avg",
-        fc_norm=c.use_fc_norm,
-        pos_embed="learn" if c.pos_embed == "learned" else "none",
-    )
+    twin = TimmViT(**timm_architecture(c)[1])  # the arguments a timm export's config.json carries
     twin.load_state_dict(model.state_dict(), strict=True)
     return twin.to(next(model.parameters()).device)
 
