@@ -650,6 +650,22 @@ def fashion_root(replace: str, kind: str):
     return setup
 
 
+def legacy_fashion_root(lab, tmp):
+    """A --root of uncompressed idx files beside torchvision's legacy processed/*.pt files (which torchvision
+    reads instead), holding 20 training images and 15 labels."""
+    import gzip
+
+    root = tmp / "root"
+    root.mkdir()
+    for f in (lab / "fashion").iterdir():
+        (root / f.name.removesuffix(".gz")).write_bytes(gzip.decompress(f.read_bytes()))
+    processed = root / "_Reader" / "processed"  # torchvision's <root>/<class name>/processed
+    processed.mkdir(parents=True)
+    images = torch.randint(0, 256, (20, 28, 28), dtype=torch.uint8)
+    torch.save((images, torch.arange(15) % 10), processed / "training.pt")
+    torch.save((images, torch.arange(20) % 10), processed / "test.pt")
+
+
 def state_with(**fields):
     """The run's state.pt with some fields replaced (a callable gets the state and returns the new value)."""
 
@@ -797,6 +813,12 @@ CASES.update(
             "{tmp}/root/t10k-labels-idx1-ubyte.gz: label 12 at item 0 (10,000 labels outside 0..9)",
             fashion_root("t10k-labels-idx1-ubyte", "labels"),
         ),
+        "data_fashion_root_fewer_labels_than_images": Case(
+            "data fashion-mnist --root {tmp}/root --train-size 20 --out {tmp}/fm",
+            2,
+            "the train split has 20 images and 15 labels; Fashion-MNIST's has 60,000 of each",
+            legacy_fashion_root,
+        ),
         "train_fashion_root_black_test_images": Case(
             "train --dataset fashion-mnist --root {tmp}/root --model vit_mini --out {tmp}/r",
             2,
@@ -886,6 +908,18 @@ CASES.update(
             2,
             f"{NOT_STATE} epoch should be 0, the epoch last.json says",
             pointer('{"checkpoint": "checkpoints/epoch_0001", "epoch": 0}'),
+        ),
+        "train_resume_plan_pieces_1e9": Case(
+            RESUME,
+            2,
+            f"{NOT_STATE} plan should be the fast path the run trained on",
+            state_with(plan=lambda s: {**s["plan"], "pieces": 10**9}),
+        ),
+        "train_resume_plan_compiled_behind_the_summary": Case(
+            RESUME,
+            2,
+            "says the run trained on fused attention, torch's products, compiled [",
+            state_with(plan=lambda s: {**s["plan"], "compile": True}),
         ),
         "train_resume_rng_an_int": Case(
             RESUME, 2, f"{NOT_STATE} rng_cpu should be a list; found 5", state_with(rng_cpu=5)
@@ -1091,8 +1125,11 @@ CASES.update(
             2,
             "--page-load must be a comma list of checkpoint, pretrained, model, or none; found 'everything'",
         ),
+        "serve_max_model_memory_1e30": Case(
+            "serve --max-model-memory 1e30 --runs {tmp}/runs", 2, "--max-model-memory must be a number in (0, "
+        ),
         "serve_max_model_memory_0": Case(
-            "serve --max-model-memory 0 --runs {tmp}/runs", 2, "--max-model-memory must be a number > 0"
+            "serve --max-model-memory 0 --runs {tmp}/runs", 2, "--max-model-memory must be a number in (0, "
         ),
         "serve_model_over_its_memory": Case(
             "serve --model vit_huge_patch14_224 --max-model-memory 1 --runs {tmp}/runs",

@@ -392,6 +392,30 @@ def test_tuning_measures_the_candidates_keeps_the_fastest_and_is_read_back(monke
     assert len(entry["seconds_per_image"]) == 2 * (1 + onednn.available("fp32")) + 1 + 1  # eager, compiled, pieces 4
 
 
+def test_training_tunes_at_the_batch_the_data_gives_not_a_larger_recipe_batch(monkeypatch):
+    """A batch of 5,000 on 6 images trains in batches of 6: tuning at 5,000 would time compiled candidates on
+    batches no step ever sees (for minutes before the first step)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vitlab.train import Recipe, fit
+
+    timed = []
+
+    def step(model, plan, mode, precision, x, y):
+        timed.append(len(x))
+        return lambda: None, contextlib.ExitStack()
+
+    monkeypatch.setattr(tune, "race", lambda fns, **kw: {name: [1.0] * 3 for name in fns})
+    monkeypatch.setattr(tune, "_step", step)
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(6, 3, 32, 32, generator=g), torch.arange(6) % 10)
+    train, val = DataLoader(data, batch_size=5000, shuffle=False), DataLoader(data, batch_size=6)
+    fit(_small_model(), train, val, Recipe(epochs=1, batch_size=5000), device="cpu", fast_path="tuned")
+    assert timed and set(timed) == {6}
+    keys = [tune.key(_small_model(), mode="train", precision="fp32", batch_size=b) for b in (6, 5000)]
+    assert keys[0] in tune.read_entries() and keys[1] not in tune.read_entries()
+
+
 def test_the_tuning_file_takes_writers_from_many_threads_at_once():
     """`vitlab serve` readies models on several threads: every plan written at once is kept, and the file stays
     whole JSON."""
@@ -425,6 +449,33 @@ def test_a_foreign_or_torn_tuning_file_is_not_read(monkeypatch):
     path.write_text(path.read_text()[:20])
     assert tune.known(model, mode="inference", precision="fp32", batch_size=3) is None
     path.unlink()
+
+
+def test_a_tuning_file_that_is_a_device_or_too_large_is_not_read_and_a_wild_entry_is_refused():
+    """A link to /dev/zero would be read until memory ran out; an entry asking for 10**9 images per piece, or
+    whose `source` would print a newline and a terminal escape, is no plan."""
+    model = _small_model()
+    tune.remember(model, mode="inference", precision="fp32", batch_size=3, plan=Plan(pieces=1))
+    path = tune.tuning_file()
+    good = json.loads(path.read_text())
+    key = tune.key(model, mode="inference", precision="fp32", batch_size=3)
+    try:
+        path.unlink()
+        path.symlink_to("/dev/zero")
+        assert tune.read_entries() == {} and tune.known(model, mode="inference", precision="fp32", batch_size=3) is None
+        path.unlink()
+        path.write_text(json.dumps(good) + " " * tune.MAX_FILE_BYTES)  # well-formed, but past the cap
+        assert tune.read_entries() == {}
+        for wild in ({"pieces": 10**9}, {"pieces": True}, {"source": "tuned\n\x1b[31mred"}, {"source": "x" * 201}):
+            entry = {**good["entries"][key], "plan": {**good["entries"][key]["plan"], **wild}}
+            path.write_text(json.dumps({**good, "entries": {key: entry}}))
+            assert tune.known(model, mode="inference", precision="fp32", batch_size=3) is None, wild
+            with pytest.raises(ValueError, match="not a plan"):
+                Plan.from_dict(entry["plan"])
+        path.write_text(json.dumps(good))
+        assert tune.known(model, mode="inference", precision="fp32", batch_size=3) == Plan(pieces=1)
+    finally:
+        path.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from vitlab.cli._common import (
     example,
 )
 from vitlab.errors import VitlabError, check_range
-from vitlab.runtime import check_threads
+from vitlab.runtime import check_threads, machine_memory
 from vitlab.serve.models import KINDS, ModelSource, ModelStore
 from vitlab.serve.page import CSS, build_page, check_gradio, require_gradio, save_samples, theme
 
@@ -174,7 +174,16 @@ def run(args) -> int:
     check_range("port", args.port, low=1, high=65535, integer=True, optional=True)
     check_threads(args.threads)
     check_range("max_models", args.max_models, low=1, integer=True)
-    check_range("max_model_memory", args.max_model_memory, low=0, low_open=True, optional=True)
+    memory_gb = machine_memory() / 2**30  # a cap above what the process can have would be no cap at all
+    check_range(
+        "max_model_memory",
+        args.max_model_memory,
+        low=0,
+        low_open=True,
+        high=round(memory_gb, 1),
+        optional=True,
+        hint=" (GB; at most the memory this process can have)",
+    )
     loadable = page_kinds(args.page_load)
     if args.img_size is not None and not (args.model or args.pretrained or args.checkpoint):
         raise VitlabError("--img-size needs a model: give --model, --pretrained or --checkpoint")

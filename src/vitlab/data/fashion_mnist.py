@@ -249,6 +249,12 @@ def load_fashion_mnist(root: str | Path | None = None, *, train: bool = True) ->
     """The training (60,000) or test (10,000) split: images (N, 1, 28, 28) uint8 and labels (N,) int64."""
     reader = _Reader(locate(root), train=train)
     images, labels = reader.data.unsqueeze(1).contiguous(), reader.targets  # (N, 28, 28) -> (N, 1, 28, 28)
+    split, expected = ("train", N_TRAIN) if train else ("t10k", N_TEST)
+    if len(images) != expected or len(labels) != expected:  # e.g. torchvision's legacy processed/*.pt files
+        raise VitlabError(
+            f"{reader.raw_folder}: the {split} split has {len(images):,} images and {len(labels):,} labels; "
+            f"Fashion-MNIST's has {expected:,} of each; delete the folder's files and get a fresh copy"
+        )
     if int(labels.max()) >= len(CLASS_NAMES) or int(labels.min()) < 0:
         raise VitlabError(
             f"{reader.raw_folder}: labels outside 0..9 in the {'train' if train else 't10k'} labels "

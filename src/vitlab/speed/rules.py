@@ -49,6 +49,10 @@ SMALL_FLOPS = 1e9  # per image, forward: below it a model runs as built (ViT-Ti/
 COMPILE_FLOPS = 5e13  # a run's forward FLOPs from which compiling pays (ViT-S/16: 9.2e9 per image)
 
 
+MAX_PIECES = 4096  # the most images per piece a plan read back from a file may ask for (the rules ask for 4 or 16)
+MAX_SOURCE = 200  # characters of a plan's `source` read from a file: one printable line
+
+
 @dataclass(frozen=True)
 class Plan:
     """How a model runs. Each field but `source` changes speed, and a result only by float rounding; `source`
@@ -83,8 +87,11 @@ class Plan:
             or plan.products not in PRODUCTS
             or not isinstance(plan.compile, bool)
             or not isinstance(plan.pieces, int)
-            or plan.pieces < 0
+            or isinstance(plan.pieces, bool)
+            or not 0 <= plan.pieces <= MAX_PIECES
             or not isinstance(plan.source, str)
+            or len(plan.source) > MAX_SOURCE
+            or not plan.source.isprintable()
         ):
             raise ValueError(f"not a plan: {d!r}")
         return plan

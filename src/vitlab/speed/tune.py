@@ -109,10 +109,17 @@ def _locked(path: Path) -> Iterator[None]:
             yield
 
 
+MAX_FILE_BYTES = 4 << 20  # a tuning file is a few KiB per tuned model; one larger than this is not read
+
+
 def read_entries(path: Path | None = None) -> dict:
-    """The tuning file's entries ({} when there is none, or it is torn, foreign or of another layout)."""
+    """The tuning file's entries ({} when there is none, it is not a regular file or over MAX_FILE_BYTES, or it is
+    torn, foreign or of another layout)."""
+    path = path or tuning_file()
     try:
-        data = json.loads((path or tuning_file()).read_text())
+        if not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:  # a link to a device, a runaway file
+            return {}
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or data.get("version") != VERSION or data.get("cpu") != this_machine().cpu:

@@ -31,6 +31,7 @@ metrics are accumulated on the device and read once per epoch, and AdamW runs as
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -306,6 +307,7 @@ class TrainState:
             state, folder / "state.pt", recipe=recipe, pointer_epoch=pointer_epoch, ema=self.ema is not None
         )
         saved = self._load(folder, state, weights)
+        _check_recorded_plan(out, saved)
         self.epoch, self.rows = epoch, [dict(r) for r in state["history"]]
         _restore_rng(state, epoch, recipe, dist)
         say(f"resumed from {out}/last.json at epoch {epoch} of {recipe.epochs}")
@@ -420,7 +422,7 @@ def fit(
         fast=fast_path,
         mode="train",
         precision=recipe.precision,
-        batch_size=recipe.batch_size,
+        batch_size=_largest_batch(train_loader, recipe.batch_size),
         items=steps * recipe.epochs,
         device=dist.device,
         log=say,
@@ -736,6 +738,32 @@ def check_state(state: dict, path: Path, *, recipe: Recipe, pointer_epoch: int |
                 "plan", "the fast path the run trained on (attention, products, compile, pieces, source)", state["plan"]
             ) from None
     return epoch
+
+
+def _largest_batch(loader, batch_size: int) -> int:
+    """The most images a training batch holds: the recipe's batch, or all the images where there are fewer (what
+    a plan is chosen, or tuned, for)."""
+    sampler = getattr(loader, "sampler", None)  # torch's DataLoader and MemoryLoader: this process's images
+    try:
+        return max(1, min(batch_size, len(sampler))) if sampler is not None else batch_size
+    except TypeError:  # a sampler without a length
+        return batch_size
+
+
+def _check_recorded_plan(out: Path, saved: Plan | None) -> None:
+    """A finished run's summary.json records the plan it trained on; a state that names another was edited (its
+    plan would be run, compiled or in pieces, behind the recorded one's back): refused."""
+    try:
+        recorded = json.loads((out / "summary.json").read_text()).get("fast_path")
+        recorded = Plan.from_dict(recorded) if isinstance(recorded, dict) else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return  # no summary (a run killed before its end), or one that says nothing of a plan
+    if saved is not None and recorded is not None and saved != recorded:
+        raise VitlabError(
+            f"resume: the state in {out} says the run trained on {saved.describe()}, but {out}/summary.json records "
+            f"{recorded.describe()}; one of them was edited: resume from an earlier checkpoint or start a new run",
+            arg="resume",
+        )
 
 
 def _integer(value) -> bool:
