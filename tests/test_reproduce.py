@@ -17,6 +17,7 @@ import vitlab
 from vitlab.cli import main
 from vitlab.data.memory import MemoryLoader
 from vitlab.data.subsets import DIGITS_HELD_OUT, experiment_splits
+from vitlab.errors import VitlabError
 from vitlab.experiments.reproduce import (
     EXPERIMENTS,
     INCONCLUSIVE,
@@ -34,6 +35,7 @@ from vitlab.experiments.reproduce import (
 )
 from vitlab.experiments.reproduce.claims import claim6_pretrain as claim6
 from vitlab.experiments.reproduce.claims.shared import FASHION_VIT
+from vitlab.experiments.reproduce.records import keep_records
 from vitlab.experiments.reproduce.runner import claim_costs
 from vitlab.experiments.reproduce.runs import RunCache, all_runs, transforms
 from vitlab.train.engine import evaluate
@@ -198,6 +200,29 @@ def test_a_finished_run_is_a_vitlab_run_folder_that_create_model_loads(quick_rep
     loader = MemoryLoader(val, transforms(run, model, val.size)[1], batch_size=500)
     acc = evaluate(model, loader, device=torch.device("cpu"))["val_acc"]
     assert acc == pytest.approx(json.loads((folder / "result.json").read_text())["val_acc"], abs=1e-6)
+
+
+def test_a_report_kept_as_records_renders_again_and_says_which_weights_it_lacks(quick_report, tmp_path, capsys):
+    """A committed report's cache keeps every run's record and the weights only of the runs something reads
+    (claim 8 loads its models; claim 1's are read as results): rendered again from the records, nothing trains and
+    every verdict is the same; asking for a model whose weights were not kept is one error naming its folder."""
+    scale, chosen = Scale("quick", (0, 1)), [e for e in EXPERIMENTS if e.number in (1, 8)]
+    copied, with_weights = keep_records(quick_report, tmp_path / "kept", scale, chosen)
+    cache = RunCache(tmp_path / "kept" / "cache")
+    claim1, claim8 = (all_runs(e.plan(scale)) for e in chosen)
+    assert copied == len(claim1) + len(claim8) and with_weights == len(claim8)
+    assert all(cache.has(s) and not cache.has_weights(s) for s in claim1)
+    assert all(cache.has_weights(s) for s in claim8)
+    for ask in (cache.load_model, cache.weights):
+        with pytest.raises(VitlabError, match=r"kept without its weights .* delete .* to train it again"):
+            ask(claim1[0])
+    capsys.readouterr()
+    args = ["reproduce", "--quick", "--only", "1,8", "--no-progress", "--out", str(tmp_path / "kept")]
+    assert main(args) == 0  # the folder is marked as a report's: no --force
+    assert "0 run(s) trained" in capsys.readouterr().out
+    verdicts = [(r["name"], r["verdict"]) for r in csv.DictReader((tmp_path / "kept/results/verdicts.csv").open())]
+    before = {r["name"]: r["verdict"] for r in csv.DictReader((quick_report / "results" / "verdicts.csv").open())}
+    assert verdicts == [(n, before[n]) for n in ("x_pos_embed", "attention")]
 
 
 def test_the_generic_code_names_no_claim():

@@ -193,7 +193,11 @@ def transforms(run: Run, model: nn.Module, source_size: tuple[int, int]) -> tupl
 
 class RunCache:
     """Finished runs on disk: `<root>/runs/<key>/`, a vitlab run folder (last.json and best.json pointing at
-    checkpoints/final/) with the run's result.json, written last."""
+    checkpoints/final/) with the run's result.json, written last.
+
+    A run's record may be kept without its weights (a committed report's cache keeps result.json for every run,
+    and the weights only of the runs a later analysis or fine-tuning run loads): such a run counts as finished,
+    and asking for its weights is one error naming its folder."""
 
     def __init__(self, cache_dir: str | Path):
         self.cache_dir = Path(cache_dir)
@@ -208,14 +212,26 @@ class RunCache:
     def result(self, run: Run) -> dict:
         return json.loads((self.folder(run) / "result.json").read_text())
 
+    def has_weights(self, run: Run) -> bool:
+        return (self.folder(run) / "checkpoints").is_dir()
+
+    def _checkpoint(self, run: Run) -> Path:
+        folder = self.folder(run)
+        if self.has(run) and not self.has_weights(run):
+            raise VitlabError(
+                f"{folder}: this run's record is kept without its weights (result.json only), and they are needed "
+                f"now; delete {folder} to train it again"
+            )
+        return resolve_checkpoint(folder)
+
     def load_model(self, run: Run) -> nn.Module:
+        self._checkpoint(run)  # one message where the weights are not kept
         return create_model(checkpoint=self.folder(run)).eval()
 
     def weights(self, run: Run) -> tuple[int, bytes]:
         """A finished run's number of classes and weights (the bytes of its model.safetensors): what a run
         that starts from it needs, wherever that one trains."""
-        weights = resolve_checkpoint(self.folder(run)) / "model.safetensors"
-        return self.result(run)["num_classes"], weights.read_bytes()
+        return self.result(run)["num_classes"], (self._checkpoint(run) / "model.safetensors").read_bytes()
 
     def put(self, run: Run, result: dict, weights: bytes) -> None:
         """Keep a run that `train_run` trained (here or on another machine): its checkpoint, then its result."""

@@ -137,6 +137,9 @@ class Experiment:
     # The claim's Budget table from the search's record (a dict) where the convergence stage has none for it:
     # (rows, complete, note), or None where the record has nothing for the budgets in code.
     budget_evidence: Callable[[dict], tuple[list[dict], bool, str] | None] | None = None
+    # Whether the analysis reads its runs' models (probes, attention, timing), not only their results: a cache kept
+    # as records (`records.keep_records`) keeps these runs' weights.
+    loads_models: bool = False
 
 
 class Results:

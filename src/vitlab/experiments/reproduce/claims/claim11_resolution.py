@@ -153,4 +153,5 @@ EXPERIMENT = Experiment(
     plan=_plan,
     analyze=_analyze,
     search_plan=search_arms,
+    loads_models=True,
 )

@@ -147,4 +147,5 @@ EXPERIMENT = Experiment(
     f"({PROBE_BEATS_NONE.text()}), and the best and worst are about equal ({PROBE_KINDS_CLOSE.text()})",
     plan=_plan,
     analyze=_analyze,
+    loads_models=True,
 )

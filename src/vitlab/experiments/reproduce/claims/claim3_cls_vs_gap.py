@@ -168,4 +168,5 @@ EXPERIMENT = Experiment(
         what="claim 3's learning rates (claim3_cls_vs_gap.POOL_LR)",
         render=render_lrs,
     ),
+    loads_models=True,
 )

@@ -127,4 +127,5 @@ EXPERIMENT = Experiment(
     f"rises at each step too: acc(P=7) - acc(P=14) and acc(P=4) - acc(P=7), each {SMALLER_IS_BETTER.text()}",
     plan=_plan,
     analyze=_analyze,
+    loads_models=True,
 )

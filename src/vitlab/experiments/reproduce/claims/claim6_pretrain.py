@@ -154,4 +154,5 @@ EXPERIMENT = Experiment(
     f"fine-tuned - from scratch test accuracy {FINE_TUNED_WINS.text()}",
     plan=_plan,
     analyze=_analyze,
+    loads_models=True,
 )

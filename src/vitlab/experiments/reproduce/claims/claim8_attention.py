@@ -134,4 +134,5 @@ EXPERIMENT = Experiment(
     f"per seed, {LOCAL.text()}",
     plan=_plan,
     analyze=_analyze,
+    loads_models=True,
 )
