@@ -251,3 +251,17 @@ def test_the_presets_are_the_commands_defaults():
         ["finetune", "--data", "d", "--model", "vit_mini", "--out", "o", "--smoothing", "0.1", "--lr", "3e-4"]
     )
     assert job_from_args(args).recipe == RECIPES["finetune"].replace(label_smoothing=0.1, lr=3e-4)
+
+
+def test_a_busy_machine_gets_a_note_naming_threads_1_and_the_thread_count_is_left_as_it_is(monkeypatch):
+    """Load 3.0 on 2 cores with 2 threads: a note; on a quiet machine, or at one thread: none."""
+    from vitlab import runtime
+
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    before = torch.get_num_threads()
+    note = runtime.busy_note(2)
+    assert note.startswith("note: this machine is busy (load 3.0 on 2 cores), so 2 threads") and "--threads 1" in note
+    assert runtime.busy_note(1) is None and torch.get_num_threads() == before
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    assert runtime.busy_note(2) is None

@@ -127,6 +127,27 @@ def num_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def busy_note(threads: int | None = None) -> str | None:
+    """A one-line note where this machine's load (the last minute's average) leaves fewer free cores than the
+    intra-op threads a run will use (`threads`, None: torch's now), saying what `--threads 1` would do; None on
+    a quiet machine, or where the load cannot be read. Only a note: the thread count can change a run's last
+    digits, so it is never changed behind the user's back."""
+    try:
+        load = os.getloadavg()[0]
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    except OSError:
+        return None
+    threads = threads or torch.get_num_threads()
+    free = cores - load
+    if threads <= 1 or load < 1 or threads <= free + 0.5:
+        return None
+    return (
+        f"note: this machine is busy (load {load:.1f} on {cores} cores), so {threads} threads will wait for each "
+        "other; --threads 1 is often faster then for small models (the thread count can change a result's last "
+        "digits, so vitlab never changes it itself)"
+    )
+
+
 PARENT_CHECK_S = 1.0  # how often a pool worker looks for its parent
 
 

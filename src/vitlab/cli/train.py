@@ -13,6 +13,7 @@ argparse's own.
 from __future__ import annotations
 
 import argparse
+import os
 
 from vitlab.cli._common import (
     DefaultsFormatter,
@@ -26,7 +27,7 @@ from vitlab.cli._common import (
 )
 from vitlab.data.datasets import BUNDLED
 from vitlab.models.vit import INITS
-from vitlab.runtime import num_threads
+from vitlab.runtime import busy_note, num_threads
 from vitlab.train.recipe import AUG_MIN_EPOCHS, RECIPES, Recipe, auto_crop_scale
 from vitlab.train.run import TrainJob
 from vitlab.train.run import run as run_job
@@ -310,6 +311,9 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     job = job_from_args(args)
+    note = busy_note(args.threads)
+    if note and os.environ.get("RANK", "0") == "0":  # under torchrun, once
+        print(note)
     with num_threads(args.threads):
         run_job(job)
     return 0
