@@ -2,8 +2,9 @@
 [--executor ray [--address HOST:PORT]] --out DIR`: the paper's claims, each tested at laptop scale with seeds and
 error bars, in one report (vitlab.experiments.reproduce).
 
-Cost: --quick about 3 minutes on 2 CPU cores (smoke scale); the default scale about 2 hours on 2 CPU cores
-(estimated, not yet measured); --scale large (every budget doubled) about twice that. The estimate is printed
+Cost: --quick about 3 minutes on 2 CPU cores (smoke scale); the default scale about 3.5 hours on 2 CPU cores
+(151 runs; estimated at 6.0 CPU-hours on a 2-core Zen 4, where the first runs took 10-25% over their estimate);
+--scale large (every budget doubled) about twice that. The estimate is printed
 first. --tune runs the recipe search that chose the setup's recipe and budgets (on held-out training images;
 hours on 2 CPU cores). Runs are cached under DIR/cache: rerunning resumes and retrains nothing finished. With
 --executor ray the runs are tasks of a Ray cluster (docs/cluster.md): the same numbers, more machines.
@@ -45,8 +46,8 @@ def register(subparsers) -> None:
         "--scale",
         choices=SCALES,
         default="default",
-        help="default: the report (about 2 hours on 2 CPU cores, estimated); large: every budget doubled, the "
-        "default's check (about 4 hours on 2 CPU cores) (default: default)",
+        help="default: the report (about 3.5 hours on 2 CPU cores, estimated); large: every budget doubled, the "
+        "default's check (about 7 hours on 2 CPU cores) (default: default)",
     )
     p.add_argument(
         "--tune",
