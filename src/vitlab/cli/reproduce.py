@@ -2,9 +2,10 @@
 [--executor ray [--address HOST:PORT]] --out DIR`: the paper's claims, each tested at laptop scale with seeds and
 error bars, in one report (vitlab.experiments.reproduce).
 
-Cost: --quick about 3 minutes on 2 CPU cores (smoke scale); the default scale about 3.5 hours on 2 CPU cores
-(151 runs; estimated at 6.0 CPU-hours on a 2-core Zen 4, where the first runs took 10-25% over their estimate);
---scale large (every budget doubled) about twice that. The estimate is printed
+Cost: --quick about 3 minutes on 2 CPU cores (smoke scale); the default scale (151 runs) about 3.5 hours on 2
+cores of a Xeon with AMX and 6.5 on 2 of an AMD Zen 4 (estimated at 6.0 and 12.7 CPU-hours; the first runs on
+the Xeon took 10-25% over their estimates); --scale large (every budget doubled) about twice that. The estimate
+for the machine at hand is printed first. The estimate is printed
 first. --tune runs the recipe search that chose the setup's recipe and budgets (on held-out training images;
 hours on 2 CPU cores). Runs are cached under DIR/cache: rerunning resumes and retrains nothing finished. With
 --executor ray the runs are tasks of a Ray cluster (docs/cluster.md): the same numbers, more machines.
@@ -46,8 +47,8 @@ def register(subparsers) -> None:
         "--scale",
         choices=SCALES,
         default="default",
-        help="default: the report (about 3.5 hours on 2 CPU cores, estimated); large: every budget doubled, the "
-        "default's check (about 7 hours on 2 CPU cores) (default: default)",
+        help="default: the report (estimated at 3.5-6.5 hours on 2 CPU cores, by CPU kind); large: every budget "
+        "doubled, the default's check (twice that) (default: default)",
     )
     p.add_argument(
         "--tune",

@@ -29,8 +29,8 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 SCALE_TEXT = {
     "quick": "quick (smoke-test scale: every claim's code path on tiny data and few steps; its verdicts mean nothing)",
-    "default": "default (claims 2-11 on Fashion-MNIST at the step budgets of the recipe search, about 3.5 hours on 2 "
-    "CPU cores)",
+    "default": "default (claims 2-11 on Fashion-MNIST at the step budgets of the recipe search, 3.5-6.5 hours on 2 CPU "
+    "cores, by CPU kind)",
     "large": "large (every budget of the default scale doubled: the default's verdicts, checked at twice the training)",
 }
 SCALE_FLAG = {"quick": " --quick", "default": "", "large": " --scale large"}

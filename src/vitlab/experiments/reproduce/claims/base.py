@@ -31,7 +31,7 @@ SCALES = ("quick", "default", "large")
 @dataclass
 class Scale:
     """How big, and the seeds. "quick": every claim's code path on tiny data in about 3 minutes (the test's
-    run; its verdicts mean nothing); "default": the report, about 3.5 hours on 2 CPU cores; "large": each
+    run; its verdicts mean nothing); "default": the report, 3.5-6.5 hours on 2 CPU cores by CPU kind; "large": each
     claim's decisive version (longer training, hours on 2 CPU cores)."""
 
     name: str
