@@ -8,6 +8,7 @@ import ast
 import csv
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -223,6 +224,10 @@ def test_a_report_kept_as_records_renders_again_and_says_which_weights_it_lacks(
     verdicts = [(r["name"], r["verdict"]) for r in csv.DictReader((tmp_path / "kept/results/verdicts.csv").open())]
     before = {r["name"]: r["verdict"] for r in csv.DictReader((quick_report / "results" / "verdicts.csv").open())}
     assert verdicts == [(n, before[n]) for n in ("x_pos_embed", "attention")]
+    shutil.copytree(quick_report / "cache" / "runs", tmp_path / "own" / "cache" / "runs")  # every weight
+    assert keep_records(tmp_path / "own", tmp_path / "own", scale, chosen) == (copied, with_weights)  # in place
+    own = RunCache(tmp_path / "own" / "cache")
+    assert not any(own.has_weights(s) for s in claim1) and all(own.has_weights(s) for s in claim8)
 
 
 def test_the_generic_code_names_no_claim():

@@ -6,7 +6,8 @@ committed report keeps: a few MB instead of a hundred, and enough to render the 
     PYTHONPATH=src python -m vitlab.experiments.reproduce.records SRC_DIR DST_DIR
 
 copies the records of the default scale's runs cached under SRC_DIR/cache into DST_DIR/cache (a run already
-there is replaced), with the cached probes. A run's folder kept without its weights counts as finished
+there is replaced), with the cached probes; with SRC_DIR = DST_DIR (a report trained in its own folder) it removes,
+in place, the weights nothing reads. A run's folder kept without its weights counts as finished
 (`RunCache.has`); asking for its model is one error naming the folder (`RunCache.load_model`).
 """
 
@@ -33,19 +34,26 @@ def weights_needed(experiments: Sequence[Experiment], scale: Scale) -> set[str]:
 def keep_records(src: Path, dst: Path, scale: Scale, experiments: Sequence[Experiment] = EXPERIMENTS) -> tuple:
     """Copy the records of the finished runs of `experiments` at `scale` from the report folder `src` into the
     report folder `dst` (each one's cache/; `dst` marked as a report's folder, so that `vitlab reproduce --out dst`
-    resumes from them); returns (runs copied, of them with weights)."""
+    resumes from them); `src` itself when they are one folder, whose unread weights are then removed. Returns
+    (runs kept, of them with weights)."""
     source, target = RunCache(src / "cache"), RunCache(dst / "cache")
     keep = weights_needed(experiments, scale)
+    in_place = Path(src).resolve() == Path(dst).resolve()
     copied = with_weights = 0
     for run in all_runs([s for e in experiments for s in e.plan(scale)]):
         if not source.has(run):
+            continue
+        if in_place:  # the report's own folder: drop the weights nothing reads
+            if run.key not in keep and source.has_weights(run):
+                shutil.rmtree(source.folder(run) / "checkpoints")
+            copied, with_weights = copied + 1, with_weights + source.has_weights(run)
             continue
         if target.folder(run).exists():
             shutil.rmtree(target.folder(run))
         weights = run.key in keep and source.has_weights(run)
         shutil.copytree(source.folder(run), target.folder(run), ignore=None if weights else _no_checkpoints)
         copied, with_weights = copied + 1, with_weights + weights
-    if (source.cache_dir / "probes").is_dir():
+    if (source.cache_dir / "probes").is_dir() and not in_place:
         shutil.copytree(source.cache_dir / "probes", target.cache_dir / "probes", dirs_exist_ok=True)
     mark_folder(dst, "reproduce")
     return copied, with_weights
