@@ -69,7 +69,10 @@ def main(argv: Sequence[str]) -> int:
         return 2
     src, dst = (Path(a) for a in argv)
     if not (src / "cache" / "runs").is_dir():
-        print(f"error: {src}: no run cache here (expected {src / 'cache' / 'runs'}, as `vitlab reproduce` leaves)", file=sys.stderr)
+        print(
+            f"error: {src}: no run cache here (expected {src / 'cache' / 'runs'}, as `vitlab reproduce` leaves)",
+            file=sys.stderr,
+        )
         return 2
     copied, with_weights = keep_records(src, dst, Scale("default", (0, 1, 2)))
     print(f"{copied} run record(s) into {dst / 'cache'}, {with_weights} with their weights")
