@@ -7,7 +7,8 @@ cores of a Xeon with AMX and 6.5 on 2 of an AMD Zen 4 (estimated at 6.0 and 12.7
 the Xeon took 20% over theirs, tests running beside them); --scale large (every budget doubled) about twice that.
 The estimate for the machine at hand is printed first. --tune runs the recipe search that chose the setup's
 recipe and budgets (on held-out training images; hours on 2 CPU cores). Runs are cached under DIR/cache:
-rerunning resumes and retrains nothing finished. With --executor ray the runs are tasks of a Ray cluster (docs/cluster.md): the same numbers, more machines.
+rerunning resumes and retrains nothing finished. With --executor ray the runs are tasks of a Ray cluster
+(docs/cluster.md): the same numbers, more machines.
 """
 
 from __future__ import annotations
