@@ -85,6 +85,22 @@ def test_the_frontier_is_read_off_on_log_compute_and_its_interval_spreads_as_the
     assert c10.estimate_of(diff, {"a": 0.8, "b": 0.9}, [0.7]) is None
 
 
+def test_a_model_below_a_cheaper_one_of_its_family_is_named_and_the_envelope_read_beside_the_rule():
+    P = c10.Point
+    fronts = {
+        "ViT": [P("v1", "ViT", 1e9, [0.80], 1), P("v2", "ViT", 1e10, [0.90], 1), P("v3", "ViT", 1e11, [0.85], 1)],
+        "hybrid": [P("h1", "hybrid", 1e9, [0.90], 1), P("h2", "hybrid", 1e11, [0.95], 1)],
+        "CNN": [P("c1", "CNN", 1e9, [0.90], 1), P("c2", "CNN", 1e11, [0.92], 1)],
+    }
+    assert c10.envelope(fronts["ViT"]) == {"v1": 0.80, "v2": 0.90, "v3": 0.90}
+    note = c10.below_cheaper(fronts)
+    assert "1 model(s)" in note and "v3 (85.0% against 90.0%)" in note and "h2" not in note
+    # the envelope's lead at 1e11: log(0.10 / 0.05) = +0.693; at 1e9: log(0.20 / 0.10) = +0.693; change 0
+    assert "+0.693 at 1e+09 FLOPs and +0.693 at 1e+11 FLOPs, a change of +0.000" in note
+    fronts["ViT"][2] = P("v3", "ViT", 1e11, [0.95], 1)
+    assert c10.below_cheaper(fronts) == ""
+
+
 class FakeResults:
     """Claim 10's results, made up: the accuracy `acc(label, seed)` of every run of its plan."""
 
