@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import vitlab
-from vitlab.cli import COMMANDS, build_parser, command_name, main
+from vitlab.cli import COMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 NEWCOMER_ORDER = [
@@ -54,12 +54,32 @@ def help_text(argv: list[str], capsys, monkeypatch) -> str:
 def test_vitlab_help_lists_the_commands_in_a_newcomers_order_one_line_each(capsys, monkeypatch):
     text = help_text([], capsys, monkeypatch)
     listed = re.findall(r"^  ([a-z]+)  +(\S.*)$", text, flags=re.M)
-    assert [name for name, _ in listed] == NEWCOMER_ORDER == [command_name(m) for m in COMMANDS]
+    assert [name for name, _ in listed] == NEWCOMER_ORDER == list(COMMANDS)
     for name, line in listed:
-        module = COMMANDS[NEWCOMER_ORDER.index(name)]
-        assert line == module.HELP  # the whole summary on its one line
+        assert line == COMMANDS[name]  # the whole summary on its one line
     assert all(len(line) <= 80 for line in text.splitlines())
     assert text.rstrip().endswith("example:\n  vitlab demo")
+
+
+def test_vitlab_help_and_a_mistyped_command_answer_without_loading_torch_or_any_command():
+    """`vitlab --help`, `vitlab` and `vitlab NOSUCH` load no command module (each imports torch, seconds); a named
+    command loads its own module and no other."""
+    code = (
+        "import sys\n"
+        "from vitlab.cli import main\n"
+        "for argv in (['--help'], [], ['nosuch'], ['--version']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('vitlab.cli.') and m[11:] in %r)\n"
+        "print('LOADED', loaded)\n"
+        "main(['data', '--help'])\n"
+    ) % (list(COMMANDS),)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = done.stdout
+    assert "LOADED []" in out, out[-2000:]
+    assert "usage: vitlab data" in out and "invalid choice: 'nosuch'" in done.stderr
 
 
 @pytest.mark.parametrize("argv", EVERY_COMMAND, ids=" ".join)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from vitlab.cli import COMMANDS, build_parser, command_name
+from vitlab.cli import COMMANDS, build_parser
 
 MARKER = "<!-- cli-reference -->"
 WIDTH = 80  # the help as a terminal of 80 columns prints it (argparse reads $COLUMNS)
@@ -46,9 +46,8 @@ def reference() -> str:
     top = build_parser()
     commands = _commands(top)
     parts = [f"## `vitlab`\n\n```text\n{_help(top)}\n```\n"]
-    for module in COMMANDS:
-        name = command_name(module)
-        parts.append(_section(f"vitlab {name}", module.HELP, commands[name], 2))
+    for name, summary in COMMANDS.items():
+        parts.append(_section(f"vitlab {name}", summary, commands[name], 2))
         for sub, parser in _commands(commands[name]).items():
             parts.append(_section(f"vitlab {name} {sub}", parser.description or "", parser, 3))
     return "\n".join(parts)

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 from vitlab.fileio import contain_library_caches
 
 if TYPE_CHECKING:  # for readers and tools; at run time loaded on first use (below)
-    from vitlab.cli.commands import COMMANDS, build_parser, command_name, main
+    from vitlab.cli.commands import COMMANDS, build_parser, main
 
 _COMMANDS_MODULE = "vitlab.cli.commands"
-_NAMES = ("main", "build_parser", "COMMANDS", "command_name")
+_NAMES = ("main", "build_parser", "COMMANDS")
 
 
 def __getattr__(name: str):
-    """`main`, `build_parser`, `COMMANDS`, `command_name`: from vitlab.cli.commands, loaded on first use (PEP 562)."""
+    """`main`, `build_parser`, `COMMANDS`: from vitlab.cli.commands, loaded on first use (PEP 562)."""
     if name in _NAMES:
         return getattr(importlib.import_module(_COMMANDS_MODULE), name)
     raise AttributeError(f"module 'vitlab.cli' has no attribute {name!r}")
@@ -38,4 +38,4 @@ def run() -> None:  # pragma: no cover - the console script
     sys.exit(main())
 
 
-__all__ = ["main", "build_parser", "COMMANDS", "command_name", "run"]
+__all__ = ["main", "build_parser", "COMMANDS", "run"]

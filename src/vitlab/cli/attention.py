@@ -12,14 +12,14 @@ from pathlib import Path
 
 from vitlab.analysis import attention as A
 from vitlab.analysis import plots
-from vitlab.cli._common import add_device, add_fast_path, add_model_source, add_out, example, model_from_args
+from vitlab.cli._common import add_device, add_fast_path, add_model_source, add_out, model_from_args
+from vitlab.cli._help import example
 from vitlab.data.folder import image_paths
 from vitlab.data.preprocess import images_tensor
 from vitlab.errors import check_range
 from vitlab.fileio import check_out_folder, output_folder, write_csv
 from vitlab.runtime import resolve_device
 
-HELP = "draw where a ViT attends: class-token attention or rollout"  # its line in `vitlab --help`
 # the last line of its --help
 EXAMPLE = "vitlab attention runs/digits/val/3/0013.png --checkpoint runs/digits_vit --out runs/attention"
 
@@ -38,10 +38,10 @@ def add_analysis_arguments(p) -> None:
     add_fast_path(p)
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser(
         "attention",
-        help=HELP,
+        help=summary,
         epilog=example(EXAMPLE),
         description="Heatmaps of the attention of the token the classifier reads (the class token, or "
         "the mean of the patch tokens for models that pool by averaging them) to every patch, from the explicit "

@@ -13,22 +13,22 @@ import json
 import sys
 
 from vitlab import bench
-from vitlab.cli._common import add_device, add_threads, example
+from vitlab.cli._common import add_device, add_threads
+from vitlab.cli._help import example
 from vitlab.models.registry import get_config
 from vitlab.models.size import check_fits, check_memory
 from vitlab.runtime import PRECISIONS, check_threads, num_threads, resolve_device
 from vitlab.speed.fastpath import DEFAULT_FAST_PATH
 
-HELP = "speed and memory next to timm, compiled timm and ONNX Runtime"  # its line in `vitlab --help`
 EXAMPLE = "vitlab bench --model vit_small_patch16_224 --batch-size 1 --threads 1"  # the last line of its --help
 
 QUICK_MODEL = "vit_mini_x"
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser(
         "bench",
-        help=HELP,
+        help=summary,
         epilog=example(EXAMPLE),
         description=(
             "Measures the machine's matmul rate (2048^3, fp32 and bf16), then inference (and with --train, "

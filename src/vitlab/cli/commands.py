@@ -1,7 +1,7 @@
 """The command line's parser and `main(argv)` (re-exported as `vitlab.cli.main`).
 
-Each command lives in its own module of this package, with `register(subparsers)` adding its parser
-and a `run(args)` function that calls the library; the flags several commands share are declared
+Each command lives in its own module of this package, with `register(subparsers, summary)` adding its
+parser and a `run(args)` function that calls the library; the flags several commands share are declared
 once (`_common`). `main(argv)` returns the exit code: 0 for success, 2 for a user mistake (printed as
 one line `error: ...`, with a library argument's name written as the flag it came from), 130 for
 Ctrl-C (one line); tracebacks only for bugs. A warning is one line `warning: ...` too.
@@ -10,35 +10,38 @@ Ctrl-C (one line); tracebacks only for bugs. A warning is one line `warning: ...
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import warnings
 
 from vitlab import __version__
-from vitlab.cli import (
-    attention,
-    bench,
-    data,
-    demo,
-    export,
-    finetune,
-    info,
-    inspect,
-    predict,
-    reproduce,
-    serve,
-    train,
-    tune,
-)
-from vitlab.cli._common import Formatter, example
+from vitlab.cli._help import Formatter, example
 from vitlab.errors import VitlabError
 
 # The commands, in the order `vitlab --help` lists them: the order a newcomer meets them (the demo, then the
-# README's quick start, then the rest). Each module's HELP is its one line there, its EXAMPLE the last line of its help.
-COMMANDS = [demo, data, train, predict, attention, finetune, export, serve, info, inspect, reproduce, bench, tune]
+# README's quick start, then the rest), each with its one line there. Each lives in the module of its name in this
+# package (`vitlab.cli.<name>`: `register(subparsers, summary)` and the `run` it points at, its EXAMPLE the last line
+# of its help), loaded only when its command is run or the whole parser is built: `vitlab --help` loads none.
+COMMANDS = {
+    "demo": "the paper's mini experiment: position embedding on and off",
+    "data": "write the digits or Fashion-MNIST as an image folder; scan a folder",
+    "train": "train a ViT or the CNN baseline from random weights",
+    "predict": "the top-k classes of images, with the weights' own preprocessing",
+    "attention": "draw where a ViT attends: class-token attention or rollout",
+    "finetune": "fine-tune a model on your image folder, head first",
+    "export": "write a model: .safetensors, .onnx, a timm or HF folder (checked)",
+    "serve": "a local web page: top-5, attention, Figure 7, your runs",
+    "info": "what a model costs: parameters, FLOPs, training memory",
+    "inspect": "the paper's Figure 7 and the token norms of a model",
+    "reproduce": "test the paper's claims at laptop scale; write a report",
+    "bench": "speed and memory next to timm, compiled timm and ONNX Runtime",
+    "tune": "measure a model's fastest path here, for --fast-path tuned",
+}
 
 
-def command_name(module) -> str:
-    return module.__name__.rsplit(".", 1)[1]
+def command_module(name: str):
+    """The module of command `name` (it imports the library and torch: seconds)."""
+    return importlib.import_module(f"vitlab.cli.{name}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,9 +56,12 @@ class _Parser(argparse.ArgumentParser):
         raise VitlabError(f"{self.prog}: {message}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    width = max(len(command_name(m)) for m in COMMANDS) + 2
-    listing = "\n".join(f"  {command_name(m):<{width}}{m.HELP}" for m in COMMANDS)
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with `argv`, of the command it names only (the others listed by name, their
+    modules not loaded), so that a command starts without importing the other twelve, and `vitlab --help` with
+    none."""
+    width = max(len(name) for name in COMMANDS) + 2
+    listing = "\n".join(f"  {name:<{width}}{summary}" for name, summary in COMMANDS.items())
     parser = _Parser(
         prog="vitlab",
         usage="vitlab [-h] [--version] COMMAND ...",
@@ -67,8 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", metavar="COMMAND", parser_class=_Parser, help=argparse.SUPPRESS, prog="vitlab"
     )
-    for command in COMMANDS:
-        command.register(sub)
+    named = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
+    for name, summary in COMMANDS.items():
+        if argv is None or name == named:
+            command_module(name).register(sub, summary)
+        else:
+            sub.add_parser(name, help=summary, add_help=False)  # a name to choose; `vitlab NAME` loads its module
     return parser
 
 
@@ -82,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = _one_line_warning
         args = None
         try:
-            parser = build_parser()
+            argv = sys.argv[1:] if argv is None else argv
+            parser = build_parser(argv)
             args = parser.parse_args(argv)
             if not getattr(args, "func", None):
                 parser.print_help()

@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import sys
 
-from vitlab.cli._common import example
+from vitlab.cli._help import example
 from vitlab.data.digits import write_digits_folder
 from vitlab.data.fashion_mnist import FOLDER_NAMES, write_fashion_mnist_folder
 from vitlab.data.folder import scan_folder
 from vitlab.data.split import DEFAULT_VAL_SPLIT
 
-HELP = "write the digits or Fashion-MNIST as an image folder; scan a folder"  # its line in `vitlab --help`
 EXAMPLE = "vitlab data digits --out runs/digits"  # the last line of its --help
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser(
         "data",
-        help=HELP,
+        help=summary,
         epilog=example(EXAMPLE),
         description="Datasets as image folders: `digits` writes scikit-learn's bundled 8x8 digits (1,797 real "
         "images, 10 classes, no download) as DIR/train/<digit>/*.png and DIR/val/<digit>/*.png; `fashion-mnist` "

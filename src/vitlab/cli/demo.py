@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-from vitlab.cli._common import add_device, add_out, add_threads, example
+from vitlab.cli._common import add_device, add_out, add_threads
+from vitlab.cli._help import example
 from vitlab.experiments.demo import run_demo
 from vitlab.runtime import check_threads
 from vitlab.train.recipe import RECIPES
 
-HELP = "the paper's mini experiment: position embedding on and off"  # its line in `vitlab --help`
 EXAMPLE = "vitlab demo --out runs/demo"  # the last line of its --help
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser(
         "demo",
-        help=HELP,
+        help=summary,
         epilog=example(EXAMPLE),
         description="Train vit_mini_x (patch 4, D=32, 4 heads, 2 blocks, MLP 64) on dataset X (2000/500 "
         "synthetic 32x32 images: left half brighter vs mirrored) with AdamW, lr 3e-3, batch 32; then the same "

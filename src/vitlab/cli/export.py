@@ -9,17 +9,17 @@ a timm hub folder (`timm.create_model("local-dir:DIR", pretrained=True)`); `--fo
 
 from __future__ import annotations
 
-from vitlab.cli._common import add_model_source, add_out, example, model_from_args
+from vitlab.cli._common import add_model_source, add_out, model_from_args
+from vitlab.cli._help import example
 from vitlab.inference.export import check_export, export_model
 
-HELP = "write a model: .safetensors, .onnx, a timm or HF folder (checked)"  # its line in `vitlab --help`
 EXAMPLE = "vitlab export --checkpoint runs/digits_vit --out runs/digits_vit.onnx"  # the last line of its --help
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser(
         "export",
-        help=HELP,
+        help=summary,
         epilog=example(EXAMPLE),
         description="Load weights like `vitlab predict` does and export them. The format comes from the "
         "--out suffix: .safetensors (with a .json config next to it) or .onnx (dynamic batch axis, "

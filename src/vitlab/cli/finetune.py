@@ -12,21 +12,20 @@ The flags are `vitlab train`'s; the defaults are the fine-tuning recipe's (`RECI
 
 from __future__ import annotations
 
-from vitlab.cli._common import DefaultsFormatter, example
+from vitlab.cli._help import DefaultsFormatter, example
 from vitlab.cli.train import add_training_arguments
 from vitlab.train.recipe import RECIPES
 
-HELP = "fine-tune a model on your image folder, head first"  # its line in `vitlab --help`
 EXAMPLE = (  # the last line of its --help
     "vitlab finetune --data runs/digits --checkpoint runs/digits_vit --epochs 4 --freeze-epochs 1 --unfreeze last:2 "
     "--out runs/digits_ft"
 )
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser(
         "finetune",
-        help=HELP,
+        help=summary,
         epilog=example(EXAMPLE),
         description="Fine-tune on an image folder with a staged recipe: a new zero-initialised head, "
         "--freeze-epochs of head-only training, then --unfreeze last:N|all with layer-wise lr decay; AdamW, "

@@ -4,17 +4,16 @@ paper's Base/Large/Huge table (Table 1) and the O(N^2 D) cost of smaller patches
 from __future__ import annotations
 
 from vitlab.analysis.flops import info_report
-from vitlab.cli._common import example
+from vitlab.cli._help import example
 from vitlab.models.registry import VARIANTS, model_names
 
-HELP = "what a model costs: parameters, FLOPs, training memory"  # its line in `vitlab --help`
 EXAMPLE = "vitlab info vit_base_patch16_224"  # the last line of its --help
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser(
         "info",
-        help=HELP,
+        help=summary,
         epilog=example(EXAMPLE),
         description="Parameters per component (patch embedding, class token and position embedding, blocks, "
         "norm, head), the sequence length N+1, MACs and FLOPs per image counting the attention products "

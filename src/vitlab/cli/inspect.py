@@ -14,7 +14,8 @@ import sys
 
 from vitlab.analysis import plots
 from vitlab.analysis.attention import check_vit
-from vitlab.cli._common import add_out, example, model_from_args
+from vitlab.cli._common import add_out, model_from_args
+from vitlab.cli._help import example
 from vitlab.cli.attention import add_analysis_arguments, check_analysis_options
 from vitlab.data.folder import image_paths
 from vitlab.data.photos import sample_photos
@@ -23,15 +24,14 @@ from vitlab.errors import check_range
 from vitlab.fileio import output_folder
 from vitlab.runtime import resolve_device
 
-HELP = "the paper's Figure 7 and the token norms of a model"  # its line in `vitlab --help`
 # the last line of its --help
 EXAMPLE = "vitlab inspect --checkpoint runs/digits_vit --images runs/digits/val/3 --out runs/inspect"
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser(
         "inspect",
-        help=HELP,
+        help=summary,
         epilog=example(EXAMPLE),
         description="Figure 7 of the ViT paper for a model: (a) principal components of the patch-embedding "
         "filters, (b) position-embedding cosine similarity, (c) mean attention distance per head vs depth; and "

@@ -11,29 +11,21 @@ from __future__ import annotations
 import json
 import sys
 
-from vitlab.cli._common import (
-    add_device,
-    add_engine,
-    add_fast_path,
-    add_model_source,
-    add_precision,
-    example,
-    model_from_args,
-)
+from vitlab.cli._common import add_device, add_engine, add_fast_path, add_model_source, add_precision, model_from_args
+from vitlab.cli._help import example
 from vitlab.data.preprocess import describe
 from vitlab.inference.predict import check_options, format_results, predict_files
 from vitlab.models.vit import VisionTransformer
 
-HELP = "the top-k classes of images, with the weights' own preprocessing"  # its line in `vitlab --help`
 EXAMPLE = (
     "vitlab predict runs/digits/val/3/0013.png --checkpoint runs/digits_vit --topk 3"  # the last line of its --help
 )
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser(
         "predict",
-        help=HELP,
+        help=summary,
         epilog=example(EXAMPLE),
         description="Load pretrained weights (timm, Hugging Face, torchvision, JAX .npz, or a vitlab "
         "checkpoint), preprocess each image exactly as the weights' source did, and print the k most "

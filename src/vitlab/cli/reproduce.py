@@ -13,21 +13,21 @@ rerunning resumes and retrains nothing finished. With --executor ray the runs ar
 
 from __future__ import annotations
 
-from vitlab.cli._common import add_device, add_fast_path, add_out, example
+from vitlab.cli._common import add_device, add_fast_path, add_out
+from vitlab.cli._help import example
 from vitlab.errors import VitlabError
 from vitlab.experiments.executors import EXECUTORS
 from vitlab.experiments.reproduce import EXPERIMENTS, SCALES, reproduce
 from vitlab.experiments.reproduce.search import tune
 
-HELP = "test the paper's claims at laptop scale; write a report"  # its line in `vitlab --help`
 EXAMPLE = "vitlab reproduce --quick --out runs/reproduce_quick"  # the last line of its --help
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     names = ", ".join(f"{e.number}={e.name}" for e in EXPERIMENTS)
     p = subparsers.add_parser(
         "reproduce",
-        help=HELP,
+        help=summary,
         epilog=example(EXAMPLE),
         description=__doc__.split("\n\n")[0] + " Writes DIR/report.md, DIR/report.html (figures embedded), "
         "DIR/results/*.csv and DIR/figures/*.png.",

@@ -21,29 +21,20 @@ from pathlib import Path
 
 import torch
 
-from vitlab.cli._common import (
-    DefaultsFormatter,
-    add_device,
-    add_engine,
-    add_fast_path,
-    add_model_source,
-    add_precision,
-    add_threads,
-    example,
-)
+from vitlab.cli._common import add_device, add_engine, add_fast_path, add_model_source, add_precision, add_threads
+from vitlab.cli._help import DefaultsFormatter, example
 from vitlab.errors import VitlabError, check_range
 from vitlab.runtime import check_threads, machine_memory
 from vitlab.serve.models import KINDS, ModelSource, ModelStore
 from vitlab.serve.page import CSS, build_page, check_gradio, require_gradio, save_samples, theme
 
-HELP = "a local web page: top-5, attention, Figure 7, your runs"  # its line in `vitlab --help`
 EXAMPLE = "vitlab serve --checkpoint runs/digits_vit"  # the last line of its --help
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser(
         "serve",
-        help=HELP,
+        help=summary,
         epilog=example(EXAMPLE),
         description="Start a local web page (Gradio) over a model: the top-5 of images you drop, the class "
         "token's attention per layer and head next to the attention rollout, the paper's Figure 7 of the "

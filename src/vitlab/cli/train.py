@@ -15,16 +15,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from vitlab.cli._common import (
-    DefaultsFormatter,
-    add_device,
-    add_fast_path,
-    add_model_source,
-    add_out,
-    add_precision,
-    add_threads,
-    example,
-)
+from vitlab.cli._common import add_device, add_fast_path, add_model_source, add_out, add_precision, add_threads
+from vitlab.cli._help import DefaultsFormatter, example
 from vitlab.data.datasets import BUNDLED
 from vitlab.models.vit import INITS
 from vitlab.runtime import busy_note, num_threads
@@ -32,7 +24,6 @@ from vitlab.train.recipe import AUG_MIN_EPOCHS, RECIPES, Recipe, auto_crop_scale
 from vitlab.train.run import TrainJob
 from vitlab.train.run import run as run_job
 
-HELP = "train a ViT or the CNN baseline from random weights"  # its line in `vitlab --help`
 EXAMPLE = (
     "vitlab train --data runs/digits --model vit_mini --epochs 40 --out runs/digits_vit"  # the last line of its --help
 )
@@ -294,10 +285,10 @@ def job_from_args(args) -> TrainJob:
     return TrainJob(recipe=recipe, **{k: v for k, v in vars(args).items() if k in job_fields})
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser(
         "train",
-        help=HELP,
+        help=summary,
         epilog=example(EXAMPLE),
         description="Train from random weights (a vitlab ViT or resnet_mini) on --data DIR or --dataset "
         "fashion-mnist|digits|x, "

@@ -11,7 +11,8 @@ import sys
 
 import torch
 
-from vitlab.cli._common import add_threads, example
+from vitlab.cli._common import add_threads
+from vitlab.cli._help import example
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_variant
@@ -20,14 +21,13 @@ from vitlab.speed import tune
 from vitlab.speed.fastpath import choose_plan
 from vitlab.speed.machine import this_machine
 
-HELP = "measure a model's fastest path here, for --fast-path tuned"  # its line in `vitlab --help`
 EXAMPLE = "vitlab tune --model vit_small_patch16_224 --batch-size 1 32 --threads 1"  # the last line of its --help
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser(
         "tune",
-        help=HELP,
+        help=summary,
         description=(
             "Times the candidate plans of a ViT (torch's fused attention or the explicit products, torch's or "
             "oneDNN's matrix products, compiled or not, a batch in pieces) for each batch size, precision and "
