@@ -64,6 +64,7 @@ def test_vitlab_help_lists_the_commands_in_a_newcomers_order_one_line_each(capsy
 def test_vitlab_help_and_a_mistyped_command_answer_without_loading_torch_or_any_command():
     """`vitlab --help`, `vitlab` and `vitlab NOSUCH` load no command module (each imports torch, seconds); a named
     command loads its own module and no other."""
+    names = list(COMMANDS)
     code = (
         "import sys\n"
         "from vitlab.cli import main\n"
@@ -72,10 +73,10 @@ def test_vitlab_help_and_a_mistyped_command_answer_without_loading_torch_or_any_
         "        main(argv)\n"
         "    except SystemExit:\n"
         "        pass\n"
-        "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('vitlab.cli.') and m[11:] in %r)\n"
+        f"loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('vitlab.cli.') and m[11:] in {names!r})\n"
         "print('LOADED', loaded)\n"
         "main(['data', '--help'])\n"
-    ) % (list(COMMANDS),)
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     out = done.stdout
     assert "LOADED []" in out, out[-2000:]

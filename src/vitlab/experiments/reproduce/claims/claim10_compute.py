@@ -190,9 +190,9 @@ def below_cheaper(fronts: dict[str, list[Point]]) -> str:
         return ""
     names = ", ".join(f"{p.label} ({100 * p.acc[0]:.1f}% against {100 * best[p.label]:.1f}%)" for p in low)
     text = (
-        f" At this fixed budget {len(low)} model(s) score below a cheaper model of their family: {names}: at these steps they "
-        "fall short of what the family already reaches for less compute (not converged, or overfitting; which, this "
-        "report does not test), so the lines through them understate the family's frontier."
+        f" At this fixed budget {len(low)} model(s) score below a cheaper model of their family: {names}: at these "
+        "steps they fall short of what the family already reaches for less compute (not converged, or overfitting; "
+        "which, this report does not test), so the lines through them understate the family's frontier."
     )
     lo, hi = overlap(fronts, VIT_F, HYBRID_F)
     if lo < hi:
