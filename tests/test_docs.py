@@ -73,7 +73,7 @@ def test_vitlab_help_and_a_mistyped_command_answer_without_loading_torch_or_any_
         "        main(argv)\n"
         "    except SystemExit:\n"
         "        pass\n"
-        f"loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('vitlab.cli.') and m[11:] in {names!r})\n"
+        f"loaded = sorted(m for m in sys.modules if m == 'torch' or m[:11] == 'vitlab.cli.' and m[11:] in {names!r})\n"
         "print('LOADED', loaded)\n"
         "main(['data', '--help'])\n"
     )
