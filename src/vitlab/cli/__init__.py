@@ -9,6 +9,7 @@ moment, not a traceback through the imports.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,8 @@ def __getattr__(name: str):
 
 def run() -> None:  # pragma: no cover - the console script
     contain_library_caches()  # before matplotlib and torch are imported
+    # torch's C++ builder logs "No CUDA runtime is found" at each CPU compile, a timestamped line of no use here
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     try:
         main = importlib.import_module(_COMMANDS_MODULE).main
     except KeyboardInterrupt:
