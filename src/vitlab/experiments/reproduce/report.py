@@ -1,6 +1,6 @@
 """The report of `vitlab reproduce`: Markdown and a self-contained HTML page (figures embedded) from the
 same outcomes, each claim with its setup, tables, figures, rule, its verdict by the v2 rules beside the v1 rules'
-(the committed report's), and its record of changes (history.json)."""
+(the v1 report's), and its record of changes (history.json)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def _intro(meta: dict) -> list[str]:
         "lies outside it (and inconclusive when both arms stay below chance + 3 points: equal because nothing was "
         "learned); *at least* and *near* are the one-sample versions. The v2 rules were written after the committed "
         "report's verdicts had been seen (each claim's record of changes says so). Beside it, for the record, the "
-        "verdict of the v1 rules, which decided the committed report: d +- 2 se (se = sqrt(var_a/n_a + var_b/n_b)), "
+        "verdict of the v1 rules, which decided the v1 report: d +- 2 se (se = sqrt(var_a/n_a + var_b/n_b)), "
         "*a beats b* when d - 2se > 0 and d >= margin, *about equal* whenever |d| <= tol (not an equivalence test), "
         "tol 3 points. A claim with parts is reproduced when every part is, not reproduced when any part is not. "
         '"Not reproduced at this scale" is about these small models, this data and this budget, not about the paper.',
@@ -211,7 +211,7 @@ def render_markdown(outcomes, meta: dict) -> str:
             "",
             f"**Verdict: {o.verdict.status}.** {o.verdict.detail}",
             "",
-            f"**v1 verdict (the committed report's rules, for the record): {_v1(o)}.** "
+            f"**v1 verdict (the v1 report's rules, for the record): {_v1(o)}.** "
             + (o.verdict_v1.detail if o.verdict_v1 else ""),
             "",
             f"**{RECORD}**",
@@ -323,7 +323,7 @@ def render_html(outcomes, meta: dict, out: Path) -> str:
         parts += [
             f"<p><b>Rule.</b> {esc(e.rule)}.</p>",
             f"<p><b>Verdict:</b> {badge(o.verdict.status)} {esc(o.verdict.detail)}</p>",
-            f"<p><b>v1 verdict (the committed report's rules, for the record):</b> {esc(_v1(o))}. "
+            f"<p><b>v1 verdict (the v1 report's rules, for the record):</b> {esc(_v1(o))}. "
             f"{esc(o.verdict_v1.detail if o.verdict_v1 else '')}</p>",
             f"<p><b>{esc(RECORD)}</b></p>",
             _md_to_html(_record(e.number)),

@@ -251,7 +251,7 @@ def _reproduce(
         budget_evidence(e, outcome, scale, record)
         write_csv(res_dir / f"claim{e.number}_{e.name}.csv", outcome.csv_rows, outcome.csv_header)
         outcomes.append((e, outcome))
-    write_csv(  # the v2 rules' verdict (the report's), and beside it the v1 rules' (the committed report's)
+    write_csv(  # the v2 rules' verdict (the report's), and beside it the v1 rules' (the v1 report's)
         res_dir / "verdicts.csv",
         [
             [e.number, e.name, o.verdict.status, o.verdict.detail]

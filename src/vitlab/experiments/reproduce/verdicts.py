@@ -3,7 +3,7 @@ reproduced at this scale" or "inconclusive", their text, and the mean +- std tex
 
 Two sets of rules live here, and the report shows both.
 
-v1 (`greater_v1`, `close_v1`, `at_least_v1`, `near_v1`) decided the committed report. Its block below is kept as
+v1 (`greater_v1`, `close_v1`, `at_least_v1`, `near_v1`) decided the v1 report. Its block below is kept as
 it was written, and it says less than the truth about itself:
   - it calls itself "fixed before any experiment was run", but it was amended once after a full run had been seen
     (`close`'s `floor`: two arms that both stay at chance are inconclusive); the claims' history (history.json)
@@ -17,7 +17,7 @@ it was written, and it says less than the truth about itself:
   - its `close` says "reproduced" whenever |d| <= tol, however wide the interval: not an equivalence test.
 
 v2 (`Rule`; `greater`, `close`, `at_least`, `near`, `gap_shrinks`) was written on 2026-12-03, after v1's verdicts
-of the committed report had been seen: it is a change made after the results, and is on the record as one. Its
+of the v1 report had been seen: it is a change made after the results, and is on the record as one. Its
 rules are stated in full by `Rule.text()`, from the same fields that decide, and take every margin, tolerance and
 pairing as an explicit argument:
   - intervals are Student-t intervals at a stated level, d +- t_{(1 + level)/2, df} se: Welch's (se^2 = s_a^2/n_a +
@@ -91,7 +91,7 @@ def _num(x: float, unit: str) -> str:
 
 
 # ====================================================================================================
-# v1: the rules of the committed report, as written (see the module docstring for what its header gets wrong)
+# v1: the rules of the v1 report, as written (see the module docstring for what its header gets wrong)
 # ----------------------------------------------------------------------------------------------------
 # VERDICT RULES. Fixed before any experiment was run; never tuned to a result.
 #

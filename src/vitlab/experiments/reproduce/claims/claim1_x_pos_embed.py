@@ -28,7 +28,7 @@ def _runs(scale: Scale, factor: int = 1) -> list[Run]:
 
 
 def verdict_v1(acc: dict[str, list[float]]) -> Verdict:
-    """The v1 rules' verdict (the committed report's), kept for the record."""
+    """The v1 rules' verdict (the v1 report's), kept for the record."""
     return combine(
         at_least_v1(acc["learned"], 0.95, what="val acc with a learned 1-D position embedding"),
         near_v1(acc["none"], 0.5, 0.05, what="val acc without position embedding - 50% (chance)"),

@@ -65,7 +65,7 @@ def decide(acc: dict[str, list[float]], metric: str, beats_none: Rule, kinds_clo
 
 
 def verdict_v1(acc: dict[str, list[float]]) -> Verdict:
-    """The v1 rules' verdict on the test accuracy (the committed report's), kept for the record."""
+    """The v1 rules' verdict on the test accuracy (the v1 report's), kept for the record."""
     kinds = PE_KINDS[1:]
     means = {pe: stats(acc[pe])[0] for pe in kinds}
     best, worst = max(kinds, key=means.get), min(kinds, key=means.get)

@@ -98,7 +98,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         SAME.decide(acc["cls"], acc["mean"], what=f"test acc: {what}"),
         PROBE_SAME.decide(probe["cls"], probe["mean"], what=f"{k}-shot probe acc: {what}"),
     )
-    v1 = close_v1(acc["cls"], acc["mean"], TOL, what=what, floor=CHANCE + MARGIN)  # the committed report's rule
+    v1 = close_v1(acc["cls"], acc["mean"], TOL, what=what, floor=CHANCE + MARGIN)  # the v1 report's rule
     fig = bar_figure(
         fig_dir / "claim3_cls_vs_gap.png",
         [f"{label[p]}\nlr {POOL_LR[p]:g}" for p in POOLS],

@@ -55,7 +55,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     counts = ", ".join(f"P={p}: {seq[p]} tokens, {counted[p] / 1e6:.2f} MFLOPs" for p in PATCHES)
     cost = Verdict(REPRODUCED if cost_ok else NOT_REPRODUCED, f"{counts}: {'' if cost_ok else 'not '}rising")
     gains = [SMALLER_IS_BETTER.decide(acc[b], acc[a], what=f"test acc(P={b}) - acc(P={a})") for a, b in halvings]
-    # v1 (the committed report's): the cost part on the analytic FLOPs and the measured training time as well
+    # v1 (the v1 report's): the cost part on the analytic FLOPs and the measured training time as well
     cost_ok_v1 = all(
         seq[b] > seq[a] and flops[b] > flops[a] and stats(train_ms[b])[0] > stats(train_ms[a])[0] for a, b in halvings
     )

@@ -67,7 +67,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
             what=f"log(err ViT / err CNN) at N={n_small:,} minus at N={n_large:,} (seeds {both})",
         ),
     )
-    verdict_v1 = combine(  # the committed report's rule
+    verdict_v1 = combine(  # the v1 report's rule
         greater_v1(acc[(CNN, n_small)], acc[(VIT, n_small)], 0.0, what=f"CNN - ViT at N={n_small:,}"),
         greater_v1(
             gap[n_small], gap[n_large], 0.0, what=f"gap (CNN - ViT) at N={n_small:,} minus gap at N={n_large:,}"

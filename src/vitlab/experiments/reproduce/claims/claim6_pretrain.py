@@ -74,7 +74,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     what = f"fine-tuned (lr {best['fine-tuned']:g}) - from scratch (lr {best['from scratch']:g})"
     ft, sc = acc[("fine-tuned", best["fine-tuned"])], acc[("from scratch", best["from scratch"])]
     verdict = FINE_TUNED_WINS.decide(ft, sc, what=f"test acc {what}")
-    verdict_v1 = greater_v1(ft, sc, 0.0, what=what)  # the committed report's rule
+    verdict_v1 = greater_v1(ft, sc, 0.0, what=what)  # the v1 report's rule
     # Not part of the rule: the features themselves, frozen, probed on the digits (Fashion-pre-trained ViT and CNN,
     # claim 5's at the full N, against the ViT as initialised)
     digits = _digits_data(scale)

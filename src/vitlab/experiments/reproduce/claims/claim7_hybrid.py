@@ -55,7 +55,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
             for g in groups.values()
         ]
     )
-    verdict_v1 = combine(  # the committed report's rule
+    verdict_v1 = combine(  # the v1 report's rule
         *[greater_v1(acc[(g, hyb)], acc[(g, vit)], 0.0, what=f"hybrid - ViT at {g}") for g in groups.values()]
     )
     fig = grouped_bar_figure(

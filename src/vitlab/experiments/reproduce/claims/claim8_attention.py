@@ -83,7 +83,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     figures.append(depth_figure(fig_dir / "claim8_distance_by_depth.png", per_layer, uniform))
     what = ("mean attention distance, last layer - first layer", "PE cosine similarity, vertical neighbours - far")
     verdict = combine(RISES.decide(rise, what=what[0]), LOCAL.decide(locality, what=what[1]))
-    verdict_v1 = combine(  # the committed report's rule
+    verdict_v1 = combine(  # the v1 report's rule
         greater_v1(rise, 0.0, 0.0, what=what[0], unit="px"),
         greater_v1(locality, 0.0, 0.1, what=what[1] + " positions", unit="cosine"),
     )

@@ -106,7 +106,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         HELPS_VIT_MORE.decide(gain[(small, VIT)], gain[(small, CNN)], what=what[1]),
         HELPS_LESS_LATER.decide(gain[(small, VIT)], gain[(full, VIT)], what=what[2]),
     )
-    verdict_v1 = combine(  # the committed report's rule
+    verdict_v1 = combine(  # the v1 report's rule
         greater_v1(acc[(small, VIT, True)], acc[(small, VIT, False)], 0.0, what=what[0]),
         greater_v1(gain[(small, VIT)], gain[(small, CNN)], 0.0, what=what[1]),
         greater_v1(gain[(small, VIT)], gain[(full, VIT)], 0.0, what=what[2]),
