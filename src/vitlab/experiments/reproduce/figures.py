@@ -200,20 +200,30 @@ def depth_figure(path: Path, per_seed: Sequence[Sequence[float]], uniform: float
     return _save(fig, path)
 
 
-def compute_figure(path: Path, families: dict[str, list[tuple[float, Sequence[float]]]], title: str) -> Path:
+def compute_figure(path: Path, families: dict[str, list[tuple[float, Sequence[float], str]]], title: str) -> Path:
     """Claim 10: test accuracy against training compute (log x axis), one colour per family: each point (compute
-    in FLOPs, its per-seed accuracies) a mark, joined in order of compute by the family's line (its first seed's
-    accuracy, as the claim reads it off), a point of several seeds with its mean +- std and every seed as a dot."""
-    fig = Figure(figsize=(6.4, 4.0))
+    in FLOPs, its per-seed accuracies, its short name) a mark, joined in order of compute by the family's line (its
+    first seed's accuracy, as the claim reads it off), a point of several seeds with its mean +- std and every seed
+    as a dot; where a point falls below a cheaper one of its family, the family's best-so-far envelope dashed."""
+    fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot(1, 1, 1)
+    dashed = False
     for (family, pts), color in zip(families.items(), (BLUE, ORANGE, GREEN, RED)):
         pts = sorted(pts, key=lambda p: p[0])
-        ax.plot([c for c, _ in pts], [100 * v[0] for _, v in pts], color=color, linewidth=1.5, label=family)
-        for c, v in pts:
+        xs, firsts = [c for c, _, _ in pts], [100 * v[0] for _, v, _ in pts]
+        ax.plot(xs, firsts, color=color, linewidth=1.5, label=family)
+        best = [max(firsts[: i + 1]) for i in range(len(firsts))]
+        if best != firsts:
+            ax.plot(xs, best, color=color, linewidth=1.0, linestyle="--")
+            dashed = True
+        for c, v, name in pts:
             (m,), (sd,) = _errorbar_pct([v])
             ax.errorbar([c], [m], yerr=[sd], fmt="o", color=color, markersize=6, capsize=3)
             if len(v) > 1:
                 ax.scatter([c] * len(v), [100 * a for a in v], color="black", s=8, zorder=3)
+            ax.annotate(name, (c, 100 * v[0]), textcoords="offset points", xytext=(4, -10), fontsize=6.5, color=color)
+    if dashed:
+        ax.plot([], [], color="grey", linewidth=1.0, linestyle="--", label="best so far")
     ax.set_xscale("log")
     ax.set_xlabel("training compute (FLOPs, log)")
     ax.set_ylabel("test accuracy (%)")

@@ -261,7 +261,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         part_b = Verdict(INCONCLUSIVE, "the ViT's and the CNN's frontiers reach no common compute")
     fig = compute_figure(
         fig_dir / "claim10_compute.png",
-        {f: [(p.flops, p.acc) for p in fronts[f]] for f in FAMILIES},
+        {f: [(p.flops, p.acc, p.label.split(" ", 1)[1]) for p in fronts[f]] for f in FAMILIES},
         f"Fashion-MNIST, {n_full(scale):,} training images: accuracy against training compute",
     )
     run0 = _run(SHARED, seed0, scale)
