@@ -75,12 +75,13 @@ def _same_top5(a: list[dict], b: list[dict], tol: float) -> None:
 
 
 def test_the_rule_picks_onnxruntime_exactly_on_the_machine_kinds_and_batches_it_names():
-    """ONNX Runtime for fp32 at batch 1 on an AMD with AVX-512 and bf16 (Zen 4, where it was measured faster);
-    PyTorch on every other machine kind, batch, precision, for a small model and off the CPU."""
+    """ONNX Runtime for fp32 at batch 1 on an AMD with AVX-512 and bf16 (Zen 4, where it was measured faster), and
+    on an Intel with AMX for a run too short to compile; PyTorch on every other machine kind, batch, precision, for
+    a small model and off the CPU."""
 
-    def engine(machine, precision="fp32", batch=1, flops=VIT_S, device="cpu"):
+    def engine(machine, precision="fp32", batch=1, flops=VIT_S, device="cpu", images=1):
         name, source = rules.engine_by_rules(
-            machine, precision=precision, batch_size=batch, flops_per_item=flops, device_type=device
+            machine, precision=precision, batch_size=batch, flops_per_item=flops, images=images, device_type=device
         )
         return name
 
@@ -90,8 +91,16 @@ def test_the_rule_picks_onnxruntime_exactly_on_the_machine_kinds_and_batches_it_
     )
     assert [engine(AMD_ZEN4, batch=b) for b in (2, 8, 32)] == ["torch"] * 3
     assert engine(AMD_ZEN4, precision="bf16") == "torch"
-    for other in (AMD_EPYC_AVX2, INTEL_COOPER_LAKE, XEON_AMX, _machine("other", "neon")):
+    for other in (AMD_EPYC_AVX2, INTEL_COOPER_LAKE, _machine("other", "neon")):
         assert engine(other) == "torch", other.kind
+    # the Xeon: ONNX Runtime where the PyTorch plan would not compile, the compiled plan where it would
+    long_run = int(rules.COMPILE_FLOPS / VIT_S) + 1
+    assert [engine(XEON_AMX, images=n) for n in (1, 100, long_run)] == ["onnxruntime", "onnxruntime", "torch"]
+    assert rules.plan_by_rules(
+        XEON_AMX, mode="inference", precision="fp32", batch_size=1, flops_per_item=VIT_S, items=long_run
+    ).compile
+    assert engine(XEON_AMX, batch=2) == engine(XEON_AMX, precision="bf16") == "torch"
+    assert engine(AMD_ZEN4, images=long_run) == "onnxruntime"  # on AMD no plan compiles at batch 1: no run length
     assert engine(AMD_ZEN4, flops=rules.SMALL_FLOPS / 2) == "torch"  # measured on ViT-S/16, not on small models
     assert engine(AMD_ZEN4, device="cuda") == "torch"
     assert all(r.precision == "fp32" for r in rules.ENGINE_RULES)  # its CPU provider has no bf16 products

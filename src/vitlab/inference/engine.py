@@ -2,8 +2,9 @@
 model exported to ONNX.
 
     auto         (the default, `DEFAULT_ENGINE`) the engine `vitlab.speed.rules.ENGINE_RULES` give this kind of
-                 CPU, precision and batch: fixed rules, nothing timed (ONNX Runtime for fp32 at batch 1 on an
-                 AMD Zen 4, where it was measured faster; PyTorch everywhere else)
+                 CPU, precision, batch and run length: fixed rules, nothing timed (ONNX Runtime for fp32 at batch 1
+                 on an AMD with AVX-512 and bf16, and on an Intel with AMX where the run is too short to compile,
+                 where it was measured faster; PyTorch everywhere else)
     torch        PyTorch, on the plan of the fast path (`vitlab.speed.fastpath`)
     onnxruntime  ONNX Runtime's CPU provider, every graph optimisation on, fp32
 
@@ -128,10 +129,11 @@ def choose_engine(
     batch_size: int,
     device: torch.device,
     fast: FastPath = DEFAULT_FAST_PATH,
+    images: int = 1,
 ) -> tuple[str, str]:
-    """(the engine, where the choice came from) for a run in batches of `batch_size`: `engine` itself when it
-    names one, else the rules' (`vitlab.speed.rules.engine_by_rules`). A fast path other than the default asks
-    for a PyTorch path, so "auto" is PyTorch then."""
+    """(the engine, where the choice came from) for a run of `images` images in batches of `batch_size`: `engine`
+    itself when it names one, else the rules' (`vitlab.speed.rules.engine_by_rules`). A fast path other than the
+    default asks for a PyTorch path, so "auto" is PyTorch then."""
     check_engine(engine)
     if engine != "auto":
         return engine, f"--engine {engine}"
@@ -142,6 +144,7 @@ def choose_engine(
         precision=precision,
         batch_size=batch_size,
         flops_per_item=flops_per_image(model),
+        images=images,
         device_type=device.type,
     )
 
@@ -212,7 +215,7 @@ def inference_engine(
     run, else PyTorch on `fast`'s plan (`vitlab.speed.fastpath.InferenceRunner`). `model` is left as it is."""
     batch_size = max(1, min(batch_size, images))
     name, source = choose_engine(
-        model, engine=engine, precision=precision, batch_size=batch_size, device=device, fast=fast
+        model, engine=engine, precision=precision, batch_size=batch_size, device=device, fast=fast, images=images
     )
     said = f"torch [{source}]"
     if name == "onnxruntime":

@@ -153,13 +153,15 @@ class EngineRule:
     kind: str
     precision: str
     max_batch: int  # batches of at most this many images
+    short_runs: bool = False  # only where RULES would not compile the PyTorch plan (a run too short to pay for it)
 
-    def matches(self, machine: Machine, precision: str, batch_size: int) -> bool:
+    def matches(self, machine: Machine, precision: str, batch_size: int, compiled: bool) -> bool:
         return (
             self.vendor in ("*", machine.vendor)
             and self.kind in ("*", machine.kind)
             and self.precision in ("*", precision)
             and batch_size <= self.max_batch
+            and not (self.short_runs and compiled)
         )
 
 
@@ -171,21 +173,42 @@ ENGINE_RULES = (
     # 8, 32 images. On an AMD EPYC (Zen 5, family 26), the same kind, ONNX Runtime led at batch 1 too: ViT-S/16
     # 22.70 img/s to 21.58, ViT-B/16 6.08 to 5.89, and trailed at batch 32 (docs/speed.md).
     EngineRule("amd", "avx512-bf16", "fp32", max_batch=1),
+    # Intel Xeon with AMX (family 6 model 167), one thread, fp32 at batch 1, on the CPU clock beside a training run:
+    # vitlab's export in ONNX Runtime against the PyTorch plan of a short run (not compiled), ViT-S/16 17.78 img/s
+    # to 15.01 (1.18x), ViT-B/16 5.04 to 4.61 and 4.80 to 4.43 (1.09x, 1.08x); but the plan of a long run, compiled,
+    # led timm's model in ONNX Runtime: ViT-S/16 19.10 to 16.31, ViT-B/16 5.93 to 4.84 (`vitlab bench`,
+    # docs/speed.md). So ONNX Runtime there only where the rules would not compile.
+    EngineRule("intel", "amx", "fp32", max_batch=1, short_runs=True),
 )
 
 
 def engine_by_rules(
-    machine: Machine, *, precision: str, batch_size: int, flops_per_item: float, device_type: str = "cpu"
+    machine: Machine,
+    *,
+    precision: str,
+    batch_size: int,
+    flops_per_item: float,
+    images: int = 1,
+    device_type: str = "cpu",
 ) -> tuple[str, str]:
-    """The engine (one of ENGINES) ENGINE_RULES give an inference run in batches of `batch_size` images of a
-    model of `flops_per_item` forward FLOPs per image, and where the choice came from, in words. A small model
-    runs on PyTorch (the rows were measured on ViT-S/16), as does anything off the CPU."""
+    """The engine (one of ENGINES) ENGINE_RULES give an inference run of `images` images in batches of
+    `batch_size`, of a model of `flops_per_item` forward FLOPs per image, and where the choice came from, in words.
+    A small model runs on PyTorch (the rows were measured on ViT-S/16 and ViT-B/16), as does anything off the
+    CPU."""
     source = f"rules ({machine.kind}, {machine.vendor})" if device_type == "cpu" else f"rules ({device_type})"
     if device_type != "cpu":
         return "torch", source
     if flops_per_item < SMALL_FLOPS:
         return "torch", f"{source}: a small model"
-    rule = next((r for r in ENGINE_RULES if r.matches(machine, precision, batch_size)), None)
+    compiled = plan_by_rules(
+        machine,
+        mode="inference",
+        precision=precision,
+        batch_size=batch_size,
+        flops_per_item=flops_per_item,
+        items=images,
+    ).compile
+    rule = next((r for r in ENGINE_RULES if r.matches(machine, precision, batch_size, compiled)), None)
     return ("onnxruntime" if rule else "torch"), source
 
 
