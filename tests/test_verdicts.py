@@ -36,7 +36,7 @@ from vitlab.experiments.reproduce.verdicts import (
     welch_df,
 )
 
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "reproduce" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "reproduce" / "v1" / "results"
 
 
 def test_t_quantiles_are_the_tables():
