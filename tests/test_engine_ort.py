@@ -96,11 +96,12 @@ def test_the_rule_picks_onnxruntime_exactly_on_the_machine_kinds_and_batches_it_
     # the Xeon: ONNX Runtime where the PyTorch plan would not compile, the compiled plan where it would
     long_run = int(rules.COMPILE_FLOPS / VIT_S) + 1
     assert [engine(XEON_AMX, images=n) for n in (1, 100, long_run)] == ["onnxruntime", "onnxruntime", "torch"]
+    assert engine(XEON_AMX, images=None) == "torch"  # a server: no known length, not a short run
     assert rules.plan_by_rules(
         XEON_AMX, mode="inference", precision="fp32", batch_size=1, flops_per_item=VIT_S, items=long_run
     ).compile
     assert engine(XEON_AMX, batch=2) == engine(XEON_AMX, precision="bf16") == "torch"
-    assert engine(AMD_ZEN4, images=long_run) == "onnxruntime"  # on AMD no plan compiles at batch 1: no run length
+    assert engine(AMD_ZEN4, images=long_run) == engine(AMD_ZEN4, images=None) == "onnxruntime"  # no run length
     assert engine(AMD_ZEN4, flops=rules.SMALL_FLOPS / 2) == "torch"  # measured on ViT-S/16, not on small models
     assert engine(AMD_ZEN4, device="cuda") == "torch"
     assert all(r.precision == "fp32" for r in rules.ENGINE_RULES)  # its CPU provider has no bf16 products

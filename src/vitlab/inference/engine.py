@@ -129,7 +129,7 @@ def choose_engine(
     batch_size: int,
     device: torch.device,
     fast: FastPath = DEFAULT_FAST_PATH,
-    images: int = 1,
+    images: int | None = 1,
 ) -> tuple[str, str]:
     """(the engine, where the choice came from) for a run of `images` images in batches of `batch_size`: `engine`
     itself when it names one, else the rules' (`vitlab.speed.rules.engine_by_rules`). A fast path other than the
@@ -241,7 +241,9 @@ def serving_engine(
     `engine` gives it (as `inference_engine` for a batch of one), else `vitlab.speed.fastpath.serving_model`'s
     (its plan in words, and why not ONNX Runtime where it was asked for and cannot run). `model` is left as it
     is (the attention maps need it so)."""
-    name, source = choose_engine(model, engine=engine, precision=precision, batch_size=1, device=device, fast=fast)
+    name, source = choose_engine(  # a server's run has no known length
+        model, engine=engine, precision=precision, batch_size=1, device=device, fast=fast, images=None
+    )
     why = ""
     if name == "onnxruntime":
         ready, why = _onnxruntime_or_why(model, precision=precision, device=device, source=source, log=None)

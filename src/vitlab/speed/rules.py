@@ -188,26 +188,29 @@ def engine_by_rules(
     precision: str,
     batch_size: int,
     flops_per_item: float,
-    images: int = 1,
+    images: int | None = 1,
     device_type: str = "cpu",
 ) -> tuple[str, str]:
     """The engine (one of ENGINES) ENGINE_RULES give an inference run of `images` images in batches of
     `batch_size`, of a model of `flops_per_item` forward FLOPs per image, and where the choice came from, in words.
-    A small model runs on PyTorch (the rows were measured on ViT-S/16 and ViT-B/16), as does anything off the
-    CPU."""
+    `images` None: a run of no known length (a server), which a row for short runs does not take. A small model
+    runs on PyTorch (the rows were measured on ViT-S/16 and ViT-B/16), as does anything off the CPU."""
     source = f"rules ({machine.kind}, {machine.vendor})" if device_type == "cpu" else f"rules ({device_type})"
     if device_type != "cpu":
         return "torch", source
     if flops_per_item < SMALL_FLOPS:
         return "torch", f"{source}: a small model"
-    compiled = plan_by_rules(
-        machine,
-        mode="inference",
-        precision=precision,
-        batch_size=batch_size,
-        flops_per_item=flops_per_item,
-        items=images,
-    ).compile
+    compiled = (
+        images is None
+        or plan_by_rules(
+            machine,
+            mode="inference",
+            precision=precision,
+            batch_size=batch_size,
+            flops_per_item=flops_per_item,
+            items=images,
+        ).compile
+    )
     rule = next((r for r in ENGINE_RULES if r.matches(machine, precision, batch_size, compiled)), None)
     return ("onnxruntime" if rule else "torch"), source
 
