@@ -3,8 +3,8 @@ model exported to ONNX.
 
     auto         (the default, `DEFAULT_ENGINE`) the engine `vitlab.speed.rules.ENGINE_RULES` give this kind of
                  CPU, precision, batch and run length: fixed rules, nothing timed (ONNX Runtime for fp32 at batch 1
-                 on an AMD with AVX-512 and bf16, and on an Intel with AMX where the run is too short to compile,
-                 where it was measured faster; PyTorch everywhere else)
+                 on an AMD with AVX-512 and bf16, and on an Intel with AMX where the run is too short to compile
+                 (not a server, whose length is unknown), where it was measured faster; PyTorch everywhere else)
     torch        PyTorch, on the plan of the fast path (`vitlab.speed.fastpath`)
     onnxruntime  ONNX Runtime's CPU provider, every graph optimisation on, fp32
 
