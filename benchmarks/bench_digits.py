@@ -5,7 +5,7 @@ checkpoint pre-trained on other data. A benchmark (prints a table), not a test.
     python benchmarks/bench_digits.py --epochs 5          # a quick look
 
 The three rows use the same digits folder (`vitlab data digits`, 32 px, 1,438 train / 359 val), the
-same engine (`vitlab.train.run`, what `vitlab train` / `vitlab finetune` call), the same
+same engine (`vitlab.train.job.run`, what `vitlab train` / `vitlab finetune` call), the same
 augmentation and the same number of epochs:
 
 1. vit_mini from scratch (`vitlab train`).

@@ -62,7 +62,7 @@ def test_vitlab_help_lists_the_commands_in_a_newcomers_order_one_line_each(capsy
 
 
 def test_vitlab_help_and_a_mistyped_command_answer_without_loading_torch_or_any_command():
-    """`vitlab --help`, `vitlab` and `vitlab NOSUCH` load no command module (each imports torch, seconds); a named
+    """`vitlab --help`, `vitlab` and `vitlab NOSUCH` load no command module; a named
     command loads its own module and no other."""
     names = list(COMMANDS)
     code = (
@@ -81,6 +81,42 @@ def test_vitlab_help_and_a_mistyped_command_answer_without_loading_torch_or_any_
     out = done.stdout
     assert "LOADED []" in out, out[-2000:]
     assert "usage: vitlab data" in out and "invalid choice: 'nosuch'" in done.stderr
+
+
+def test_every_commands_help_answers_without_loading_torch():
+    """`vitlab COMMAND --help` builds its parser from `vitlab.options` and the recipes, never the library that acts
+    on them: no torch, NumPy, PIL or matplotlib is imported (seconds on a busy machine), and the help is whole."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from vitlab.cli import main\n"
+        f"for argv in {EVERY_COMMAND!r}:\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        try:\n"
+        "            main([*argv, '--help'])\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        "    heavy = [m for m in ('torch', 'numpy', 'PIL', 'matplotlib', 'torchvision') if m in sys.modules]\n"
+        "    print(' '.join(argv), out.getvalue().count('example:'), heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [f"{' '.join(argv)} 1 []" for argv in EVERY_COMMAND], done.stdout
+
+
+def test_the_options_the_parsers_read_are_the_librarys_own(capsys, monkeypatch):
+    """What `--help` reads from `vitlab.options` is what the library acts on: the bundled datasets, the claims of
+    `vitlab reproduce` (each module claim<N>_<name> with its EXPERIMENT numbered N and named so), the Fashion-MNIST
+    class folders the help of `vitlab data fashion-mnist` names."""
+    from vitlab.data.datasets import BUNDLED
+    from vitlab.data.fashion_mnist import FOLDER_NAMES
+    from vitlab.experiments.reproduce import EXPERIMENTS
+    from vitlab.options import CLAIMS, DATASETS
+
+    assert tuple(BUNDLED) == DATASETS
+    assert [(e.number, e.name) for e in EXPERIMENTS] == list(CLAIMS.items())
+    text = help_text(["data", "fashion-mnist"], capsys, monkeypatch)
+    assert f"({FOLDER_NAMES[0]} .. {FOLDER_NAMES[-1]})" in " ".join(text.split())
 
 
 @pytest.mark.parametrize("argv", EVERY_COMMAND, ids=" ".join)

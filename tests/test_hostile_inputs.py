@@ -29,7 +29,8 @@ from safetensors.torch import load_file, save_file
 
 import vitlab
 from vitlab import bench, create_model
-from vitlab.cli import info, main
+from vitlab.analysis import flops
+from vitlab.cli import main
 from vitlab.data.digits import write_digits_folder
 from vitlab.data.fashion_mnist import cache_dir
 from vitlab.errors import VitlabError
@@ -777,13 +778,13 @@ def ordinary_modes(*paths: str):
 
 def warns(monkeypatch, lab, tmp):
     """A library warning while a command runs (as torch's, PIL's, onnxscript's come)."""
-    real = info.info_report
+    real = flops.info_report
 
     def report(*a, **k):
         warnings.warn("a library says something", UserWarning, stacklevel=2)
         return real(*a, **k)
 
-    monkeypatch.setattr(info, "info_report", report)
+    monkeypatch.setattr(flops, "info_report", report)  # `vitlab info` imports it when it runs
 
 
 def memory_of(gib: int):

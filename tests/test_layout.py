@@ -1,6 +1,8 @@
 """The shape of the code: no import cycle among vitlab's modules, no function-local import of one of
-them; every command shares the model-source flags with the same meaning and messages; and every
-command works from a working directory with relative paths, `~`, and through a symlinked folder."""
+them but in the command line's (vitlab.cli imports the library inside the functions that act, so that a parser
+and its `--help` load no torch; nothing below imports vitlab.cli, so such an import hides no cycle); every
+command shares the model-source flags with the same meaning and messages; and every command works from a working
+directory with relative paths, `~`, and through a symlinked folder."""
 
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def test_no_import_cycle_and_no_function_local_import_of_a_vitlab_module():
                 target = target.rsplit(".", 1)[0]
             if target not in mods or target == m:
                 continue
-            if nested:
+            if nested and not m.startswith("vitlab.cli."):
                 local.append(f"{m} imports {target} inside a function")
             if mods[target].name != "__init__.py":  # a package's __init__ only gathers names; its modules count
                 edges[m].add(target)
@@ -81,7 +83,7 @@ def test_no_import_cycle_and_no_function_local_import_of_a_vitlab_module():
 
 # The layers of docs/architecture.md, bottom first: a module may import its own layer and the layers below.
 LAYERS = [
-    ("vitlab.errors", "vitlab.fileio", "vitlab.runtime"),
+    ("vitlab.errors", "vitlab.options", "vitlab.fileio", "vitlab.runtime"),
     (
         "vitlab.models.vit",
         "vitlab.models.cnn",

@@ -259,10 +259,10 @@ def test_unknown_experiment_or_two_scales_is_a_one_line_error(tmp_path, capsys):
 
 def test_the_command_line_scale_is_default_unless_asked(monkeypatch, tmp_path):
     """`vitlab reproduce --out DIR` alone runs the default scale (the report's command)."""
-    import vitlab.cli.reproduce as cli
+    import vitlab.experiments.reproduce as library
 
     seen = {}
-    monkeypatch.setattr(cli, "reproduce", lambda out, **kw: seen.update(kw))
+    monkeypatch.setattr(library, "reproduce", lambda out, **kw: seen.update(kw))  # what `vitlab reproduce` runs
     for argv, scale in ([], "default"), (["--quick"], "quick"), (["--scale", "large"], "large"):
         assert main(["reproduce", *argv, "--out", str(tmp_path / "r")]) == 0
         assert seen["scale"] == scale

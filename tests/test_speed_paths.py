@@ -46,8 +46,8 @@ from vitlab.speed.machine import Machine, kind_of, this_machine
 from vitlab.speed.paths import inference_fn
 from vitlab.speed.rules import Plan
 from vitlab.train.engine import TensorLoader, fit
+from vitlab.train.job import TrainJob
 from vitlab.train.recipe import Recipe
-from vitlab.train.run import TrainJob
 
 SMALL = dict(img_size=32, patch_size=8, dim=64, depth=2, heads=4, num_classes=10)
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -63,10 +63,11 @@ from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config, get_variant
 from vitlab.models.size import estimate_memory, format_bytes
 from vitlab.models.vit import VisionTransformer
-from vitlab.runtime import autocast, check_precision, process_pool, resolve_device
+from vitlab.options import BENCH_FAST_PATHS, DEFAULT_FAST_PATH, check_precision
+from vitlab.runtime import autocast, process_pool, resolve_device
 from vitlab.speed import onednn
 from vitlab.speed.compiled import compile_model
-from vitlab.speed.fastpath import DEFAULT_FAST_PATH, check_fast_path, choose_plan
+from vitlab.speed.fastpath import check_fast_path, choose_plan
 from vitlab.speed.machine import this_machine
 from vitlab.speed.paths import training
 from vitlab.speed.tune import race as _race
@@ -76,7 +77,7 @@ from vitlab.train.optim import build_optimizer
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PEERS = {"timm": "timm", "compile": "timm-compile", "onnxruntime": "onnxruntime"}  # --against word -> path
 PATHS = ("vitlab", "vitlab-tuned", "timm", "timm-compile", "onnxruntime")
-OURS = {"auto": "vitlab", "tuned": "vitlab-tuned"}  # vitlab's fast paths a bench measures -> their rows
+OURS = dict(zip(BENCH_FAST_PATHS, ("vitlab", "vitlab-tuned")))  # vitlab's fast paths a bench measures -> their rows
 LONG_RUN = 10**6  # images (or steps) of the run a row stands for: the rules' plan for a long run
 MIN_REPEAT_S = 0.5  # a repeat of a path lasts at least this long (a batch of one is called several times)
 MODES = ("inference", "train")

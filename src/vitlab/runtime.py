@@ -16,11 +16,7 @@ import numpy as np
 import torch
 
 from vitlab.errors import VitlabError, check_range
-
-PRECISIONS = ("fp32", "bf16")
-# Seeds are 0 .. 2^32 - 1: NumPy's range, and small enough that every seed vitlab derives from one (a
-# shuffle's seed * 100,003 + epoch, a process's seed + rank) stays inside torch's 64-bit range.
-SEED_MAX = 2**32 - 1
+from vitlab.options import check_precision
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -44,23 +40,11 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     return dev
 
 
-def check_precision(precision: str) -> str:
-    if precision not in PRECISIONS:
-        raise VitlabError(f"precision must be one of {', '.join(PRECISIONS)}; found {precision!r}", arg="precision")
-    return precision
-
-
 def autocast(device: torch.device, precision: str):
     """bf16 autocast on CPU or GPU for `bf16`; nothing for `fp32`."""
     if check_precision(precision) == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
-def check_seed(seed, arg: str = "seed") -> int:
-    """A seed vitlab can use: an integer in 0 .. SEED_MAX."""
-    check_range(arg, seed, low=0, high=SEED_MAX, integer=True)
-    return seed
 
 
 def available_cpus() -> int:
@@ -193,12 +177,8 @@ def process_pool(workers: int, *, threads: int = 1) -> Iterator[ProcessPoolExecu
 
 
 __all__ = [
-    "PRECISIONS",
-    "SEED_MAX",
     "resolve_device",
-    "check_precision",
     "autocast",
-    "check_seed",
     "available_cpus",
     "check_threads",
     "machine_memory",

@@ -43,7 +43,8 @@ from torch import nn
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.size import check_memory
 from vitlab.models.vit import VisionTransformer
-from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, InferenceRunner
+from vitlab.options import DEFAULT_FAST_PATH
+from vitlab.speed.fastpath import FastPath, InferenceRunner
 
 HEAD_FUSIONS = ("mean", "max", "min")
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB of attention weights held per forward pass

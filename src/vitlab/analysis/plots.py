@@ -28,7 +28,8 @@ from PIL import Image
 from vitlab.analysis import attention as A
 from vitlab.errors import VitlabError
 from vitlab.fileio import atomic_write, write_csv
-from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath
+from vitlab.options import DEFAULT_FAST_PATH
+from vitlab.speed.fastpath import FastPath
 
 DPI = 100
 

@@ -1,9 +1,9 @@
 """`vitlab`: a thin command line over the library (the parser and `main` are in `vitlab.cli.commands`).
 
 `main(argv)` is importable (`from vitlab.cli import main`) and returns the exit code. This module itself
-imports nothing heavy: `run()`, the console script, loads the commands (and torch, seconds) inside its
-own guard, so Ctrl-C while vitlab starts is one line, `error: interrupted`, like Ctrl-C at any later
-moment, not a traceback through the imports.
+imports nothing heavy: `run()`, the console script, loads the command line inside its own guard, and a
+command's `run` imports the library (torch: seconds) inside `main`'s, so Ctrl-C while vitlab starts is one
+line, `error: interrupted`, like Ctrl-C at any later moment, not a traceback through the imports.
 """
 
 from __future__ import annotations

@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from vitlab.errors import VitlabError
-from vitlab.inference.engine import DEFAULT_ENGINE, ENGINE_CHOICES
-from vitlab.models.factory import create_model
-from vitlab.runtime import PRECISIONS
-from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FAST_PATHS
+from vitlab.options import DEFAULT_ENGINE, DEFAULT_FAST_PATH, ENGINE_CHOICES, FAST_PATHS, PRECISIONS
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def add_model_source(p: argparse.ArgumentParser, *, weights: str = "optional") -> None:
@@ -67,6 +66,8 @@ def add_model_source(p: argparse.ArgumentParser, *, weights: str = "optional") -
 def model_from_args(args, **kwargs) -> nn.Module:
     """The model the flags name (vitlab.create_model); load warnings (a new head, dropped parts) are
     printed as `warning: ...` lines."""
+    from vitlab.models.factory import create_model
+
     pretrained, checkpoint = getattr(args, "pretrained", None), getattr(args, "checkpoint", None)
     if args.weights_rule == "required" and not (pretrained or checkpoint):
         raise VitlabError(

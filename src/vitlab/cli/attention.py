@@ -10,15 +10,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vitlab.analysis import attention as A
-from vitlab.analysis import plots
 from vitlab.cli._common import add_device, add_fast_path, add_model_source, add_out, model_from_args
 from vitlab.cli._help import example
-from vitlab.data.folder import image_paths
-from vitlab.data.preprocess import images_tensor
 from vitlab.errors import check_range
 from vitlab.fileio import check_out_folder, output_folder, write_csv
-from vitlab.runtime import resolve_device
 
 # the last line of its --help
 EXAMPLE = "vitlab attention runs/digits/val/3/0013.png --checkpoint runs/digits_vit --out runs/attention"
@@ -81,6 +76,8 @@ def register(subparsers, summary: str) -> None:
 
 def check_analysis_options(args, kind: str) -> Path:
     """The flags `vitlab attention` and `vitlab inspect` share, and the output folder, before any work."""
+    from vitlab.runtime import resolve_device
+
     check_range("batch_size", args.batch_size, low=1, integer=True, optional=True)
     check_range("img_size", args.img_size, low=1, integer=True, optional=True)
     resolve_device(args.device)
@@ -88,6 +85,11 @@ def check_analysis_options(args, kind: str) -> Path:
 
 
 def run(args) -> int:
+    from vitlab.analysis import attention as A
+    from vitlab.data.folder import image_paths
+    from vitlab.data.preprocess import images_tensor
+    from vitlab.runtime import resolve_device
+
     check_range("alpha", args.alpha, low=0, high=1)
     check_range("discard_ratio", args.discard_ratio, low=0, high=1, high_open=True)
     check_range("start_layer", args.start_layer, low=0, integer=True)
@@ -120,6 +122,8 @@ def run(args) -> int:
 
 
 def _write(args, out: Path, model, paths, x, maps, rows, cols) -> None:
+    from vitlab.analysis import plots
+
     pcfg = model.pretrained_cfg
     gh, gw = model.cfg.grid_size
     stems = [p.stem for p in paths]

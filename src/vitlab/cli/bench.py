@@ -12,13 +12,9 @@ from __future__ import annotations
 import json
 import sys
 
-from vitlab import bench
 from vitlab.cli._common import add_device, add_threads
 from vitlab.cli._help import example
-from vitlab.models.registry import get_config
-from vitlab.models.size import check_fits, check_memory
-from vitlab.runtime import PRECISIONS, check_threads, num_threads, resolve_device
-from vitlab.speed.fastpath import DEFAULT_FAST_PATH
+from vitlab.options import BENCH_FAST_PATHS, DEFAULT_FAST_PATH, PRECISIONS
 
 EXAMPLE = "vitlab bench --model vit_small_patch16_224 --batch-size 1 --threads 1"  # the last line of its --help
 
@@ -97,7 +93,7 @@ def register(subparsers, summary: str) -> None:
     p.add_argument(
         "--fast-path",
         nargs="+",
-        choices=list(bench.OURS),
+        choices=BENCH_FAST_PATHS,
         default=[DEFAULT_FAST_PATH],
         help="vitlab's row(s): auto, the plan the fixed rules give this machine for a long run; tuned, the "
         "plan `vitlab tune` measured fastest here (measured first if need be), row vitlab-tuned",
@@ -111,6 +107,11 @@ def register(subparsers, summary: str) -> None:
 
 
 def run(args) -> int:
+    from vitlab import bench
+    from vitlab.models.registry import get_config
+    from vitlab.models.size import check_fits, check_memory
+    from vitlab.runtime import check_threads, num_threads, resolve_device
+
     models = args.model or [QUICK_MODEL if args.quick else "vit_small_patch16_224"]
     bench.check_options(
         models,

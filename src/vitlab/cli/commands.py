@@ -21,7 +21,8 @@ from vitlab.errors import VitlabError
 # The commands, in the order `vitlab --help` lists them: the order a newcomer meets them (the demo, then the
 # README's quick start, then the rest), each with its one line there. Each lives in the module of its name in this
 # package (`vitlab.cli.<name>`: `register(subparsers, summary)` and the `run` it points at, its EXAMPLE the last line
-# of its help), loaded only when its command is run or the whole parser is built: `vitlab --help` loads none.
+# of its help), loaded only when its command is run or the whole parser is built: `vitlab --help` loads none, and
+# `vitlab NAME --help` no torch (a command's module imports the library inside `run`).
 COMMANDS = {
     "demo": "the paper's mini experiment: position embedding on and off",
     "data": "write the digits or Fashion-MNIST as an image folder; scan a folder",
@@ -40,7 +41,7 @@ COMMANDS = {
 
 
 def command_module(name: str):
-    """The module of command `name` (it imports the library and torch: seconds)."""
+    """The module of command `name`: its parser's module, which imports the library (and torch) only in `run`."""
     return importlib.import_module(f"vitlab.cli.{name}")
 
 

@@ -11,10 +11,7 @@ from __future__ import annotations
 import sys
 
 from vitlab.cli._help import example
-from vitlab.data.digits import write_digits_folder
-from vitlab.data.fashion_mnist import FOLDER_NAMES, write_fashion_mnist_folder
-from vitlab.data.folder import scan_folder
-from vitlab.data.split import DEFAULT_VAL_SPLIT
+from vitlab.options import DEFAULT_VAL_SPLIT
 
 EXAMPLE = "vitlab data digits --out runs/digits"  # the last line of its --help
 
@@ -64,8 +61,8 @@ def register(subparsers, summary: str) -> None:
         help="write Fashion-MNIST as an image folder",
         epilog=example("vitlab data fashion-mnist --train-size 2000 --out runs/fashion"),
         description="Write Fashion-MNIST as a train/val image folder: its 60,000 training images (or a "
-        "seeded, nested subset of --train-size) in train/, its 10,000 test images in val/; class folders "
-        f"{FOLDER_NAMES[0]} .. {FOLDER_NAMES[-1]} (the label first, so their sorted order is the label order).",
+        "seeded, nested subset of --train-size) in train/, its 10,000 test images in val/; one class folder "
+        "each, named by its label first (0_tshirt_top .. 9_ankle_boot), so their sorted order is the label order.",
     )
     f.add_argument("--out", required=True, metavar="DIR", help="new folder to write (must not exist or be empty)")
     f.add_argument(
@@ -105,6 +102,8 @@ def register(subparsers, summary: str) -> None:
 
 
 def run_digits(args) -> int:
+    from vitlab.data.digits import write_digits_folder
+
     counts = write_digits_folder(
         args.out, size=args.size, val_split=args.val_split, seed=args.seed, per_class=args.per_class
     )
@@ -116,6 +115,8 @@ def run_digits(args) -> int:
 
 
 def run_fashion(args) -> int:
+    from vitlab.data.fashion_mnist import write_fashion_mnist_folder
+
     counts = write_fashion_mnist_folder(args.out, root=args.root, train_size=args.train_size, seed=args.seed)
     print(
         f"wrote {counts['train']:,} train and {counts['val']:,} val images (28x28 grey PNG, 10 classes) "
@@ -125,6 +126,8 @@ def run_fashion(args) -> int:
 
 
 def run_scan(args) -> int:
+    from vitlab.data.folder import scan_folder
+
     scan = scan_folder(args.data, val_split=args.val_split, seed=args.seed, cache_mb=0, progress=sys.stderr.isatty())
     if scan.warning():
         print(scan.warning(), file=sys.stderr)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from vitlab.cli._common import add_device, add_out, add_threads
 from vitlab.cli._help import example
-from vitlab.experiments.demo import run_demo
-from vitlab.runtime import check_threads
 from vitlab.train.recipe import RECIPES
 
 EXAMPLE = "vitlab demo --out runs/demo"  # the last line of its --help
@@ -52,6 +50,9 @@ def register(subparsers, summary: str) -> None:
 
 
 def run(args) -> int:
+    from vitlab.experiments.demo import run_demo
+    from vitlab.runtime import check_threads
+
     check_threads(args.threads, zero=True, optional=False)  # 0: torch's default
     run_demo(
         epochs=args.epochs,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from vitlab.cli._common import add_model_source, add_out, model_from_args
 from vitlab.cli._help import example
-from vitlab.inference.export import check_export, export_model
 
 EXAMPLE = "vitlab export --checkpoint runs/digits_vit --out runs/digits_vit.onnx"  # the last line of its --help
 
@@ -43,6 +42,8 @@ def register(subparsers, summary: str) -> None:
 
 
 def run(args) -> int:
+    from vitlab.inference.export import check_export, export_model
+
     check_export(args.out, opset=args.opset, force=args.force, format=args.format)  # before the weights are read
     model = model_from_args(args)
     report = export_model(

@@ -3,9 +3,7 @@ paper's Base/Large/Huge table (Table 1) and the O(N^2 D) cost of smaller patches
 
 from __future__ import annotations
 
-from vitlab.analysis.flops import info_report
 from vitlab.cli._help import example
-from vitlab.models.registry import VARIANTS, model_names
 
 EXAMPLE = "vitlab info vit_base_patch16_224"  # the last line of its --help
 
@@ -48,6 +46,9 @@ def register(subparsers, summary: str) -> None:
 
 
 def run(args) -> int:
+    from vitlab.analysis.flops import info_report
+    from vitlab.models.registry import VARIANTS, model_names
+
     if args.model is None:
         width = max(map(len, model_names())) + 2
         for name in model_names():

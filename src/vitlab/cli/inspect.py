@@ -12,17 +12,11 @@ from __future__ import annotations
 
 import sys
 
-from vitlab.analysis import plots
-from vitlab.analysis.attention import check_vit
 from vitlab.cli._common import add_out, model_from_args
 from vitlab.cli._help import example
 from vitlab.cli.attention import add_analysis_arguments, check_analysis_options
-from vitlab.data.folder import image_paths
-from vitlab.data.photos import sample_photos
-from vitlab.data.preprocess import images_tensor
 from vitlab.errors import check_range
 from vitlab.fileio import output_folder
-from vitlab.runtime import resolve_device
 
 # the last line of its --help
 EXAMPLE = "vitlab inspect --checkpoint runs/digits_vit --images runs/digits/val/3 --out runs/inspect"
@@ -54,6 +48,13 @@ def register(subparsers, summary: str) -> None:
 
 
 def run(args) -> int:
+    from vitlab.analysis import plots
+    from vitlab.analysis.attention import check_vit
+    from vitlab.data.folder import image_paths
+    from vitlab.data.photos import sample_photos
+    from vitlab.data.preprocess import images_tensor
+    from vitlab.runtime import resolve_device
+
     check_range("max_images", args.max_images, low=1, integer=True)
     check_analysis_options(args, "inspect")
     check_range("norm_ratio", args.norm_ratio, low=1)

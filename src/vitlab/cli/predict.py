@@ -13,9 +13,6 @@ import sys
 
 from vitlab.cli._common import add_device, add_engine, add_fast_path, add_model_source, add_precision, model_from_args
 from vitlab.cli._help import example
-from vitlab.data.preprocess import describe
-from vitlab.inference.predict import check_options, format_results, predict_files
-from vitlab.models.vit import VisionTransformer
 
 EXAMPLE = (
     "vitlab predict runs/digits/val/3/0013.png --checkpoint runs/digits_vit --topk 3"  # the last line of its --help
@@ -46,6 +43,10 @@ def register(subparsers, summary: str) -> None:
 
 
 def run(args) -> int:
+    from vitlab.data.preprocess import describe
+    from vitlab.inference.predict import check_options, format_results, predict_files
+    from vitlab.models.vit import VisionTransformer
+
     check_options(
         topk=args.topk, batch_size=args.batch_size, device=args.device, precision=args.precision, engine=args.engine
     )

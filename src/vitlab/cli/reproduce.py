@@ -16,15 +16,13 @@ from __future__ import annotations
 from vitlab.cli._common import add_device, add_fast_path, add_out
 from vitlab.cli._help import example
 from vitlab.errors import VitlabError
-from vitlab.experiments.executors import EXECUTORS
-from vitlab.experiments.reproduce import EXPERIMENTS, SCALES, reproduce
-from vitlab.experiments.reproduce.search import tune
+from vitlab.options import CLAIMS, EXECUTORS, SCALES
 
 EXAMPLE = "vitlab reproduce --quick --out runs/reproduce_quick"  # the last line of its --help
 
 
 def register(subparsers, summary: str) -> None:
-    names = ", ".join(f"{e.number}={e.name}" for e in EXPERIMENTS)
+    names = ", ".join(f"{number}={name}" for number, name in CLAIMS.items())
     p = subparsers.add_parser(
         "reproduce",
         help=summary,
@@ -93,6 +91,9 @@ def register(subparsers, summary: str) -> None:
 
 
 def run(args) -> int:
+    from vitlab.experiments.reproduce import reproduce
+    from vitlab.experiments.reproduce.search import tune
+
     if args.tune:
         if args.only is not None or args.seeds is not None:
             raise VitlabError(

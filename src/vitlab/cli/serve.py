@@ -19,14 +19,10 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
 from vitlab.cli._common import add_device, add_engine, add_fast_path, add_model_source, add_precision, add_threads
 from vitlab.cli._help import DefaultsFormatter, example
 from vitlab.errors import VitlabError, check_range
-from vitlab.runtime import check_threads, machine_memory
-from vitlab.serve.models import KINDS, ModelSource, ModelStore
-from vitlab.serve.page import CSS, build_page, check_gradio, require_gradio, save_samples, theme
+from vitlab.options import PAGE_KINDS
 
 EXAMPLE = "vitlab serve --checkpoint runs/digits_vit"  # the last line of its --help
 
@@ -70,7 +66,7 @@ def register(subparsers, summary: str) -> None:
     )
     p.add_argument(
         "--page-load",
-        default=",".join(KINDS),
+        default=",".join(PAGE_KINDS),
         metavar="KINDS",
         help="what the page's load box accepts: a comma list of checkpoint (vitlab runs), pretrained (weight "
         "files, folders, hub ids), model (registered names); none: only the models listed at start (this "
@@ -127,13 +123,13 @@ def free_port(host: str, family: socket.AddressFamily = socket.AF_INET) -> int:
 
 
 def page_kinds(text: str) -> tuple[str, ...]:
-    """--page-load: a comma list of KINDS, or none."""
+    """--page-load: a comma list of PAGE_KINDS, or none."""
     kinds = tuple(k.strip() for k in str(text).split(",") if k.strip())
     if kinds == ("none",):
         return ()
-    bad = [k for k in kinds if k not in KINDS]
+    bad = [k for k in kinds if k not in PAGE_KINDS]
     if bad or not kinds:
-        raise VitlabError(f"--page-load must be a comma list of {', '.join(KINDS)}, or none; found {text!r}")
+        raise VitlabError(f"--page-load must be a comma list of {', '.join(PAGE_KINDS)}, or none; found {text!r}")
     return kinds
 
 
@@ -161,6 +157,12 @@ def _say_path(loaded) -> None:
 
 
 def run(args) -> int:
+    import torch
+
+    from vitlab.runtime import check_threads, machine_memory
+    from vitlab.serve.models import ModelSource, ModelStore
+    from vitlab.serve.page import CSS, build_page, check_gradio, require_gradio, save_samples, theme
+
     check_range("max_upload_mb", args.max_upload_mb, low=1, integer=True)
     check_range("port", args.port, low=1, high=65535, integer=True, optional=True)
     check_threads(args.threads)

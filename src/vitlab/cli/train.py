@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from vitlab.cli._common import add_device, add_fast_path, add_model_source, add_out, add_precision, add_threads
 from vitlab.cli._help import DefaultsFormatter, example
-from vitlab.data.datasets import BUNDLED
-from vitlab.models.vit import INITS
-from vitlab.runtime import busy_note, num_threads
+from vitlab.options import DATASETS, INITS
 from vitlab.train.recipe import AUG_MIN_EPOCHS, RECIPES, Recipe, auto_crop_scale
-from vitlab.train.run import TrainJob
-from vitlab.train.run import run as run_job
+
+if TYPE_CHECKING:
+    from vitlab.train.job import TrainJob
 
 EXAMPLE = (
     "vitlab train --data runs/digits --model vit_mini --epochs 40 --out runs/digits_vit"  # the last line of its --help
@@ -49,7 +49,7 @@ def _data_and_model(p: argparse.ArgumentParser, finetune: bool) -> None:
     )
     d.add_argument(
         "--dataset",
-        choices=tuple(BUNDLED),
+        choices=DATASETS,
         help="a bundled dataset instead of --data: fashion-mnist "
         "(70,000 grey 28x28 photos, 10 classes; Debian's dataset-fashion-mnist package, --root, $VITLAB_DATA, or "
         "a download), digits (scikit-learn's, 10 classes) or x (dataset X of the mini experiment: 2,000 / 500 "
@@ -278,6 +278,8 @@ def _running(p: argparse.ArgumentParser, preset: Recipe) -> None:
 
 def job_from_args(args) -> TrainJob:
     """The TrainJob the flags describe: the recipe's fields from the recipe flags, the rest one to one."""
+    from vitlab.train.job import TrainJob
+
     recipe_fields = set(Recipe.__dataclass_fields__)
     values = {RENAMED.get(k, k): v for k, v in vars(args).items() if RENAMED.get(k, k) in recipe_fields}
     recipe = Recipe(**{**args.preset.to_dict(), **values})
@@ -301,6 +303,9 @@ def register(subparsers, summary: str) -> None:
 
 
 def run(args) -> int:
+    from vitlab.runtime import busy_note, num_threads
+    from vitlab.train.job import run as run_job
+
     job = job_from_args(args)
     note = busy_note(args.threads)
     if note and os.environ.get("RANK", "0") == "0":  # under torchrun, once

@@ -9,17 +9,10 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
 from vitlab.cli._common import add_threads
 from vitlab.cli._help import example
 from vitlab.errors import VitlabError, check_range
-from vitlab.models.factory import create_model
-from vitlab.models.registry import get_variant
-from vitlab.runtime import PRECISIONS, check_threads, num_threads
-from vitlab.speed import tune
-from vitlab.speed.fastpath import choose_plan
-from vitlab.speed.machine import this_machine
+from vitlab.options import PRECISIONS
 
 EXAMPLE = "vitlab tune --model vit_small_patch16_224 --batch-size 1 32 --threads 1"  # the last line of its --help
 
@@ -53,6 +46,15 @@ def _say(line: str) -> None:
 
 
 def run(args) -> int:
+    import torch
+
+    from vitlab.models.factory import create_model
+    from vitlab.models.registry import get_variant
+    from vitlab.runtime import check_threads, num_threads
+    from vitlab.speed import tune
+    from vitlab.speed.fastpath import choose_plan
+    from vitlab.speed.machine import this_machine
+
     if not get_variant(args.model).is_vit:
         raise VitlabError(
             f"model {args.model!r} is a CNN baseline; vitlab tune tunes ViTs (a CNN runs as built)", arg="model"

@@ -28,9 +28,10 @@ from vitlab.data import digits, fashion_mnist, synthetic
 from vitlab.data.folder import FolderScan, ImageDataset, scan_folder
 from vitlab.data.memory import BatchTransform, ImageTensors, MemoryLoader
 from vitlab.data.preprocess import eval_geometry, eval_resize_crop
-from vitlab.data.split import DEFAULT_VAL_SPLIT, stratified_split
+from vitlab.data.split import stratified_split
 from vitlab.data.transforms import model_transforms
 from vitlab.errors import VitlabError, check_range
+from vitlab.options import DEFAULT_VAL_SPLIT
 
 
 @dataclass(frozen=True)

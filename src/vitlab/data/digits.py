@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from vitlab.data.split import DEFAULT_VAL_SPLIT, stratified_split
+from vitlab.data.split import stratified_split
 from vitlab.errors import check_range
 from vitlab.fileio import whole_folder
 from vitlab.models.size import check_memory
-from vitlab.runtime import check_seed
+from vitlab.options import DEFAULT_VAL_SPLIT, check_seed
 
 CLASS_NAMES = tuple(str(i) for i in range(10))
 N_DIGITS = 1797

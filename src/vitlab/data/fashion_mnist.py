@@ -41,7 +41,7 @@ from torchvision.datasets import FashionMNIST
 
 from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import cache_root, whole_folder, write_bytes
-from vitlab.runtime import check_seed
+from vitlab.options import check_seed
 
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 # Class folders of `write_fashion_mnist_folder`: the label first, so that sorting them (as ImageFolder does)

@@ -30,9 +30,9 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from vitlab.data.preprocess import open_image
-from vitlab.data.split import DEFAULT_VAL_SPLIT, stratified_split
+from vitlab.data.split import stratified_split
 from vitlab.errors import VitlabError
-from vitlab.runtime import check_seed
+from vitlab.options import DEFAULT_VAL_SPLIT, check_seed
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
 

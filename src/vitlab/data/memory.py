@@ -37,8 +37,8 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from vitlab.data.preprocess import INTERPOLATIONS
-from vitlab.data.transforms import AUTO_AUGMENTS
 from vitlab.errors import VitlabError, check_range
+from vitlab.options import AUTO_AUGMENTS
 
 
 @dataclass

@@ -7,9 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from vitlab.errors import VitlabError, check_range
-from vitlab.runtime import check_seed
-
-DEFAULT_VAL_SPLIT = 0.2  # the share of each class that goes to validation
+from vitlab.options import check_seed
 
 
 def stratified_split(
@@ -40,4 +38,4 @@ def stratified_split(
     return torch.cat(train).sort().values, torch.cat(val).sort().values
 
 
-__all__ = ["DEFAULT_VAL_SPLIT", "stratified_split"]
+__all__ = ["stratified_split"]

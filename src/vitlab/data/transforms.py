@@ -21,8 +21,7 @@ from torchvision.transforms import v2
 
 from vitlab.data.preprocess import INTERPOLATIONS, eval_transform
 from vitlab.errors import VitlabError, check_range
-
-AUTO_AUGMENTS = ("none", "rand", "trivial")
+from vitlab.options import AUTO_AUGMENTS
 
 
 def train_transform(

@@ -43,7 +43,8 @@ from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import check_out_folder, output_folder, temporary_folder, write_json
 from vitlab.models.factory import create_model
 from vitlab.models.registry import get_config
-from vitlab.runtime import check_seed, check_threads, num_threads, process_pool, resolve_device, seed_everything
+from vitlab.options import check_seed
+from vitlab.runtime import check_threads, num_threads, process_pool, resolve_device, seed_everything
 from vitlab.train.engine import Callback, TensorLoader, fit
 from vitlab.train.recipe import RECIPES
 

@@ -36,9 +36,9 @@ import torch
 
 from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import cache_root
+from vitlab.options import EXECUTORS
 from vitlab.runtime import process_pool, resolve_device
 
-EXECUTORS = ("pool", "ray")
 RETRIES = 3  # Ray's max_retries: a task lost with its worker or its node is run again up to 3 times
 NO_RAY = (
     "executor ray needs Ray, which is not installed: install vitlab's cluster extra, "
@@ -235,13 +235,4 @@ def open_executor(
         yield Executor(dev) if n == 1 else PoolExecutor(dev, n, stack)
 
 
-__all__ = [
-    "EXECUTORS",
-    "RETRIES",
-    "Executor",
-    "PoolExecutor",
-    "RayExecutor",
-    "check_executor",
-    "open_executor",
-    "require_ray",
-]
+__all__ = ["RETRIES", "Executor", "PoolExecutor", "RayExecutor", "check_executor", "open_executor", "require_ray"]

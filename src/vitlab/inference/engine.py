@@ -36,12 +36,11 @@ from torch import nn
 from vitlab.errors import VitlabError
 from vitlab.fileio import cache_root, import_onnxruntime
 from vitlab.inference.export import ONNX_TOLERANCE, export_onnx
-from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, InferenceRunner, flops_per_image, serving_model
+from vitlab.options import DEFAULT_ENGINE, DEFAULT_FAST_PATH, ENGINE_CHOICES
+from vitlab.speed.fastpath import FastPath, InferenceRunner, flops_per_image, serving_model
 from vitlab.speed.machine import this_machine
-from vitlab.speed.rules import ENGINES, engine_by_rules
+from vitlab.speed.rules import engine_by_rules
 
-ENGINE_CHOICES = ("auto", *ENGINES)  # what --engine and the `engine` argument take
-DEFAULT_ENGINE = "auto"  # of `vitlab predict`, `vitlab serve` and `predict_files`: the rules' engine
 # What the ONNX file is besides the weights: a change here (or in torch, which writes it) makes new files.
 EXPORT_SETTINGS = {"version": 1, "input": "image (B, C, H, W), B dynamic", "output": "logits (B, K)", "opset": None}
 _EXPORTING = threading.Lock()  # one export at a time: the exporter's tracing is not made for several threads
@@ -254,8 +253,6 @@ def serving_engine(
 
 
 __all__ = [
-    "ENGINE_CHOICES",
-    "DEFAULT_ENGINE",
     "EXPORT_SETTINGS",
     "check_engine",
     "onnx_key",

@@ -18,10 +18,11 @@ from torch import nn
 
 from vitlab.data.preprocess import eval_transform, load_images
 from vitlab.errors import VitlabError, check_range
-from vitlab.inference.engine import DEFAULT_ENGINE, check_engine, inference_engine
+from vitlab.inference.engine import check_engine, inference_engine
 from vitlab.models.size import check_fits
-from vitlab.runtime import autocast, check_precision, resolve_device
-from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath
+from vitlab.options import DEFAULT_ENGINE, DEFAULT_FAST_PATH, check_precision
+from vitlab.runtime import autocast, resolve_device
+from vitlab.speed.fastpath import FastPath
 
 
 def class_names(model: nn.Module) -> list[str] | None:

@@ -27,7 +27,8 @@ import math
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.cnn import ResNetConfig
 from vitlab.models.vit import ViTConfig
-from vitlab.runtime import check_precision, machine_memory
+from vitlab.options import check_precision
+from vitlab.runtime import machine_memory
 
 BYTES_FP32 = 4
 

@@ -68,13 +68,13 @@ from torchvision.ops import StochasticDepth
 
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.cnn import ConvStem, check_images  # the hybrid stem is the CNN baseline's ResNet stages
+from vitlab.options import INITS  # VisionTransformer.init_weights
 
 POS_EMBEDS = ("learned", "learned2d", "sincos2d", "relative", "none")
 POOLS = ("cls", "mean", "cls+mean")
 ACTS = ("gelu", "quick_gelu")
 PATCH_EMBEDS = ("conv", "linear")
 STEMS = ("patch", "hybrid")
-INITS = ("trunc_normal", "jax")  # VisionTransformer.init_weights
 
 
 # ----------------------------------------------------------------------------------------------------

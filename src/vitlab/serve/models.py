@@ -38,17 +38,16 @@ from torch import nn
 
 from vitlab.data.preprocess import describe
 from vitlab.errors import VitlabError, check_range
-from vitlab.inference.engine import DEFAULT_ENGINE, check_engine, serving_engine
+from vitlab.inference.engine import check_engine, serving_engine
 from vitlab.models.factory import check_source, create_model
 from vitlab.models.registry import get_config
 from vitlab.models.size import BYTES_FP32, format_bytes, parameters
 from vitlab.models.vit import VisionTransformer, count_parameters
-from vitlab.runtime import check_precision, machine_memory, resolve_device
-from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, check_fast_path
+from vitlab.options import DEFAULT_ENGINE, DEFAULT_FAST_PATH, PAGE_KINDS, check_precision
+from vitlab.runtime import machine_memory, resolve_device
+from vitlab.speed.fastpath import FastPath, check_fast_path
 from vitlab.weights import checkpoint as ckpt
 from vitlab.weights.formats import is_hub_id
-
-KINDS = ("checkpoint", "pretrained", "model")  # what the page's "load" box can name, as the flags
 
 
 @dataclass(frozen=True)
@@ -68,8 +67,8 @@ class ModelSource:
     def of(cls, kind: str, value: str, *, img_size: int | None = None) -> ModelSource:
         """The source that the flag `--<kind> <value>` names (kind: checkpoint, pretrained or model)."""
         value = (value or "").strip()
-        if kind not in KINDS:
-            raise VitlabError(f"kind must be one of {', '.join(KINDS)}; found {kind!r}", arg="kind")
+        if kind not in PAGE_KINDS:
+            raise VitlabError(f"kind must be one of {', '.join(PAGE_KINDS)}; found {kind!r}", arg="kind")
         if not value:
             raise VitlabError(
                 f"--{kind} needs a value: "
@@ -215,14 +214,14 @@ class ModelStore:
         fast_path: FastPath = DEFAULT_FAST_PATH,
         engine: str = DEFAULT_ENGINE,
         memory_limit: int | None = None,
-        loadable: tuple[str, ...] = KINDS,
+        loadable: tuple[str, ...] = PAGE_KINDS,
     ):
         check_range("capacity", capacity, low=1, integer=True)
         check_range("memory_limit", memory_limit, low=1, integer=True, optional=True)
-        unknown = [k for k in loadable if k not in KINDS]
+        unknown = [k for k in loadable if k not in PAGE_KINDS]
         if unknown:
             raise VitlabError(
-                f"loadable must name kinds among {', '.join(KINDS)}; found {', '.join(map(str, unknown))}",
+                f"loadable must name kinds among {', '.join(PAGE_KINDS)}; found {', '.join(map(str, unknown))}",
                 arg="loadable",
             )
         self.device = resolve_device(device)
@@ -344,4 +343,4 @@ def run_sources(runs: list[Path], *, cwd: Path | None = None) -> list[ModelSourc
     return out
 
 
-__all__ = ["KINDS", "ModelSource", "LoadedModel", "ModelStore", "run_sources", "default_memory_limit"]
+__all__ = ["ModelSource", "LoadedModel", "ModelStore", "run_sources", "default_memory_limit"]

@@ -30,8 +30,9 @@ from PIL import Image
 
 from vitlab.data.photos import sample_photos
 from vitlab.errors import VitlabError
+from vitlab.options import PAGE_KINDS
 from vitlab.serve import look, runs
-from vitlab.serve.models import KINDS, ModelStore, run_sources
+from vitlab.serve.models import ModelStore, run_sources
 from vitlab.weights.checkpoint import find_runs
 
 NO_GRADIO = (
@@ -390,7 +391,7 @@ def model_header(keys: list[str], model: str | None) -> SimpleNamespace:
         with gr.Column(scale=2):
             with gr.Accordion("Load another model", open=model is None):
                 kind = gr.Radio(
-                    list(KINDS),
+                    list(PAGE_KINDS),
                     value="checkpoint",
                     label="as",
                     elem_id="load-kind",

@@ -30,14 +30,12 @@ import torch
 from torch import nn
 
 from vitlab.errors import VitlabError
+from vitlab.options import DEFAULT_FAST_PATH, FAST_PATHS
 from vitlab.runtime import autocast
 from vitlab.speed import tune as T
 from vitlab.speed.machine import this_machine
 from vitlab.speed.paths import inference_fn, is_vit_on_cpu, usable
 from vitlab.speed.rules import AS_BUILT, Plan, plan_by_rules
-
-FAST_PATHS = ("auto", "tuned", "compile", "eager", "off")
-DEFAULT_FAST_PATH = "auto"  # of every command and library function that runs a model: the rules' plan, nothing timed
 
 FastPath = str | Plan | None  # a word of FAST_PATHS, a Plan chosen already, or None: the model exactly as built
 
@@ -154,13 +152,4 @@ def serving_model(
     return fn, plan.describe()
 
 
-__all__ = [
-    "FAST_PATHS",
-    "DEFAULT_FAST_PATH",
-    "FastPath",
-    "check_fast_path",
-    "choose_plan",
-    "flops_per_image",
-    "InferenceRunner",
-    "serving_model",
-]
+__all__ = ["FastPath", "check_fast_path", "choose_plan", "flops_per_image", "InferenceRunner", "serving_model"]

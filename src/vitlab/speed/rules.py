@@ -142,9 +142,6 @@ RULES = (
 )
 
 
-ENGINES = ("torch", "onnxruntime")
-
-
 @dataclass(frozen=True)
 class EngineRule:
     """A row of ENGINE_RULES: where ONNX Runtime computes an inference run's logits ("*" = any)."""
@@ -247,7 +244,6 @@ __all__ = [
     "Rule",
     "RULES",
     "plan_by_rules",
-    "ENGINES",
     "EngineRule",
     "ENGINE_RULES",
     "engine_by_rules",

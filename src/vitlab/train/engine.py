@@ -47,9 +47,10 @@ from tqdm.auto import tqdm
 from vitlab.data.transforms import mix_transform
 from vitlab.errors import VitlabError, check_range
 from vitlab.fileio import check_out_folder, mark_folder, write_csv
+from vitlab.options import DEFAULT_FAST_PATH
 from vitlab.runtime import autocast, seed_everything
 from vitlab.speed import paths
-from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, choose_plan
+from vitlab.speed.fastpath import FastPath, choose_plan
 from vitlab.speed.rules import Plan
 from vitlab.train import diagnostics, distributed
 from vitlab.train.distributed import DistInfo

@@ -10,7 +10,7 @@ named presets the commands take their defaults from (a default lives here, never
 `vitlab.train.engine.fit` applies the optimisation (AdamW, warmup + cosine, clipping, label
 smoothing, accumulation), the stages (freezing, layer decay), the EMA and the batch mixing
 (MixUp/CutMix); the per-image augmentation fields are read by `vitlab.data.datasets.make_loaders`,
-which builds the training loader; `vitlab.train.run` initialises a model trained from random weights
+which builds the training loader; `vitlab.train.job.run` initialises a model trained from random weights
 as `init` and `head_init` say. Ranges are checked when a Recipe is made, in the fields' own names.
 
 Three fields may be left None, "auto": chosen for each run from its length and its image size, by the
@@ -29,10 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
-from vitlab.data.transforms import AUTO_AUGMENTS
 from vitlab.errors import VitlabError, check_range
-from vitlab.models.vit import INITS
-from vitlab.runtime import check_precision, check_seed
+from vitlab.options import AUTO_AUGMENTS, INITS, check_precision, check_seed
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ class Recipe:
     freeze_epochs: int = 0  # stage 1: only the head trains for this many epochs
     unfreeze: str = "all"  # stage 2: "all", "head" or "last:N" blocks (+ final norm and head)
     layer_decay: float = 1.0  # block i of L gets lr x layer_decay^(L+1-i); 1 = off
-    # a model trained from random weights (vitlab.train.run; `fit` trains the model it is given as it is)
+    # a model trained from random weights (vitlab.train.job.run; `fit` trains the model it is given as it is)
     init: str = "jax"  # VisionTransformer.init_weights: "jax" (the original release's) or "trunc_normal" (timm's)
     head_init: float = 0.02  # the head's std (truncated normal); 0 = the zero head of the paper's Section 3.2
     # augmentation and regularisation
@@ -396,14 +394,4 @@ def _notes(given: Recipe, r: Recipe, stages: list[Stage], steps: int) -> list[st
     return notes
 
 
-__all__ = [
-    "Recipe",
-    "RECIPES",
-    "AUTO_AUGMENTS",
-    "AUG_MIN_EPOCHS",
-    "auto_crop_scale",
-    "Stage",
-    "schedule",
-    "in_force",
-    "describe",
-]
+__all__ = ["Recipe", "RECIPES", "AUG_MIN_EPOCHS", "auto_crop_scale", "Stage", "schedule", "in_force", "describe"]

@@ -47,7 +47,7 @@ entry with its hooks into the search; `EXPERIMENTS`),
 from __future__ import annotations
 
 from vitlab.experiments.reproduce.claims import EXPERIMENTS, experiment_names, select
-from vitlab.experiments.reproduce.claims.base import SCALES, Experiment, Outcome, Results, Scale, SearchChoice
+from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale, SearchChoice
 from vitlab.experiments.reproduce.claims.claim8_attention import pe_structure
 from vitlab.experiments.reproduce.runner import reproduce
 from vitlab.experiments.reproduce.runs import (
@@ -89,7 +89,6 @@ __all__ = [
     "Outcome",
     "REPRODUCED",
     "Results",
-    "SCALES",
     "Run",
     "RunCache",
     "Scale",

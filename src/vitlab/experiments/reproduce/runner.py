@@ -23,7 +23,7 @@ from vitlab.data.transforms import mix_transform
 from vitlab.errors import VitlabError, check_range
 from vitlab.experiments.executors import Executor, check_executor, open_executor
 from vitlab.experiments.reproduce.claims import select
-from vitlab.experiments.reproduce.claims.base import SCALES, Experiment, Outcome, Results, Scale
+from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
 from vitlab.experiments.reproduce.claims.shared import (
     CHANCE,
     CNN,
@@ -41,6 +41,7 @@ from vitlab.experiments.reproduce.search import arm_label, load_record
 from vitlab.experiments.reproduce.search import render as render_search
 from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, Verdict, stats
 from vitlab.fileio import check_out_folder, output_folder, write_csv, write_text
+from vitlab.options import SCALES
 from vitlab.runtime import num_threads, resolve_device
 from vitlab.speed import paths
 from vitlab.speed.fastpath import check_fast_path, choose_plan

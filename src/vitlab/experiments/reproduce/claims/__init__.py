@@ -1,39 +1,20 @@
 """The paper's claims, one module each (plan, analysis and `Experiment` entry), and `EXPERIMENTS` in claim
-order. The classes they are made of are in `base`; the Fashion-MNIST setup the claims share (models,
-recipes, the data-scale grid whose runs most claims reuse) in `shared`."""
+order, loaded from the registry `vitlab.options.CLAIMS` (which the command line's help reads without torch).
+The classes they are made of are in `base`; the Fashion-MNIST setup the claims share (models, recipes, the
+data-scale grid whose runs most claims reuse) in `shared`."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 
 from vitlab.errors import VitlabError
-from vitlab.experiments.reproduce.claims import (
-    claim1_x_pos_embed,
-    claim2_pos_embed,
-    claim3_cls_vs_gap,
-    claim4_patch_size,
-    claim5_data_scale,
-    claim6_pretrain,
-    claim7_hybrid,
-    claim8_attention,
-    claim9_recipe,
-    claim10_compute,
-    claim11_resolution,
-)
 from vitlab.experiments.reproduce.claims.base import Experiment
+from vitlab.options import CLAIMS
 
+# claim N is the module claimN_<name> of this package, its EXPERIMENT numbered N and named <name>
 EXPERIMENTS: list[Experiment] = [
-    claim1_x_pos_embed.EXPERIMENT,
-    claim2_pos_embed.EXPERIMENT,
-    claim3_cls_vs_gap.EXPERIMENT,
-    claim4_patch_size.EXPERIMENT,
-    claim5_data_scale.EXPERIMENT,
-    claim6_pretrain.EXPERIMENT,
-    claim7_hybrid.EXPERIMENT,
-    claim8_attention.EXPERIMENT,
-    claim9_recipe.EXPERIMENT,
-    claim10_compute.EXPERIMENT,
-    claim11_resolution.EXPERIMENT,
+    importlib.import_module(f"{__name__}.claim{number}_{name}").EXPERIMENT for number, name in CLAIMS.items()
 ]
 
 

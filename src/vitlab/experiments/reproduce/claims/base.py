@@ -24,8 +24,7 @@ from vitlab.errors import VitlabError
 from vitlab.experiments.reproduce.probes import digits_probe, fashion_probe
 from vitlab.experiments.reproduce.runs import Run, RunCache
 from vitlab.experiments.reproduce.verdicts import Verdict
-
-SCALES = ("quick", "default", "large")
+from vitlab.options import SCALES
 
 
 @dataclass

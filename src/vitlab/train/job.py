@@ -38,8 +38,9 @@ from vitlab.fileio import mark_folder
 from vitlab.models.factory import check_source, create_model
 from vitlab.models.size import check_fits
 from vitlab.models.vit import VisionTransformer
+from vitlab.options import DEFAULT_FAST_PATH
 from vitlab.runtime import seed_everything
-from vitlab.speed.fastpath import DEFAULT_FAST_PATH, FastPath, check_fast_path
+from vitlab.speed.fastpath import FastPath, check_fast_path
 from vitlab.train import diagnostics, distributed, report
 from vitlab.train.callbacks import EpochPrinter, TensorBoardLogger
 from vitlab.train.engine import check_run_folder, fit
