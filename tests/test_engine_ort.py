@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitlab import create_model
+from vitlab import create_model, options
 from vitlab.cli import main
 from vitlab.cli.commands import build_parser
 from vitlab.errors import VitlabError
@@ -110,10 +110,10 @@ def test_the_rule_picks_onnxruntime_exactly_on_the_machine_kinds_and_batches_it_
 def test_auto_is_the_one_default_engine_of_every_function_and_command_that_takes_one():
     takers = [predict_files, ModelStore, LoadedModel, E.inference_engine, E.serving_engine]
     for taker in takers:
-        assert inspect.signature(taker).parameters["engine"].default == E.DEFAULT_ENGINE == "auto", taker
+        assert inspect.signature(taker).parameters["engine"].default == options.DEFAULT_ENGINE == "auto", taker
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     assert {name for name, p in commands.items() if p.get_default("engine")} == {"predict", "serve"}
-    assert {commands[c].get_default("engine") for c in ("predict", "serve")} == {E.DEFAULT_ENGINE}
+    assert {commands[c].get_default("engine") for c in ("predict", "serve")} == {options.DEFAULT_ENGINE}
 
 
 # ----------------------------------------------------------------------------------------------------

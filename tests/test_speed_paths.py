@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import load_file
 
-from vitlab import bench
+from vitlab import bench, options
 from vitlab.analysis import attention, plots
 from vitlab.analysis.flops import count_macs
 from vitlab.cli import build_parser, main
@@ -167,13 +167,13 @@ def test_a_fast_path_is_a_word_a_plan_or_none_and_auto_is_the_one_default():
     assert fastpath.choose_plan(model, fast=given, **kw) == given  # taken as it is
     assert fastpath.choose_plan(model, fast=None, **kw) == rules.AS_BUILT
     assert fastpath.choose_plan(model, fast="off", **kw).source == "--fast-path off"
-    assert fastpath.DEFAULT_FAST_PATH == "auto" and fastpath.DEFAULT_FAST_PATH in fastpath.FAST_PATHS
+    assert options.DEFAULT_FAST_PATH == "auto" and options.DEFAULT_FAST_PATH in options.FAST_PATHS
     with pytest.raises(VitlabError, match=r"fast_path must be one of auto, .* found 'fast'"):
         fastpath.choose_plan(model, fast="fast", **kw)
 
 
 def test_every_command_and_function_that_runs_a_model_takes_the_one_default_fast_path():
-    default = fastpath.DEFAULT_FAST_PATH
+    default = options.DEFAULT_FAST_PATH
     takers = [fit, TrainJob, predict_files, plots.write_figure7, ModelStore, LoadedModel]
     takers += [fastpath.InferenceRunner, fastpath.serving_model]
     takers += [attention.iter_attention, attention.cls_attention, attention.rollout]

@@ -172,7 +172,7 @@ def onnxruntime_model(
 
 class Engine:
     """What computes the logits of an inference run, called like the model, and what it is in words: `name`
-    (one of ENGINES), `lines()` (what a command prints: the engine, and PyTorch's fast path)."""
+    (one of `vitlab.options.ENGINES`), `lines()` (what a command prints: the engine, and PyTorch's fast path)."""
 
     def __init__(self, name: str, fn: Callable, said: str, plan: str | None = None):
         self.name, self.fn, self.said, self.plan = name, fn, said, plan

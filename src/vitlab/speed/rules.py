@@ -188,7 +188,7 @@ def engine_by_rules(
     images: int | None = 1,
     device_type: str = "cpu",
 ) -> tuple[str, str]:
-    """The engine (one of ENGINES) ENGINE_RULES give an inference run of `images` images in batches of
+    """The engine (one of `vitlab.options.ENGINES`) ENGINE_RULES give an inference run of `images` images in batches of
     `batch_size`, of a model of `flops_per_item` forward FLOPs per image, and where the choice came from, in words.
     `images` None: a run of no known length (a server), which a row for short runs does not take. A small model
     runs on PyTorch (the rows were measured on ViT-S/16 and ViT-B/16), as does anything off the CPU."""
