@@ -41,7 +41,7 @@ from vitlab.models.size import estimate_memory
 from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.runtime import num_threads
 from vitlab.serve.models import LoadedModel, ModelStore
-from vitlab.speed import compiled, fastpath, onednn, rules, tune
+from vitlab.speed import compiled, fastpath, onednn, paths, rules, tune
 from vitlab.speed.machine import Machine, kind_of, this_machine
 from vitlab.speed.paths import inference_fn
 from vitlab.speed.rules import Plan
@@ -134,7 +134,7 @@ def test_the_rules_send_each_cpu_kind_where_its_measurements_say():
     assert not short.compile and short.pieces == 0
     assert plan(XEON_AMX, items=int(rules.COMPILE_FLOPS / VIT_S) + 1).compile
     assert plan(XEON_AMX, "inference", "bf16").pieces == 16 and plan(XEON_AMX, "train", "bf16").attention == "explicit"
-    assert not plan(XEON_AMX, "train").compile  # training never compiles by the rules
+    assert not plan(XEON_AMX, "train").compile  # a ViT's training never compiles by the rules
     for machine in (AMD_ZEN5, XEON_AMX, _machine("other", "neon")):
         assert (
             plan(machine, flops=rules.SMALL_FLOPS / 2)
@@ -142,7 +142,41 @@ def test_the_rules_send_each_cpu_kind_where_its_measurements_say():
             .startswith("fused attention, torch's products, not compiled [rules")
         )
         assert plan(machine, device="cuda") == Plan(source="rules (cuda)")
-    assert rules.RULES[-1] == rules.Rule("*", "*", "*", "*")  # every machine, mode and precision has a row
+    assert rules.RULES[-1] == rules.Rule("*", "*", "*", "*", family="*")  # every machine, mode, precision, model
+
+
+def test_a_cnns_long_training_compiles_where_measured_and_nowhere_else():
+    """A CNN's rows count steps: on AMD with AVX-512 and bf16 (where a compiled step of `resnet_mini` ran 1.45x the
+    eager one) its training compiles from CNN_COMPILE_STEPS steps on; its inference, a short run, another CPU kind,
+    bf16 or a GPU run it as built; fit trains the CNN on that plan and says where it came from."""
+
+    def plan(machine, mode="train", precision="fp32", items=10_000, device="cpu", family="cnn"):
+        return rules.plan_by_rules(
+            machine,
+            mode=mode,
+            precision=precision,
+            batch_size=64,
+            flops_per_item=0.0,
+            items=items,
+            device_type=device,
+            family=family,
+        )
+
+    assert plan(AMD_ZEN5) == Plan(compile=True) and plan(AMD_ZEN5).source == "rules (avx512-bf16, amd): a CNN"
+    assert plan(AMD_ZEN5, items=rules.CNN_COMPILE_STEPS).compile
+    assert not plan(AMD_ZEN5, items=rules.CNN_COMPILE_STEPS - 1).compile  # too short to repay the compile
+    for kw in ({"mode": "inference"}, {"precision": "bf16"}, {"device": "cuda"}, {"family": "vit"}):
+        assert not plan(AMD_ZEN5, **kw).compile, kw
+    for machine in (AMD_EPYC_AVX2, XEON_AMX, _machine("other", "neon")):
+        assert not plan(machine).compile, machine.kind
+    with pytest.raises(ValueError, match="family must be one of"):
+        plan(AMD_ZEN5, family="rnn")
+    cnn, vit = create_model("resnet_mini", num_classes=10), create_model("vit_mini", num_classes=10)
+    assert (paths.family(cnn), paths.family(vit)) == ("cnn", "vit")
+    chosen = fastpath.choose_plan(
+        cnn, fast="auto", mode="train", precision="fp32", batch_size=64, items=10_000, device=torch.device("cpu")
+    )
+    assert chosen.compile == (this_machine().vendor == "amd" and this_machine().kind == "avx512-bf16")
 
 
 def test_a_plan_reads_back_and_refuses_what_is_not_a_plan():

@@ -34,7 +34,7 @@ from vitlab.options import DEFAULT_FAST_PATH, FAST_PATHS
 from vitlab.runtime import autocast
 from vitlab.speed import tune as T
 from vitlab.speed.machine import this_machine
-from vitlab.speed.paths import inference_fn, is_vit_on_cpu, usable
+from vitlab.speed.paths import family, inference_fn, is_vit_on_cpu, usable
 from vitlab.speed.rules import AS_BUILT, Plan, plan_by_rules
 
 FastPath = str | Plan | None  # a word of FAST_PATHS, a Plan chosen already, or None: the model exactly as built
@@ -88,6 +88,7 @@ def choose_plan(
         flops_per_item=flops_per_image(model),
         items=items,
         device_type=device.type,
+        family=family(model),
     )
     if fast == "tuned" and is_vit_on_cpu(model):
         plan = T.known(model, mode=mode, precision=precision, batch_size=batch_size) or T.tune(

@@ -23,6 +23,12 @@ def tokens(model: nn.Module) -> int:
     return cfg.num_patches + cfg.num_prefix_tokens if hasattr(cfg, "num_patches") else 1
 
 
+def family(model: nn.Module) -> str:
+    """The kind of model the rules tell apart (`vitlab.speed.rules.FAMILIES`): "vit" for a VisionTransformer, a
+    hybrid's conv stem included, "cnn" for anything else."""
+    return "vit" if isinstance(model, VisionTransformer) else "cnn"
+
+
 def is_vit_on_cpu(model: nn.Module) -> bool:
     return isinstance(model, VisionTransformer) and next(model.parameters()).device.type == "cpu"
 
@@ -76,4 +82,4 @@ def training(model: nn.Module, plan: Plan | None, *, precision: str) -> Iterator
                 block.attn.fused = was
 
 
-__all__ = ["inference_fn", "training", "usable", "tokens", "is_vit_on_cpu"]
+__all__ = ["inference_fn", "training", "usable", "tokens", "is_vit_on_cpu", "family"]

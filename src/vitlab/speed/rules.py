@@ -22,13 +22,16 @@ Each row of the table is the fastest path measured on that kind of machine, with
 - On an Intel Xeon with AMX, compiled inference with freezing (which packs every weight once) is the
   fastest path for a long run, and bf16 training runs the explicit attention products (the fused
   kernel's backward is slower there).
-- A small model (under `SMALL_FLOPS` per image: the mini experiment's) runs as built on every CPU: its
+- A small ViT (under `SMALL_FLOPS` per image: the mini experiment's) runs as built on every CPU: its
   steps are dispatch, not arithmetic, and a product reordered for oneDNN at every call costs more than it
   saves.
 - Compiling costs tens of seconds; it is chosen only for a run of at least `COMPILE_FLOPS` (about
   5,000 ViT-S/16 images, 1,400 ViT-B/16 images), by the FLOPs the model will compute, never by the clock.
-  Training does not compile by these rules (a few percent for a minute of compile, measured); `--fast-path
-  compile` or a tuned plan does.
+  A ViT's training does not compile by these rules (a few percent for a minute of compile, measured);
+  `--fast-path compile` or a tuned plan does.
+- A CNN's training does, where measured (AMD with AVX-512 and bf16), for a run of at least
+  `CNN_COMPILE_STEPS` steps: eager autograd runs each convolution, batch norm and ReLU as kernels of their
+  own, which inductor fuses, and a small network's compile (seconds) is repaid in a few hundred steps.
 
 The engine of an inference run, the other table here (`ENGINE_RULES`): PyTorch on the plan above, or ONNX
 Runtime running the model exported to ONNX (`vitlab.inference.engine`), where it was measured faster. ONNX
@@ -47,6 +50,8 @@ PRODUCTS = ("aten", "onednn")
 MODES = ("inference", "train")
 SMALL_FLOPS = 1e9  # per image, forward: below it a model runs as built (ViT-Ti/16 is 2.5e9, the mini models 1e7-1e8)
 COMPILE_FLOPS = 5e13  # a run's forward FLOPs from which compiling pays (ViT-S/16: 9.2e9 per image)
+CNN_COMPILE_STEPS = 1000  # a CNN's training steps from which compiling pays (its compile is repaid in 300-500)
+FAMILIES = ("vit", "cnn")  # the kinds of model the rows tell apart: a VisionTransformer (hybrids too), a CNN
 
 
 MAX_PIECES = 4096  # the most images per piece a plan read back from a file may ask for (the rules ask for 4 or 16)
@@ -108,13 +113,14 @@ class Rule:
     kind: str
     mode: str
     precision: str
+    family: str = "vit"  # the kind of model (FAMILIES)
     attention: str = "fused"
     products: str = "aten"
     compile: bool = False  # for runs of at least COMPILE_FLOPS
     compile_batch: int = 1  # ... at batches of at least this many images
     pieces: int = 0  # with compile, at batches above it
 
-    def matches(self, machine: Machine, mode: str, precision: str) -> bool:
+    def matches(self, machine: Machine, mode: str, precision: str, family: str = "vit") -> bool:
         return all(
             want in ("*", have)
             for want, have in (
@@ -122,6 +128,7 @@ class Rule:
                 (self.kind, machine.kind),
                 (self.mode, mode),
                 (self.precision, precision),
+                (self.family, family),
             )
         )
 
@@ -137,8 +144,16 @@ RULES = (
     Rule("intel", "amx", "inference", "fp32", compile=True, pieces=4),
     Rule("intel", "amx", "inference", "bf16", products="onednn", compile=True, pieces=16),
     Rule("intel", "amx", "train", "bf16", attention="explicit"),
+    # A CNN's training, compiled for a run of CNN_COMPILE_STEPS or more: `resnet_mini`, one thread, batch 64, 28x28
+    # grey, on an AMD EPYC (Zen 4, family 25), CPU time a step eager / compiled: 1.48x at width 16 (88.4 -> 59.6 ms),
+    # 1.28x at width 24, 1.29x and 1.33x in a second run on a busier machine (benchmarks/bench_compile_train.py); the
+    # first step 1-16 s of wall clock (the compile). Bitwise the same weights in three processes, inductor's cache
+    # empty or full. The hybrid (a conv stem before a ViT, family "vit") gained 1.19-1.21x there, 1.07x in a first
+    # measurement: too uncertain for a row yet; it stays as built with the ViTs (0.90-1.07x). Measured on Zen 4 alone
+    # (Zen 5 is the same kind here); no Intel row.
+    Rule("amd", "avx512-bf16", "train", "fp32", family="cnn", compile=True),
     # anything else: the model as built
-    Rule("*", "*", "*", "*"),
+    Rule("*", "*", "*", "*", family="*"),
 )
 
 
@@ -221,14 +236,21 @@ def plan_by_rules(
     flops_per_item: float,
     items: int,
     device_type: str = "cpu",
+    family: str = "vit",
 ) -> Plan:
     """The plan RULES give for a run of `items` images (inference) or training steps of `batch_size`
-    images, of a model of `flops_per_item` forward FLOPs per image, on `machine`."""
+    images, of a model of `flops_per_item` forward FLOPs per image and of kind `family` (FAMILIES), on `machine`.
+    A CNN's rows count a run's steps (CNN_COMPILE_STEPS), a ViT's its FLOPs."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}; found {mode!r}")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}; found {family!r}")
     if device_type != "cpu":
         return replace(AS_BUILT, source=f"rules ({device_type})")
     source = f"rules ({machine.kind}, {machine.vendor})"
+    if family == "cnn":
+        rule = next(r for r in RULES if r.matches(machine, mode, precision, family))
+        return Plan(compile=rule.compile and items >= CNN_COMPILE_STEPS, source=f"{source}: a CNN")
     if flops_per_item < SMALL_FLOPS:
         return replace(AS_BUILT, source=f"{source}: a small model")
     rule = next(r for r in RULES if r.matches(machine, mode, precision))
@@ -252,4 +274,6 @@ __all__ = [
     "MODES",
     "SMALL_FLOPS",
     "COMPILE_FLOPS",
+    "CNN_COMPILE_STEPS",
+    "FAMILIES",
 ]
