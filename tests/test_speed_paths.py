@@ -387,6 +387,31 @@ def test_the_same_training_is_bitwise_the_same_with_an_empty_cache_an_opposite_o
     assert Plan.from_dict(summary["fast_path"]).source.startswith("rules (")
 
 
+@pytest.mark.slow  # a minute on 2 cores: two processes compile the CNN's forward and backward
+def test_a_compiled_cnns_training_is_bitwise_the_same_with_inductors_cache_empty_or_full(tmp_path):
+    """The CNN's compiled training (the rules' path for a long run on AMD with AVX-512 and bf16; asked for here, so on
+    any CPU): two processes one after the other on one cache root, the first compiling into an empty inductor cache,
+    the second reading it, train bitwise the same weights."""
+    data = tmp_path / "digits"
+    assert main(["data", "digits", "--out", str(data), "--per-class", "10", "--size", "16"]) == 0
+    env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache")}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    for run in ("cold", "warm"):
+        argv = [*_train_argv(data, tmp_path / run), "--model", "resnet_mini", "--batch-size", "16"]
+        done = subprocess.run(
+            [sys.executable, "-m", "vitlab", *argv, "--fast-path", "compile"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "compiled" in done.stdout and "not compiled" not in done.stdout
+    assert any((tmp_path / "cache" / "inductor").iterdir())  # the first process filled the cache the second read
+    cold, warm = _weights(tmp_path / "cold"), _weights(tmp_path / "warm")
+    assert cold.keys() == warm.keys() and all(torch.equal(cold[k], warm[k]) for k in cold)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Tuning: an explicit step, kept under the cache root, read back
 
