@@ -174,6 +174,43 @@ def test_quick_report_has_every_claim_with_a_verdict(quick_report):
             assert "Inconclusive because" in section, e.name
 
 
+def test_the_report_says_where_the_time_went_from_the_runs_own_records(quick_report):
+    """Each run keeps the seconds the invocation priced it at beside the time it took (training and the final
+    evaluation); the report's table adds them up per claim, each run once, in the first claim that plans it."""
+    scale, cache = Scale("quick", (0, 1)), RunCache(quick_report / "cache")
+    records = [cache.result(s) for s in all_runs([s for e in EXPERIMENTS for s in e.plan(scale)])]
+    assert all(r["estimate_s"] > 0 and r["eval_cpu_s"] > 0 and r["eval_time_s"] > 0 for r in records)
+    t = runner.time_by_claim(EXPERIMENTS, scale, cache, torch.device("cpu"))
+    took = [r["train_cpu_s"] + r["eval_cpu_s"] for r in records]
+    assert t["clock"] == "cpu" and t["without_eval"] == 0
+    assert sum(r["runs"] for r in t["rows"]) == len(records)
+    assert sum(r["took_s"] for r in t["rows"]) == pytest.approx(t["took_s"]) == pytest.approx(sum(took))
+    assert sum(r["estimate_s"] for r in t["rows"]) == pytest.approx(sum(r["estimate_s"] for r in records))
+    assert next(r for r in t["rows"] if r["claim"] == 8)["runs"] == 0  # Figure 7 reads claim 5's runs
+    md = (quick_report / "report.md").read_text()
+    section = md.split("## Where the time went")[1].split("\n## ")[0]
+    all_row = re.search(r"\|  \| all \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", section)
+    assert all_row and int(all_row.group(1)) == len(records)
+    assert float(all_row.group(2)) == pytest.approx(sum(took) / 60, abs=0.051)
+    assert float(all_row.group(4)) == pytest.approx(sum(took) / sum(r["estimate_s"] for r in records), abs=0.006)
+
+
+def test_a_dry_run_prices_what_the_cache_lacks_and_writes_nothing(quick_report, tmp_path, capsys):
+    stamps = {p: p.stat().st_mtime_ns for p in quick_report.rglob("*")}
+    capsys.readouterr()
+    assert main(["reproduce", "--quick", "--dry-run", "--only", "1", "--out", str(quick_report)]) == 0
+    out = capsys.readouterr().out
+    planned = len(all_runs(EXPERIMENTS[0].plan(Scale("quick", (0, 1)))))
+    assert f"1 experiment(s), {planned} training run(s), {planned} cached; estimated 0 s" in out
+    assert {p: p.stat().st_mtime_ns for p in quick_report.rglob("*")} == stamps  # nothing written
+    fresh = tmp_path / "new"
+    assert main(["reproduce", "--quick", "--dry-run", "--only", "1", "--out", str(fresh)]) == 0
+    estimate = re.search(rf"{planned} training run\(s\), 0 cached; estimated (\d+) s", capsys.readouterr().out)
+    assert estimate and int(estimate.group(1)) > 0 and not fresh.exists()
+    assert main(["reproduce", "--tune", "--dry-run", "--out", str(fresh)]) == 2
+    assert "--dry-run applies to the report, not to --tune" in capsys.readouterr().err
+
+
 def test_second_run_reads_the_cache(quick_report, capsys):
     results = sorted((quick_report / "cache" / "runs").glob("*/result.json"))
     stamps = [p.stat().st_mtime_ns for p in results]

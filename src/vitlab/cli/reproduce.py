@@ -86,6 +86,12 @@ def register(subparsers, summary: str) -> None:
         "it); without it, a Ray cluster of this machine is started for the run",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the runs the report plans, how many DIR's cache holds and the estimate of the rest on this "
+        "machine, by claim, then stop: nothing is trained or written",
+    )
     add_fast_path(p)
     p.set_defaults(func=run)
 
@@ -95,6 +101,8 @@ def run(args) -> int:
     from vitlab.experiments.reproduce.search import tune
 
     if args.tune:
+        if args.dry_run:
+            raise VitlabError("--dry-run applies to the report, not to --tune; drop it", arg="dry_run")
         if args.only is not None or args.seeds is not None:
             raise VitlabError(
                 f"{'--only' if args.only is not None else '--seeds'} applies to the report, not to --tune "
@@ -124,5 +132,6 @@ def run(args) -> int:
         fast_path=args.fast_path,
         executor=args.executor,
         address=args.address,
+        dry_run=args.dry_run,
     )
     return 0

@@ -64,9 +64,8 @@ def _intro(meta: dict) -> list[str]:
         "",
         f"Scale: **{SCALE_TEXT[meta['scale']]}**; {meta['seeds']} seeds per configuration; device `{meta['device']}`; "
         f"torch {meta['torch']}; {meta['runs']} training runs ({took}{duration(timing['elapsed_s'])} with "
-        f"{timing['workers']} worker(s){ray} (estimate printed at start: {duration(timing['estimate_s'])}{at_load}); "
-        "the runs' own training times add up to "
-        f"{duration(meta['train_s'])} (one thread each on CPU, measured when each run was trained).",
+        f"{timing['workers']} worker(s){ray} (estimate printed at start: {duration(timing['estimate_s'])}{at_load})"
+        + (f"; {_took(meta['time'])} (Where the time went, below)." if meta.get("time") else "."),
         "",
         "Every accuracy is measured after the last epoch (no early stopping, no picking the best epoch), as mean +- "
         "sample standard deviation over seeds; a seed fixes the training subset, the order of the batches, the "
@@ -110,6 +109,66 @@ def _intro(meta: dict) -> list[str]:
         "`docs/reproduce/synthetic/` as a record of the mechanisms it showed (for example, that a learned 1-D table "
         "stays at chance on a task that is only about where things are, where a fixed 2-D sin-cos embedding learns "
         "it at once).",
+    ]
+
+
+def _took(t: dict) -> str:
+    """The runs' own time in one clause: CPU time on CPU (with their wall clock beside), wall clock on a GPU."""
+    if t["clock"] == "cpu":
+        return (
+            f"the runs themselves took {t['took_s'] / 3600:.2f} CPU-hours (one thread each) and "
+            f"{t['wall_s'] / 3600:.2f} hours of wall clock added up (more than their CPU time where the machine was "
+            "shared)"
+        )
+    return f"the runs themselves took {t['wall_s'] / 3600:.2f} hours of wall clock added up"
+
+
+def _time(t: dict) -> list[str]:
+    """The section on where the time went: each claim's runs, the time they took, and their estimate."""
+    unit = "CPU-min" if t["clock"] == "cpu" else "min"
+
+    def ratio(took: float, est: float | None) -> str:
+        return f"{took / est:.2f}" if est else "-"
+
+    rows = [
+        [str(r["claim"]), r["title"], str(r["runs"]), f"{r['took_s'] / 60:.1f}"]
+        + (
+            [f"{r['estimate_s'] / 60:.1f}", ratio(r["took_s"], r["estimate_s"])]
+            if r["estimate_s"] is not None
+            else ["-", "-"]
+        )
+        for r in t["rows"]
+    ]
+    priced = [r for r in t["rows"] if r["estimate_s"] is not None and r["runs"]]
+    est = sum(r["estimate_s"] for r in priced)
+    took = sum(r["took_s"] for r in priced)
+    rows.append(
+        ["", "all", str(sum(r["runs"] for r in t["rows"])), f"{t['took_s'] / 60:.1f}"]
+        + ([f"{est / 60:.1f}", ratio(took, est)] if priced else ["-", "-"])
+    )
+    older = (
+        f" {t['without_eval']} of the runs' records predate the final evaluation's time: for those the table counts "
+        "their training alone."
+        if t["without_eval"]
+        else ""
+    )
+    return [
+        "## Where the time went",
+        "",
+        "Each claim's runs, read from their records: the time each took to train (with its per-epoch check) and to "
+        "be evaluated, "
+        + (
+            "its CPU time on its one thread, which a machine busy with other work does not stretch"
+            if t["clock"] == "cpu"
+            else "wall clock"
+        )
+        + "; a run that several claims share is counted in the first that plans it. Estimated: what the "
+        "invocation that trained the runs priced them at before it started (from each architecture's timed steps on "
+        "that machine), where it priced every run of the claim; the ratio is the time taken over the estimate, for "
+        "those claims (the last row: over the claims with an estimate)." + older,
+        "",
+        md_table(["#", "claim", "runs", unit, f"estimated {unit}", "took / estimated"], rows),
+        "",
     ]
 
 
@@ -177,6 +236,8 @@ def render_markdown(outcomes, meta: dict) -> str:
     )
     if meta.get("quality"):
         lines += [""] + _quality(meta["quality"])
+    if meta.get("time"):
+        lines += [""] + _time(meta["time"])
     if meta.get("search"):
         lines += ["", "## Recipe and budgets", "", meta["search"].strip()]
     for e, o in outcomes:
@@ -288,8 +349,10 @@ def render_html(outcomes, meta: dict, out: Path) -> str:
     ]
     parts += [f"<p>{esc(p).replace('**', '')}</p>" for p in _intro(meta) if p]
     parts.append("<h2>Verdicts</h2>")
-    extra = ([] if not meta.get("quality") else _quality(meta["quality"])) + (
-        [] if not meta.get("search") else ["## Recipe and budgets", "", meta["search"]]
+    extra = (
+        ([] if not meta.get("quality") else _quality(meta["quality"]))
+        + ([] if not meta.get("time") else _time(meta["time"]))
+        + ([] if not meta.get("search") else ["## Recipe and budgets", "", meta["search"]])
     )
     parts.append(
         "<table><thead><tr><th>#</th><th>claim</th><th>source</th><th>verdict</th><th>v1</th></tr></thead><tbody>"

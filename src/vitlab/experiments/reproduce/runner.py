@@ -56,12 +56,16 @@ def _arch_key(run: Run) -> tuple:
     return run.model, run.data.img_size, run.data.channels, run.overrides, r.batch_size, aug
 
 
-def calibrate(runs: Sequence[Run], device: torch.device, seconds: float = 1.0) -> dict[tuple, tuple[float, float]]:
+def calibrate(
+    runs: Sequence[Run], device: torch.device, seconds: float = 1.0, fast_path: str = "auto"
+) -> dict[tuple, tuple[float, float]]:
     """Seconds per training image for each architecture and augmentation in `runs`, as (wall clock, CPU time of
     this process): epochs of one batch of random images through the engine's own `train_one_epoch` (the batch
     augmentation, the batch mixing and a training step, on the fast path fit takes), the median of those timed
     after a warm-up (at least four, until `seconds` of CPU time, at most 39). On a machine busy with other work
-    the wall clock is longer than the CPU time; on an idle one they agree (one thread)."""
+    the wall clock is longer than the CPU time; on an idle one they agree (one thread). The plan is the one the
+    first run of each architecture will train on (its steps decide whether the rules compile it: the warm-up call
+    compiles); the runs of one architecture at a scale are all long or all short."""
     out = {}
     for run in runs:
         key = _arch_key(run)
@@ -75,7 +79,9 @@ def calibrate(runs: Sequence[Run], device: torch.device, seconds: float = 1.0) -
         batch = ImageTensors(images, torch.randint(0, 10, (B,), generator=g))
         loader = MemoryLoader(batch, transforms(run, model, batch.size)[0], batch_size=B, shuffle=True, device=device)
         mix = mix_transform(num_classes=10, mixup=rec.mixup, cutmix=rec.cutmix) if rec.mixes else None
-        plan = choose_plan(model, fast="auto", mode="train", precision="fp32", batch_size=B, items=1, device=device)
+        plan = choose_plan(
+            model, fast=fast_path, mode="train", precision="fp32", batch_size=B, items=run.steps, device=device
+        )
         opt = build_optimizer(model, lr=1e-4)
         with paths.training(model, plan, precision="fp32") as net:  # as fit trains it
             walls, cpus = [], []
@@ -88,15 +94,51 @@ def calibrate(runs: Sequence[Run], device: torch.device, seconds: float = 1.0) -
     return out
 
 
-def claim_costs(experiments, scale: Scale, costs: dict[str, float]) -> list[tuple]:
-    """Each claim's share of the estimated seconds (`costs`, by run key, of the runs still to train): its runs no
-    claim before it plans (a shared run is counted once, in the first)."""
+def claim_runs(experiments, scale: Scale) -> list[tuple]:
+    """Each claim with the keys of its runs that no claim before it plans (a shared run belongs to the first)."""
     seen, out = set(), []
     for e in experiments:
         mine = {s.key for s in all_runs(e.plan(scale))} - seen
         seen |= mine
-        out.append((e, sum(costs.get(k, 0.0) for k in mine)))
+        out.append((e, mine))
     return out
+
+
+def claim_costs(experiments, scale: Scale, costs: dict[str, float]) -> list[tuple]:
+    """Each claim's share of the estimated seconds (`costs`, by run key, of the runs still to train): its runs no
+    claim before it plans (a shared run is counted once, in the first)."""
+    return [(e, sum(costs.get(k, 0.0) for k in keys)) for e, keys in claim_runs(experiments, scale)]
+
+
+def time_by_claim(experiments, scale: Scale, cache: RunCache, dev: torch.device) -> dict:
+    """Where the time went, read from the runs' records: per claim (a shared run in the first claim that plans it)
+    its runs, the time they took to train and evaluate, and the time the invocation that trained them estimated,
+    where it priced every one of them (`estimate_s`). On CPU the time is each run's CPU time (one thread: what a
+    machine busy with other work does not stretch), which is what the estimate prices; on a GPU, wall clock. Also
+    the wall clock of the runs added up, and how many records predate the final evaluation's time (their training
+    alone is counted)."""
+    clock = "cpu" if dev.type == "cpu" else "time"
+    records = {s.key: cache.result(s) for s in all_runs([s for e in experiments for s in e.plan(scale)])}
+    took = {k: r[f"train_{clock}_s"] + r.get(f"eval_{clock}_s", 0.0) for k, r in records.items()}
+    rows = []
+    for e, keys in claim_runs(experiments, scale):
+        estimates = [records[k].get("estimate_s") for k in keys]
+        rows.append(
+            {
+                "claim": e.number,
+                "title": e.title,
+                "runs": len(keys),
+                "took_s": sum(took[k] for k in keys),
+                "estimate_s": sum(estimates) if None not in estimates else None,
+            }
+        )
+    return {
+        "clock": clock,
+        "rows": rows,
+        "took_s": sum(took.values()),
+        "wall_s": sum(r["train_time_s"] + r.get("eval_time_s", 0.0) for r in records.values()),
+        "without_eval": sum(1 for r in records.values() if "eval_time_s" not in r),
+    }
 
 
 def run_cost(run: Run, per_image: dict[tuple, float]) -> float:
@@ -120,6 +162,7 @@ def reproduce(
     fast_path: str = "auto",
     executor: str = "pool",
     address: str | None = None,
+    dry_run: bool = False,
 ) -> dict:
     """Run (or read from the cache) the selected experiments at `scale` ("quick", "default" or "large"; see
     `Scale`) and write report.md, report.html, results/*.csv and figures/*.png under `out_dir`. Returns
@@ -134,7 +177,9 @@ def reproduce(
     process writes the cache (vitlab.experiments.executors). The numbers do not depend on the executor or
     the number of workers: each run is seeded on its own and trains on one thread. Every option and
     `out_dir` (new, empty, an earlier report's folder, or with `force` any folder) are checked before
-    anything runs. `fast_path`: each run's (`vitlab.speed.fastpath`), kept in its result.
+    anything runs. `fast_path`: each run's (`vitlab.speed.fastpath`), kept in its result. `dry_run`: say how many
+    runs the report plans, how many `out_dir`'s cache holds, and the estimate of the rest, by claim, and stop:
+    nothing is trained or written. Returns {} then.
     """
     check_fast_path(fast_path)
     if scale not in SCALES:
@@ -145,13 +190,22 @@ def reproduce(
     check_executor(executor, address, workers, device)
     # This process prices the plan and analyses the runs on its own device; Ray's runs ask the cluster for theirs.
     dev = resolve_device("auto" if executor == "ray" and str(device) == "cuda" else device)
-    experiments = select(only)
+    experiments, planned = select(only), Scale(scale, tuple(range(n_seeds)))
     out = check_out_folder(out_dir, kind="reproduce", force=force)
+    if dry_run:
+        runs = all_runs([s for e in experiments for s in e.plan(planned)])
+        todo = [s for s in runs if not RunCache(out / "cache").has(s)]
+        with (
+            num_threads(1 if dev.type == "cpu" else None),
+            open_executor(executor, device=device, workers=workers, address=address, n_items=len(todo)) as ex,
+        ):
+            _estimate(experiments, runs, todo, planned, ex, dev, log, fast_path)
+        return {}
     with output_folder(out, kind="reproduce", force=force):
         return _reproduce(
             out,
             experiments,
-            Scale(scale, tuple(range(n_seeds))),
+            planned,
             dev,
             device,
             workers=workers,
@@ -167,9 +221,11 @@ def reproduce(
 INVOCATION = ("trained", "elapsed_s", "estimate_s", "estimate_load_s", "workers", "executor", "cluster", "nodes")
 
 
-def _estimate(experiments, runs: list[Run], todo: list[Run], scale: Scale, ex, dev: torch.device, log) -> tuple:
+def _estimate(
+    experiments, runs: list[Run], todo: list[Run], scale: Scale, ex, dev: torch.device, log, fast_path: str
+) -> tuple:
     """Price the runs still to train and say so: (seconds per run key, the estimate, the estimate at this load)."""
-    timing = calibrate(todo, dev, seconds=0.1 if scale.quick else 1.0) if todo else {}
+    timing = calibrate(todo, dev, seconds=0.1 if scale.quick else 1.0, fast_path=fast_path) if todo else {}
     # On CPU the estimate comes from the CPU time of the timed steps: what they take on an idle machine
     # (a busy one stretches the wall clock, not the work); the wall-clock estimate is shown beside it.
     per_image = {k: (cpu if dev.type == "cpu" else wall) for k, (wall, cpu) in timing.items()}
@@ -220,7 +276,7 @@ def _reproduce(
     )  # nothing to train: no pool to start, no cluster to join
     with num_threads(1 if dev.type == "cpu" else None), executing as ex:
         n_workers = ex.slots
-        costs, total, loaded = _estimate(experiments, runs, todo, scale, ex, dev, log)
+        costs, total, loaded = _estimate(experiments, runs, todo, scale, ex, dev, log, fast_path)
         bar = tqdm(
             total=max(sum(costs.values()), 1e-9),
             disable=not progress or not todo,
@@ -233,7 +289,7 @@ def _reproduce(
         first = sorted((s for s in todo if s.parent is None or cache.has(s.parent)), key=lambda s: -costs[s.key])
         then = [s for s in todo if s not in first]
         for batch in (first, then):
-            for spec, node in train_on(batch, ex, cache, fast_path):
+            for spec, node in train_on(batch, ex, cache, fast_path, estimates=costs):
                 nodes[node] += 1
                 bar.update(costs[spec.key])
         bar.close()
@@ -277,7 +333,7 @@ def _reproduce(
         "cluster": ex.describe() if todo else None,
         "nodes": dict(sorted(nodes.items())),
         "only": ",".join(str(e.number) for e in experiments) if len(experiments) < len(select(None)) else None,
-        "train_s": sum(cache.result(s)["train_time_s"] for s in runs),
+        "time": time_by_claim(experiments, scale, cache, dev),
         "search": render_search(record, heading="###") if record and scale_name != "quick" else None,
         "quality": quality(results, runs, scale) if scale_name != "quick" else None,
     }

@@ -270,7 +270,9 @@ def train_run(
     t0, c0 = time.perf_counter(), time.process_time()
     history = fit(model, loader, curve, rec, device=device, fast_path=fast_path)
     train_time, train_cpu = time.perf_counter() - t0, time.process_time() - c0
+    t1, c1 = time.perf_counter(), time.process_time()
     final = evaluate(model, MemoryLoader(val, eval_tf, batch_size=500, device=device), device=device)
+    eval_time, eval_cpu = time.perf_counter() - t1, time.process_time() - c1
     result = {
         "key": run.key,
         "run": run.to_dict(),
@@ -282,6 +284,8 @@ def train_run(
         "train_loss": history.last["train_loss"],
         "train_time_s": train_time,
         "train_cpu_s": train_cpu,
+        "eval_time_s": eval_time,  # the final evaluation on all the validation images
+        "eval_cpu_s": eval_cpu,
         "device": str(device),
         "fast_path": history.plan.to_dict(),
         "curve": [{"epoch": r["epoch"], "train_loss": r["train_loss"], "val_acc": r["val_acc"]} for r in history.rows],
@@ -298,12 +302,18 @@ def train_task(item: tuple[Run, tuple[int, bytes] | None], device: str, fast_pat
         return train_run(run, dev, parent, fast_path=fast_path)
 
 
-def train_on(runs: Sequence[Run], ex, cache: RunCache, fast_path: str) -> Iterator[tuple[Run, str]]:
+def train_on(
+    runs: Sequence[Run], ex, cache: RunCache, fast_path: str, estimates: dict[str, float] | None = None
+) -> Iterator[tuple[Run, str]]:
     """Train `runs` on the executor `ex` (vitlab.experiments.executors; each parent already in the cache) and
     keep each in the cache as it comes back; yields (run, the node that trained it). Only this process writes
-    the cache, so the executor's machines need no shared disk, and a run is kept once whatever node trained it."""
+    the cache, so the executor's machines need no shared disk, and a run is kept once whatever node trained it.
+    `estimates`: the seconds the caller priced each run at, by key, kept in its result as `estimate_s` (beside the
+    time it took), so that an estimate can be checked against the runs it priced."""
     items = [(run, cache.weights(run.parent) if run.parent is not None else None) for run in runs]
     for i, (result, weights), node in ex.map(partial(train_task, device=str(ex.device), fast_path=fast_path), items):
+        if estimates is not None and runs[i].key in estimates:
+            result = {**result, "estimate_s": estimates[runs[i].key]}
         cache.put(runs[i], result, weights)
         yield runs[i], node
 
