@@ -23,6 +23,7 @@ from vitlab.experiments.reproduce.verdicts import (
     stats,
 )
 from vitlab.models.registry import get_config
+from vitlab.speed.machine import this_machine
 
 PATCHES = (14, 7, 4)
 # The rule (v2) of each halving's accuracy gain; the cost part is a count, not a measurement: no interval.
@@ -78,7 +79,9 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
             "2 per multiply-add, attention matmuls included (the analytic count of `vitlab.analysis.flops.count_macs`; "
             "torch's FlopCounterMode on the explicit attention path gives "
             f"{', '.join(f'{counted[p] / 1e6:.2f}' for p in PATCHES)} MFLOPs). Training time: measured per run "
-            f"(one thread, {res[spec0]['device']}); inference: a batch of 64, median of 5."
+            f"(one thread, {res[spec0]['device']}), when each run was trained; inference: a batch of 64, median of 5, "
+            f"timed when this report was rendered, on this machine ({this_machine().cpu}), which may not be the one "
+            "that trained the runs."
         ),
         header=[
             "P",
