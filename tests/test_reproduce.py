@@ -39,6 +39,7 @@ from vitlab.experiments.reproduce.claims.shared import FASHION_VIT
 from vitlab.experiments.reproduce.records import keep_records
 from vitlab.experiments.reproduce.runner import claim_costs
 from vitlab.experiments.reproduce.runs import RunCache, all_runs, transforms
+from vitlab.speed.machine import this_machine
 from vitlab.train.engine import evaluate
 
 # ----------------------------------------------------------------------------------------------------
@@ -183,6 +184,7 @@ def test_the_report_says_where_the_time_went_from_the_runs_own_records(quick_rep
     t = runner.time_by_claim(EXPERIMENTS, scale, cache, torch.device("cpu"))
     took = [r["train_cpu_s"] + r["eval_cpu_s"] for r in records]
     assert t["clock"] == "cpu" and t["without_eval"] == 0
+    assert t["machines"] == {this_machine().describe(): len(records)}  # the CPU that trained them, by name
     assert sum(r["runs"] for r in t["rows"]) == len(records)
     assert sum(r["took_s"] for r in t["rows"]) == pytest.approx(t["took_s"]) == pytest.approx(sum(took))
     assert sum(r["estimate_s"] for r in t["rows"]) == pytest.approx(sum(r["estimate_s"] for r in records))

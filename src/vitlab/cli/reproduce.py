@@ -3,12 +3,12 @@
 error bars, in one report (vitlab.experiments.reproduce).
 
 Cost: --quick about 3 minutes on 2 CPU cores (smoke scale); the default scale (151 runs) about 3.5 hours on 2
-cores of a Xeon with AMX and 6.5 on 2 of an AMD Zen 4 (estimated at 6.0 and 12.7 CPU-hours; the first runs on
-the Xeon took 20% over theirs, tests running beside them); --scale large (every budget doubled) about twice that.
-The estimate for the machine at hand is printed first. --tune runs the recipe search that chose the setup's
-recipe and budgets (on held-out training images; hours on 2 CPU cores). Runs are cached under DIR/cache:
-rerunning resumes and retrains nothing finished. With --executor ray the runs are tasks of a Ray cluster
-(docs/cluster.md): the same numbers, more machines.
+cores of a Xeon with AMX (estimated at 6.0 CPU-hours, its runs took 6.9) and 4.5-6.5 on 2 of an AMD Zen 4 (estimated
+at 12.7 CPU-hours, and at 9.1 on another day with the CNN compiled); --scale large (every budget doubled) about twice
+that. The estimate for the machine at hand is printed first (--dry-run prints it, by claim, and stops). --tune runs
+the recipe search that chose the setup's recipe and budgets (on held-out training images; hours on 2 CPU cores).
+Runs are cached under DIR/cache: rerunning resumes and retrains nothing finished. With --executor ray the runs are
+tasks of a Ray cluster (docs/cluster.md): the same numbers, more machines.
 """
 
 from __future__ import annotations

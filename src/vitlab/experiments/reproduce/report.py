@@ -152,8 +152,11 @@ def _time(t: dict) -> list[str]:
         if t["without_eval"]
         else ""
     )
+    machines = "; ".join(f"{name}: {n} run(s)" for name, n in t["machines"].items())
     return [
         "## Where the time went",
+        "",
+        f"Trained on {machines}.",
         "",
         "Each claim's runs, read from their records: the time each took to train (with its per-epoch check) and to "
         "be evaluated, "
@@ -212,7 +215,7 @@ def _quality(q: dict) -> list[str]:
         "Anchors on Fashion-MNIST: scikit-learn's SVC reaches about 89.7% with all 60,000 training images (the "
         "dataset's benchmark table), small CNNs 91-93%. The targets this report set itself, and what the runs reached:",
         "",
-        md_table(["model", "N train", "target", "val acc % (mean +- std)", "met"], rows),
+        md_table(["model", "N train", "target", "test acc % (mean +- std)", "met"], rows),
         "",
         spread,
         "",

@@ -110,6 +110,15 @@ def claim_costs(experiments, scale: Scale, costs: dict[str, float]) -> list[tupl
     return [(e, sum(costs.get(k, 0.0) for k in keys)) for e, keys in claim_runs(experiments, scale)]
 
 
+def _machine_of_plan(record: dict) -> str:
+    """What a run's record says of the machine that trained it, where it predates naming it: its fast path's source
+    names the CPU's kind and vendor ("rules (amx, intel): a small model")."""
+    source = record["fast_path"]["source"]
+    if source.startswith("rules (") and ")" in source:
+        return f"a CPU of kind {source[len('rules (') : source.index(')')]} (its fast path's source)"
+    return f"{record['device']} (not recorded)"
+
+
 def time_by_claim(experiments, scale: Scale, cache: RunCache, dev: torch.device) -> dict:
     """Where the time went, read from the runs' records: per claim (a shared run in the first claim that plans it)
     its runs, the time they took to train and evaluate, and the time the invocation that trained them estimated,
@@ -132,8 +141,10 @@ def time_by_claim(experiments, scale: Scale, cache: RunCache, dev: torch.device)
                 "estimate_s": sum(estimates) if None not in estimates else None,
             }
         )
+    machines = Counter(r.get("machine") or _machine_of_plan(r) for r in records.values())
     return {
         "clock": clock,
+        "machines": dict(machines.most_common()),
         "rows": rows,
         "took_s": sum(took.values()),
         "wall_s": sum(r["train_time_s"] + r.get("eval_time_s", 0.0) for r in records.values()),

@@ -29,6 +29,7 @@ from vitlab.fileio import write_json
 from vitlab.models.factory import create_model
 from vitlab.models.vit import VisionTransformer
 from vitlab.runtime import num_threads, seed_everything
+from vitlab.speed.machine import this_machine
 from vitlab.train.engine import evaluate, fit
 from vitlab.train.recipe import Recipe
 from vitlab.weights.checkpoint import mark_best, resolve_checkpoint, save_checkpoint
@@ -287,6 +288,7 @@ def train_run(
         "eval_time_s": eval_time,  # the final evaluation on all the validation images
         "eval_cpu_s": eval_cpu,
         "device": str(device),
+        "machine": this_machine().describe() if device.type == "cpu" else torch.cuda.get_device_name(device),
         "fast_path": history.plan.to_dict(),
         "curve": [{"epoch": r["epoch"], "train_loss": r["train_loss"], "val_acc": r["val_acc"]} for r in history.rows],
     }
