@@ -288,11 +288,18 @@ def train_run(
         "eval_time_s": eval_time,  # the final evaluation on all the validation images
         "eval_cpu_s": eval_cpu,
         "device": str(device),
-        "machine": this_machine().describe() if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "machine": machine_name(device),
         "fast_path": history.plan.to_dict(),
         "curve": [{"epoch": r["epoch"], "train_loss": r["train_loss"], "val_acc": r["val_acc"]} for r in history.rows],
     }
     return result, save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
+
+
+def machine_name(device: torch.device) -> str:
+    """The machine a run trains on, in words: the CPU (its name, kind and vendor) or the GPU."""
+    if device.type == "cpu":
+        return this_machine().describe()
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def train_task(item: tuple[Run, tuple[int, bytes] | None], device: str, fast_path: str) -> tuple[dict, bytes]:
