@@ -50,6 +50,7 @@ def _bars(
     *,
     full_axis: bool = False,
     hlines: dict[str, float] | None = None,
+    ylabel: str = "test accuracy (%)",
 ) -> None:
     """Mean +- std per arm with every seed as a black dot: bars on a 0-105% axis (`full_axis`), else marks on an
     axis zoomed to the data (bars cut off at the bottom would exaggerate the differences)."""
@@ -66,7 +67,7 @@ def _bars(
         ax.text(len(labels) - 0.5, 100 * y, f" {name}", va="center", fontsize=8, color="grey")
     ax.set_xticks(xs, labels, fontsize=8)
     ax.set_xlim(-0.6, len(labels) - 0.4)
-    ax.set_ylabel("validation accuracy (%)")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(*((0, 105) if full_axis else _zoom(values)))
 
 
@@ -79,12 +80,14 @@ def bar_figure(
     hlines: dict[str, float] | None = None,
     full_axis: bool = False,
     paper: tuple[Sequence[str], Sequence[float], str] | None = None,
+    ylabel: str = "test accuracy (%)",
 ) -> Path:
-    """Our accuracies per arm (mean +- std, seeds as dots); with `paper` = (labels, accuracies in %, title),
-    the paper's numbers in a second panel beside them, on an axis zoomed the same way."""
+    """Our accuracies per arm (mean +- std, seeds as dots), on the images that decide the verdict (`ylabel` names
+    them); with `paper` = (labels, accuracies in %, title), the paper's numbers in a second panel beside them, on an
+    axis zoomed the same way."""
     fig = Figure(figsize=(9.6 if paper else 5.2, 3.6))
     ax = fig.add_subplot(1, 2 if paper else 1, 1)
-    _bars(ax, labels, values, hlines=hlines, full_axis=full_axis)
+    _bars(ax, labels, values, hlines=hlines, full_axis=full_axis, ylabel=ylabel)
     ax.set_title(title, fontsize=10)
     if paper:
         p_labels, p_values, p_title = paper
@@ -128,7 +131,7 @@ def grouped_bar_figure(
     ax.set_xlim(-0.6, len(groups) - 0.4)
     for i in range(1, len(groups)):
         ax.axvline(i - 0.5, color="#dddddd", linewidth=1)
-    ax.set_ylabel("validation accuracy (%)")
+    ax.set_ylabel("test accuracy (%)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return _save(fig, path)
@@ -142,7 +145,7 @@ def patch_figure(path: Path, patches: Sequence[int], acc: dict, flops: dict, tra
     m, s = _errorbar_pct([acc[p] for p in ps])
     ax.errorbar(ps, m, yerr=s, marker="o", capsize=3)
     ax.set_xlabel("patch size P")
-    ax.set_ylabel("val accuracy (%)")
+    ax.set_ylabel("test accuracy (%)")
     ax.set_xticks(ps)
     ax = fig.add_subplot(1, 3, 2)
     ax.plot(ps, [flops[p] / 1e6 for p in ps], marker="o")
@@ -169,7 +172,7 @@ def scale_figure(path: Path, ns: Sequence[int], acc: dict, models: Sequence[tupl
         m, s = _errorbar_pct([acc[(model, n)] for n in ns])
         ax.errorbar(ns, m, yerr=s, marker="o", capsize=3, label=label, color=color)
     _log_x(ax, ns, [f"{n:,}" for n in ns], "training images N (log)")
-    ax.set_ylabel("validation accuracy (%)")
+    ax.set_ylabel("test accuracy (%)")
     ax.set_title("ViT vs CNN from scratch on Fashion-MNIST", fontsize=10)
     ax.legend(fontsize=8)
     ax = fig.add_subplot(1, 2, 2)

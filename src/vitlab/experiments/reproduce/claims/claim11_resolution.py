@@ -106,7 +106,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
             "new table drawn (truncated normal, std 0.02), every other weight loaded in both; (c) at 28 px, the "
             "parent's table as it is."
         ),
-        header=["arm", "grid", "forward MFLOPs / image", "val acc % (mean +- std)", "per seed"],
+        header=["arm", "grid", "forward MFLOPs / image", "test acc % (mean +- std)", "per seed"],
         rows=[["pre-trained, no fine-tuning", "4x4", f"{mflops[c]:.2f}", mean_std(acc_pre), _seeds(acc_pre)]]
         + [
             [n, f"{grid[n]}x{grid[n]}", f"{mflops[n]:.2f}", mean_std(acc[n]), _seeds(acc[n])]

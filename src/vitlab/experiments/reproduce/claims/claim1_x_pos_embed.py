@@ -55,6 +55,7 @@ def _analyze_x(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         "Dataset X: position embedding",
         hlines={"chance": 0.5, "95%": 0.95},
         full_axis=True,
+        ylabel="validation accuracy (%)",
     )
     spec0 = by["learned"][0]
     return Outcome(
