@@ -30,7 +30,7 @@ from vitlab.experiments.reproduce.runs import all_runs
 
 RAY = Path(sys.executable).parent / "ray"  # the `ray` command of this environment
 HOW = "needs Ray, vitlab's cluster extra: pip install -c constraints.txt -e '.[cluster]'"
-TIMINGS = ("train_time_s", "train_cpu_s")  # a run's result, but its clock
+TIMINGS = ("train_time_s", "train_cpu_s", "eval_time_s", "eval_cpu_s", "estimate_s")  # a run's result, but its clock
 
 
 # ----------------------------------------------------------------------------------------------------
