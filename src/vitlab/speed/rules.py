@@ -146,11 +146,11 @@ RULES = (
     Rule("intel", "amx", "train", "bf16", attention="explicit"),
     # A CNN's training, compiled for a run of CNN_COMPILE_STEPS or more: `resnet_mini`, one thread, batch 64, 28x28
     # grey, on an AMD EPYC (Zen 4, family 25), CPU time a step eager / compiled: 1.48x at width 16 (88.4 -> 59.6 ms),
-    # 1.28x at width 24, 1.29x and 1.33x in a second run on a busier machine (benchmarks/bench_compile_train.py); the
-    # first step 1-16 s of wall clock (the compile). Bitwise the same weights in three processes, inductor's cache
-    # empty or full. The hybrid (a conv stem before a ViT, family "vit") gained 1.19-1.21x there, 1.07x in a first
-    # measurement: too uncertain for a row yet; it stays as built with the ViTs (0.90-1.07x). Measured on Zen 4 alone
-    # (Zen 5 is the same kind here); no Intel row.
+    # 1.28x at width 24, 1.29x and 1.33x in a second run on a busier machine; whole 1,000-step runs 1.29-1.53x
+    # (benchmarks/bench_compile_train.py, docs/speed.md); the first step 1-16 s of wall clock (the compile). Bitwise
+    # the same weights in two processes, inductor's cache empty then full (a slow test). The hybrid (a conv stem before
+    # a ViT, family "vit") gained 1.07-1.21x: too uncertain for a row yet; it stays as built with the ViTs
+    # (0.90-1.07x). Measured on Zen 4 alone (Zen 5 is the same kind here); no Intel row.
     Rule("amd", "avx512-bf16", "train", "fp32", family="cnn", compile=True),
     # anything else: the model as built
     Rule("*", "*", "*", "*", family="*"),
