@@ -47,24 +47,52 @@ from vitlab.errors import VitlabError
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced at this scale", "inconclusive"
 
 
+@dataclass(frozen=True)
+class Part:
+    """One decided comparison of a verdict, as numbers: the contrast `d` (a - b, or the mean less the rule's origin),
+    its interval at the rule's level [`lo`, `hi`], the rule (`rule`: its name; `bound`: its margin or tolerance, or
+    None where it has none to move against: a threshold, or a count), seeds `n`, and the part's status. What the
+    budget check (`budgetcheck`) and the leave-one-seed-out test read; nan where a part was decided without one."""
+
+    what: str
+    status: str
+    rule: str = ""
+    d: float = math.nan
+    lo: float = math.nan
+    hi: float = math.nan
+    bound: float | None = None
+    n: int = 0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class Verdict:
     status: str
     detail: str
+    # The decided comparisons, in order (one for a rule's verdict; combine's lists its parts'); empty where a verdict
+    # was written by hand.
+    parts: tuple[Part, ...] = ()
 
     def to_dict(self) -> dict:
         return {"status": self.status, "detail": self.detail}
+
+    def part_list(self) -> tuple[Part, ...]:
+        """The parts, or the verdict itself as one part without numbers where none were recorded."""
+        return self.parts or (Part(self.detail, self.status),)
 
 
 def combine(*parts: Verdict) -> Verdict:
     """A claim of several parts: reproduced if every part is, not reproduced if any part is, else inconclusive."""
     detail = "; ".join(f"({i + 1}) {p.status}: {p.detail}" for i, p in enumerate(parts))
     statuses = [p.status for p in parts]
+    numbers = tuple(q for p in parts for q in p.part_list())
     if NOT_REPRODUCED in statuses:
-        return Verdict(NOT_REPRODUCED, detail)
+        return Verdict(NOT_REPRODUCED, detail, numbers)
     if all(s == REPRODUCED for s in statuses):
-        return Verdict(REPRODUCED, detail)
-    return Verdict(INCONCLUSIVE, detail)
+        return Verdict(REPRODUCED, detail, numbers)
+    return Verdict(INCONCLUSIVE, detail, numbers)
 
 
 def stats(values: Sequence[float]) -> tuple[float, float, int]:
@@ -347,7 +375,12 @@ class Rule:
         )
 
     def decide(self, a: Sequence[float], b: Sequence[float] | None = None, *, what: str) -> Verdict:
-        """The verdict on `a` (and `b`, for greater and close; the one-sample rules take `a` alone)."""
+        """The verdict on `a` (and `b`, for greater and close; the one-sample rules take `a` alone), with its one
+        `Part`."""
+        v = self._decide(a, b, what=what)
+        return dataclasses.replace(v, parts=(dataclasses.replace(v.parts[0], what=what, status=v.status),))
+
+    def _decide(self, a: Sequence[float], b: Sequence[float] | None, *, what: str) -> Verdict:
         if self.relative_to is not None:
             raise VitlabError(f"decide: the tolerance is relative to {self.relative_to}; decide with scaled(value)")
         one_sample = self.name in ("at_least", "near")
@@ -361,19 +394,23 @@ class Rule:
         # the one-sample rules compare the mean with a number: the threshold (at_least) or the target (near)
         origin = {"at_least": self.bound, "near": self.target}.get(self.name, 0.0)
         est = estimate(a, origin if one_sample else b, paired=self.paired)
+        bound = None if self.name == "at_least" or (self.name == "greater" and self.bound == 0) else self.bound
         if est is None:
-            return Verdict(INCONCLUSIVE, f"{what}: fewer than 2 seeds")
+            return Verdict(INCONCLUSIVE, f"{what}: fewer than 2 seeds", (Part(what, INCONCLUSIVE, self.name),))
         lo, hi = est.interval(self.level)  # of the difference (one-sample: of mean - origin)
+        part = (Part(what, "", self.name, est.d, lo, hi, bound, est.n),)
         method = f"{est.method}, df {est.df:.3g}"
         if self.name == "greater":
             text = f"{what} = {_num(est.d, self.unit)}, {_ci(lo, hi, self.level, self.unit)} ({method})"
             return Verdict(
-                _above(lo, hi, self.bound, strict=True), f"{text}, needed above {_amount(self.bound, self.unit)}"
+                _above(lo, hi, self.bound, strict=True), f"{text}, needed above {_amount(self.bound, self.unit)}", part
             )
         if self.name == "at_least":
             mean_ci = f"{100 * self.level:g}% CI [{_value(lo + origin, self.unit)}, {_value(hi + origin, self.unit)}]"
             text = f"{what} = {_value(est.d + origin, self.unit)}, {mean_ci} ({method})"
-            return Verdict(_above(lo, hi, 0.0, strict=False), f"{text}, needed at or above {_value(origin, self.unit)}")
+            return Verdict(
+                _above(lo, hi, 0.0, strict=False), f"{text}, needed at or above {_value(origin, self.unit)}", part
+            )
         tlo, thi = est.interval(self.tost_level)
         head = f"{what} = {_num(est.d, self.unit)}"
         if self.name == "near":
@@ -386,12 +423,12 @@ class Rule:
         )
         if self.floor is not None and max(stats(a)[0], stats(b)[0]) < self.floor:
             nothing = f"; but neither arm reaches {_value(self.floor, self.unit)}: nothing learned to compare"
-            return Verdict(INCONCLUSIVE, text + nothing)
+            return Verdict(INCONCLUSIVE, text + nothing, part)
         if -tol <= tlo and thi <= tol:
-            return Verdict(REPRODUCED, text)
+            return Verdict(REPRODUCED, text, part)
         if lo > tol or hi < -tol:
-            return Verdict(NOT_REPRODUCED, text)
-        return Verdict(INCONCLUSIVE, text)
+            return Verdict(NOT_REPRODUCED, text, part)
+        return Verdict(INCONCLUSIVE, text, part)
 
 
 def _above(lo: float, hi: float, bound: float, *, strict: bool) -> str:

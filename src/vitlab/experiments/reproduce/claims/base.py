@@ -35,6 +35,11 @@ class Scale:
 
     name: str
     seeds: tuple[int, ...]
+    # False: every arm has exactly `seeds`, none extended to shared.SEEDS_AT's (the budget check's 3 seeds per arm)
+    more_seeds: bool = True
+    # Seeds left out of every arm (the leave-one-seed-out test): `seeds` is without them, and shared.seeds_at
+    # extends the seeds as if they were there, then drops them.
+    dropped: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.name not in SCALES:

@@ -94,10 +94,13 @@ def regularised_steps(model: str, n: int, scale: Scale) -> int:
 
 def seeds_at(n: int, scale: Scale) -> tuple[int, ...]:
     """The seeds of the arms at `n` training images: the scale's, extended to SEEDS_AT[n] where it names more (not at
-    the quick scale)."""
-    more = 0 if scale.quick else SEEDS_AT.get(n, 0) - len(scale.seeds)
-    last = max(scale.seeds)
-    return tuple(scale.seeds) + tuple(range(last + 1, last + 1 + max(more, 0)))
+    the quick scale, nor where the scale asks for its own seeds alone), less the scale's dropped seeds."""
+    # the scale's seeds with those dropped among them (a dropped seed past them is one of the extension's)
+    seeds = tuple(sorted({*scale.seeds, *(d for d in scale.dropped if d <= max(scale.seeds))}))
+    more = 0 if scale.quick or not scale.more_seeds else SEEDS_AT.get(n, 0) - len(seeds)
+    last = max(seeds)
+    seeds += tuple(range(last + 1, last + 1 + max(more, 0)))
+    return tuple(s for s in seeds if s not in scale.dropped)
 
 
 def points(scale: Scale) -> list[tuple[int, int]]:
