@@ -408,6 +408,13 @@ def test_export_timm_folder_loads_in_timm_with_its_fine_tuned_head(name, tmp_pat
     again = create_model(pretrained=str(out))  # and vitlab reads timm's hub folder back
     with torch.no_grad():
         assert max_diff(again(x), ours) <= 1e-5
+    transformers = pytest.importorskip("transformers")
+    wrapped = transformers.AutoModelForImageClassification.from_pretrained(out).eval()  # TimmWrapper reads it too
+    assert type(wrapped).__name__ == "TimmWrapperForImageClassification"
+    assert "num_classes" not in json.loads((out / "config.json").read_text())["model_args"]  # at the top only
+    assert [wrapped.config.id2label[i] for i in range(7)] == list(LABELS)
+    with torch.no_grad():
+        assert max_diff(wrapped(pixel_values=x).logits, ours) <= 1e-4
 
 
 def test_export_hf_folder_loads_in_transformers_with_labels_and_preprocessing(tmp_path, chelsea, capsys):

@@ -4,7 +4,8 @@
     export_folder(model, "out/vit-timm", format="timm")
         config.json in timm's hub schema (architecture, num_classes, model_args, pretrained_cfg) and
         model.safetensors (timm's names are vitlab's): timm.create_model("local-dir:out/vit-timm",
-        pretrained=True) builds the model with its fine-tuned head and its preprocessing.
+        pretrained=True) builds the model with its fine-tuned head and its preprocessing, and so does
+        transformers' AutoModelForImageClassification.from_pretrained("out/vit-timm") (TimmWrapper).
     export_folder(model, "out/vit-hf", format="hf")
         config.json (ViTConfig, with id2label), model.safetensors (the names of
         `vitlab.weights.formats.to_hf_state_dict`, the table the loader reads the other way) and
@@ -149,6 +150,9 @@ def timm_config(model: nn.Module) -> dict:
         features.append(f"LayerNorm eps {cfg.norm_eps} (timm's ViTs have 1e-6, its CLIP towers 1e-5)")
     _refuse("timm", model, "timm's VisionTransformer", features)
     architecture, model_args = timm_architecture(cfg)
+    # num_classes at the top level only, as timm's hub writer puts it: transformers' TimmWrapper passes
+    # num_labels as num_classes beside **model_args, so a second one there is a TypeError.
+    model_args.pop("num_classes")
     pcfg = model_pretrained_cfg(model).to_timm()
     for key in ("architecture", "hf_hub_id", "label_names"):
         pcfg.pop(key, None)
