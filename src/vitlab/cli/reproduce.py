@@ -1,4 +1,4 @@
-"""`vitlab reproduce [--quick | --scale large | --tune] [--only NAME,...] [--seeds K] [--device D]
+"""`vitlab reproduce [--quick | --scale large | --tune | --check-budgets] [--only NAME,...] [--seeds K] [--device D]
 [--executor ray [--address HOST:PORT]] --out DIR`: the paper's claims, each tested at laptop scale with seeds and
 error bars, in one report (vitlab.experiments.reproduce).
 
@@ -56,6 +56,15 @@ def register(subparsers, summary: str) -> None:
         "how the setup's recipe and budgets were chosen",
     )
     p.add_argument(
+        "--check-budgets",
+        action="store_true",
+        help="run the budget check instead: the selected claims' arms (default: all) at their budget and at twice "
+        "it on seeds 0-2, each verdict compared (checked when no part moves by half its margin and the verdict "
+        "stands), and each verdict with one seed left out (fragile when that flips it); writes "
+        "DIR/budget_check.json and .md, which the report's verdict table reads once committed; DIR may be the "
+        "report's folder, whose runs it reads (up to 16 CPU-hours for all claims; resumable)",
+    )
+    p.add_argument(
         "--only", metavar="NAME,...", default=None, help=f"run only these experiments, by name or number: {names}"
     )
     p.add_argument(
@@ -98,8 +107,35 @@ def register(subparsers, summary: str) -> None:
 
 def run(args) -> int:
     from vitlab.experiments.reproduce import reproduce
+    from vitlab.experiments.reproduce.runner import check_budgets
     from vitlab.experiments.reproduce.search import tune
 
+    if args.tune and args.check_budgets:
+        raise VitlabError("--tune and --check-budgets are two stages; run one at a time", arg="tune")
+    if args.check_budgets:
+        for flag, given in (("--dry-run", args.dry_run), ("--seeds", args.seeds is not None)):
+            if given:
+                raise VitlabError(
+                    f"{flag} applies to the report, not to --check-budgets (its seeds are 0-2); drop it",
+                    arg="check_budgets",
+                )
+        if args.scale != "default":
+            raise VitlabError(
+                f"--check-budgets checks the default scale's budgets against twice them; found --scale {args.scale}",
+                arg="scale",
+            )
+        check_budgets(
+            args.out,
+            only=args.only,
+            device=args.device,
+            workers=args.workers,
+            progress=not args.no_progress,
+            force=args.force,
+            fast_path=args.fast_path,
+            executor=args.executor,
+            address=args.address,
+        )
+        return 0
     if args.tune:
         if args.dry_run:
             raise VitlabError("--dry-run applies to the report, not to --tune; drop it", arg="dry_run")

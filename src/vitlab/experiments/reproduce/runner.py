@@ -22,6 +22,7 @@ from vitlab.data.memory import ImageTensors, MemoryLoader
 from vitlab.data.transforms import mix_transform
 from vitlab.errors import VitlabError, check_range
 from vitlab.experiments.executors import Executor, check_executor, open_executor
+from vitlab.experiments.reproduce import budgetcheck
 from vitlab.experiments.reproduce.claims import select
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
 from vitlab.experiments.reproduce.claims.shared import (
@@ -39,7 +40,7 @@ from vitlab.experiments.reproduce.report import duration, render_html, render_ma
 from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, Run, RunCache, all_runs, build_model, train_on, transforms
 from vitlab.experiments.reproduce.search import arm_label, load_record
 from vitlab.experiments.reproduce.search import render as render_search
-from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, Verdict, stats
+from vitlab.experiments.reproduce.verdicts import stats
 from vitlab.fileio import check_out_folder, output_folder, write_csv, write_text
 from vitlab.options import SCALES
 from vitlab.runtime import num_threads, resolve_device
@@ -259,6 +260,66 @@ def _estimate(
     return costs, total, loaded
 
 
+def _train(todo: list[Run], ex, cache: RunCache, costs: dict, fast_path: str, progress: bool) -> Counter:
+    """Train `todo` on the executor into the cache, with a progress bar in estimated seconds; returns the runs trained
+    per node. Fine-tuning runs start from another run's weights: every run without a pending parent trains first,
+    longest first, so that no worker is left with one long run at the end (no number depends on the order)."""
+    nodes: Counter = Counter()
+    bar = tqdm(
+        total=max(sum(costs.values()), 1e-9),
+        disable=not progress or not todo,
+        unit="s",
+        desc="reproduce",
+        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} est. s [{elapsed}<{remaining}]",
+    )
+    first = sorted((s for s in todo if s.parent is None or cache.has(s.parent)), key=lambda s: -costs[s.key])
+    then = [s for s in todo if s not in first]
+    for batch in (first, then):
+        for spec, node in train_on(batch, ex, cache, fast_path, estimates=costs):
+            nodes[node] += 1
+            bar.update(costs[spec.key])
+    bar.close()
+    return nodes
+
+
+def check_budgets(
+    out_dir: str | Path,
+    *,
+    only: str | Sequence[str] | None = None,
+    device: str = "auto",
+    workers: int | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    force: bool = False,
+    fast_path: str = "auto",
+    executor: str = "pool",
+    address: str | None = None,
+) -> dict:
+    """The budget check and the leave-one-seed-out test of the selected claims (`vitlab.experiments.reproduce.
+    budgetcheck`): train, into `out_dir`'s run cache, every run they read that it lacks (the report's runs at seeds
+    0-2, and the same at twice the budget: resumable, like the report), and merge each claim's entry into
+    `out_dir`/budget_check.json. `out_dir` may be the report's own folder (its runs are then read, not trained)."""
+    check_fast_path(fast_path)
+    check_executor(executor, address, workers, device)
+    dev = resolve_device("auto" if executor == "ray" and str(device) == "cuda" else device)
+    experiments = select(only)
+    out = check_out_folder(out_dir, kind="reproduce", force=force)
+    with output_folder(out, kind="reproduce", force=force):
+        cache = RunCache(out / "cache")
+
+        def train(todo: list[Run]) -> None:
+            runs = budgetcheck.runs_to_check(experiments)
+            with (
+                num_threads(1 if dev.type == "cpu" else None),
+                open_executor(executor, device=device, workers=workers, address=address, n_items=len(todo)) as ex,
+            ):
+                costs, _, _ = _estimate(experiments, runs, todo, budgetcheck.scales()[1], ex, dev, log, fast_path)
+                _train(todo, ex, cache, costs, fast_path, progress)
+
+        with num_threads(1 if dev.type == "cpu" else None):
+            return budgetcheck.check(out, experiments, dev, train, log)
+
+
 def _reproduce(
     out: Path,
     experiments,
@@ -279,7 +340,6 @@ def _reproduce(
     todo = [s for s in runs if not cache.has(s)]
 
     t_start = time.perf_counter()
-    nodes: Counter = Counter()  # runs trained per node
     executing = (
         open_executor(executor, device=device, workers=workers, address=address, n_items=len(todo))
         if todo
@@ -288,22 +348,7 @@ def _reproduce(
     with num_threads(1 if dev.type == "cpu" else None), executing as ex:
         n_workers = ex.slots
         costs, total, loaded = _estimate(experiments, runs, todo, scale, ex, dev, log, fast_path)
-        bar = tqdm(
-            total=max(sum(costs.values()), 1e-9),
-            disable=not progress or not todo,
-            unit="s",
-            desc="reproduce",
-            bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} est. s [{elapsed}<{remaining}]",
-        )
-        # Fine-tuning runs start from another run's weights: train every run without a pending parent first.
-        # Longest first, so that no worker is left with one long run at the end (no number depends on the order).
-        first = sorted((s for s in todo if s.parent is None or cache.has(s.parent)), key=lambda s: -costs[s.key])
-        then = [s for s in todo if s not in first]
-        for batch in (first, then):
-            for spec, node in train_on(batch, ex, cache, fast_path, estimates=costs):
-                nodes[node] += 1
-                bar.update(costs[spec.key])
-        bar.close()
+        nodes = _train(todo, ex, cache, costs, fast_path, progress)
     if todo and ex.kind == "ray":
         log(f"trained on {ex.describe()}: " + ", ".join(f"{n} run(s) on {node}" for node, n in sorted(nodes.items())))
 
@@ -316,7 +361,7 @@ def _reproduce(
     for e in experiments:
         with num_threads(1 if dev.type == "cpu" else None):
             outcome = e.analyze(scale, results, fig_dir)
-        budget_evidence(e, outcome, scale, record)
+        budget_table(e, outcome, scale, record)
         write_csv(res_dir / f"claim{e.number}_{e.name}.csv", outcome.csv_rows, outcome.csv_header)
         outcomes.append((e, outcome))
     write_csv(  # the v2 rules' verdict (the report's), and beside it the v1 rules' (the v1 report's)
@@ -366,37 +411,14 @@ def _reproduce(
     return {e.name: o.verdict.status for e, o in outcomes}
 
 
-def budget_evidence(e: Experiment, outcome: Outcome, scale: Scale, record: dict | None) -> None:
-    """A claim on Fashion-MNIST gets its convergence table from the recipe search (on held-out training images,
-    at the budgets in code and twice them), when the search's record is for these budgets: the convergence
-    stage's rows of every arm, or else what the claim's own `budget_evidence` hook reads from the record. An
-    inconclusive verdict says why."""
+def budget_table(e: Experiment, outcome: Outcome, scale: Scale, record: dict | None) -> None:
+    """A claim on Fashion-MNIST gets its Budget table from the recipe search (on held-out training images, at the
+    budgets in code and twice them), when the search's record is for these budgets: the convergence stage's rows of
+    every arm, or else what the claim's own `budget_evidence` hook reads from the record. The table is information:
+    whether a verdict is trained enough is the budget check's to say (`budgetcheck`: its contrast at twice the
+    budget), in the verdict table's budget column."""
     if not outcome.convergence and record and scale.name == "default":
         _from_search(e, outcome, record)
-    late = [r for r in outcome.convergence if not r["converged"]]
-    if outcome.verdict.status != INCONCLUSIVE:
-        if late:  # decided by the rule, but on a budget that has not converged: the reader is told
-            outcome.verdict = Verdict(
-                outcome.verdict.status,
-                f"{outcome.verdict.detail}. Not every arm's budget has "
-                "converged (" + ", ".join(r["arm"] for r in late) + ": Budget table): a longer "
-                "budget may change this verdict",
-            )
-        return
-    if late:
-        why = (
-            "not every arm's budget has converged (" + ", ".join(r["arm"] for r in late) + "): the budget may decide it"
-        )
-    elif outcome.convergence and outcome.convergence_complete:
-        why = (
-            "every arm's budget has converged (doubling it moves no arm by a point: Budget table), so the effect is "
-            "smaller than the spread between seeds, not hidden by training stopped early"
-        )
-    elif outcome.convergence:
-        why = "its budgets are measured only in part (Budget table): the budget may decide it"
-    else:
-        why = "no convergence table at this scale: the budget may decide it"
-    outcome.verdict = Verdict(INCONCLUSIVE, f"{outcome.verdict.detail}. Inconclusive because {why}")
 
 
 def _from_search(e: Experiment, outcome: Outcome, record: dict) -> None:

@@ -1,0 +1,283 @@
+"""Whether each claim's verdict is trained enough and stands on its seeds: the budget check and the
+leave-one-seed-out test, a stage of its own (`vitlab reproduce --check-budgets`, like the recipe search's
+`--tune`), run once per recipe; its record (`budget_check.json` beside this module, the committed one) is
+what the report's verdict table reads.
+
+**The budget check** (fixed before any run at twice the budget was seen). A claim's budget is *checked* when,
+with every arm of its plan trained for twice its budget (the large scale: shared.steps_table, every
+budget doubled) on seeds 0, 1 and 2, and the same arms at the budget on the same seeds:
+  - each part of its verdict (`Verdict.parts`: the contrast d a rule decides on) moves by less than half
+    the part's margin or tolerance, or, where the part has none (a margin of 0, a threshold, a count), by
+    less than half the width of its own interval at the budget; and
+  - the claim's verdict (reproduced / not reproduced / inconclusive) is the same at both budgets.
+It *failed* when either does not hold, and is *not checked* where it has not run for the code's plan (its
+record is of other runs) or cannot run (claim 10, whose points do not all have three seeds, and claim 11,
+whose setup does not yet test what its claim says). Each arm's accuracy at the budget and at twice it stays in
+the claim's Budget table as information; it decides nothing.
+
+**Fragile** (fixed before the leave-one-seed-out verdicts were seen). The report's verdict, recomputed with
+one seed left out of every arm that trains it, for each seed whose arms keep three or more without it (a t-interval
+on two seeds, at df 1, flips a verdict by its width alone: so the five seeds of the 1,000-image arms, and none of
+a claim whose arms all have three), is *fragile* when any of those verdicts differs from it, or when a replicate of
+the claim (the same code and seeds trained on another kind of CPU, REPLICATES) decides otherwise; *robust* when none
+does; *untested* where no seed can be left out and there is no replicate. Replicates are not pooled into the
+report's numbers (their per-run records are not kept): each is shown with its own verdict, and one that disagrees
+makes the verdict fragile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
+from vitlab.experiments.reproduce.runs import RunCache, all_runs
+from vitlab.experiments.reproduce.verdicts import Part, Verdict
+from vitlab.fileio import write_json, write_text
+
+RECORD = Path(__file__).with_name("budget_check.json")  # the committed check, which the report reads
+SEEDS = (0, 1, 2)  # the check's seeds, every arm's (its arms at 1,000 images have no more)
+CHECKED, FAILED, NOT_CHECKED = "checked", "failed", "not checked"
+FRAGILE, ROBUST, UNTESTED = "fragile", "robust", "untested"
+# Claims the check does not run, and why (their verdict row reads "not checked").
+NOT_RUN = {
+    10: "its points do not all have three seeds yet (the P=4 ViT has one)",
+    11: "its setup fine-tunes upsampled images, which adds no detail to test Sec. 3.2 by",
+}
+# Replicates: a claim trained again, the same code and seeds, on another kind of CPU (docs/reproduce/<folder>):
+# {claim: [(the CPU, the folder, its verdict)]}. The report's own runs are a 2-core Intel Xeon with AMX's.
+REPLICATES: dict[int, list[tuple[str, str, str]]] = {3: [("a 2-core AMD EPYC (Zen 4)", "zen4-claim3", "inconclusive")]}
+
+
+def scales() -> tuple[Scale, Scale]:
+    """The check's two scales: every arm at its budget, and at twice it, on SEEDS alone."""
+    return Scale("default", SEEDS, more_seeds=False), Scale("large", SEEDS, more_seeds=False)
+
+
+def fingerprint(e: Experiment, scale: Scale) -> str:
+    """What a record is of: a hash of the claim's runs at `scale` (changed by any change to an arm, budget or seed)."""
+    keys = sorted(s.key for s in all_runs(e.plan(scale)))
+    return hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
+
+
+def allowance(part: Part) -> float:
+    """How far a part's contrast may move at twice the budget: half its margin or tolerance, else half its interval's
+    width (nan where the part has no numbers)."""
+    if part.bound:
+        return part.bound / 2
+    return (part.hi - part.lo) / 2
+
+
+def compare(at_1x: Verdict, at_2x: Verdict) -> tuple[str, list[dict]]:
+    """The budget check's rule on one claim's verdict at its budget and at twice it: (CHECKED or FAILED, its parts
+    side by side, each with how far it moved and how far it may)."""
+    p1, p2 = at_1x.part_list(), at_2x.part_list()
+    rows, ok = [], at_1x.status == at_2x.status and len(p1) == len(p2)
+    for a, b in zip(p1, p2, strict=False):
+        moved, may = abs(b.d - a.d), allowance(a)
+        numbers = not (math.isnan(moved) or math.isnan(may))
+        fine = moved < may if numbers else a.status == b.status  # a part without numbers: by its status
+        ok = ok and fine
+        rows.append(
+            {
+                "what": a.what,
+                "rule": a.rule,
+                "status": [a.status, b.status],
+                "d": [_num(a.d), _num(b.d)],
+                "interval": [_num(a.lo), _num(a.hi)],
+                "bound": a.bound,
+                "moved": _num(moved),
+                "allowed": _num(may),
+                "within": fine,
+            }
+        )
+    return (CHECKED if ok else FAILED), rows
+
+
+def _num(x: float) -> float | None:
+    return None if math.isnan(x) else float(x)
+
+
+def analyze(e: Experiment, scale: Scale, results: Results) -> Outcome:
+    """The claim's analysis at `scale`, its figures drawn into a folder that is removed again."""
+    with tempfile.TemporaryDirectory(dir=results.cache.cache_dir) as figures:
+        return e.analyze(scale, results, Path(figures))
+
+
+def droppable(e: Experiment, scale: Scale) -> list[int]:
+    """The seeds the leave-one-seed-out test leaves out: each one whose every arm keeps three or more without it
+    (a t-interval on two seeds, at df 1, flips a verdict by its width alone)."""
+    arms: dict[str, set[int]] = {}
+    for s in e.plan(scale):
+        arms.setdefault(dataclasses.replace(s, recipe=s.recipe.replace(seed=0)).key, set()).add(s.recipe.seed)
+    seeds = sorted(set().union(*arms.values()))
+    return [x for x in seeds if all(len(v) >= 4 for v in arms.values() if x in v)]
+
+
+def leave_one_out(e: Experiment, scale: Scale, results: Results, verdict: Verdict) -> dict:
+    """The fragility test's leave-one-seed-out half: the claim's verdict with each droppable seed left out in turn."""
+    seeds = droppable(e, scale)
+    if not seeds:
+        return {"status": UNTESTED, "why": "no seed can be left out with three left in each of its arms", "without": {}}
+    without = {}
+    for s in seeds:
+        kept = tuple(x for x in scale.seeds if x != s)
+        subset = dataclasses.replace(scale, seeds=kept, dropped=(*scale.dropped, s))
+        without[str(s)] = analyze(e, subset, results).verdict.status
+    flips = [s for s, v in without.items() if v != verdict.status]
+    return {"status": FRAGILE if flips else ROBUST, "flips": flips, "without": without}
+
+
+def fragility(number: int, loo: dict, verdict: str) -> dict:
+    """The fragile mark from the leave-one-seed-out verdicts and the replicates."""
+    replicates = [
+        {"cpu": cpu, "folder": folder, "verdict": v, "flips": v != verdict}
+        for cpu, folder, v in REPLICATES.get(number, [])
+    ]
+    flipped = loo["status"] == FRAGILE or any(r["flips"] for r in replicates)
+    status = FRAGILE if flipped else (UNTESTED if loo["status"] == UNTESTED and not replicates else ROBUST)
+    return {**loo, "status": status, "verdict": verdict, "replicates": replicates}
+
+
+def check_claim(e: Experiment, results: Results, report_scale: Scale) -> dict:
+    """One claim's record: its budget check (where it runs) and its fragility at the report's scale."""
+    at_1x, at_2x = scales()
+    entry: dict = {"title": e.title, "plan": fingerprint(e, report_scale)}
+    report_verdict = analyze(e, report_scale, results).verdict
+    entry["fragile"] = fragility(
+        e.number, leave_one_out(e, report_scale, results, report_verdict), report_verdict.status
+    )
+    if e.number in NOT_RUN:
+        entry["budget"] = {"status": NOT_CHECKED, "why": NOT_RUN[e.number]}
+        return entry
+    v1, v2 = analyze(e, at_1x, results).verdict, analyze(e, at_2x, results).verdict
+    status, parts = compare(v1, v2)
+    runs_2x = [s for s in all_runs(e.plan(at_2x))]
+    records = [results[s] for s in runs_2x]
+    entry["budget"] = {
+        "status": status,
+        "verdict": [v1.status, v2.status],
+        "parts": parts,
+        "plan_1x": fingerprint(e, at_1x),
+        "plan_2x": fingerprint(e, at_2x),
+        "runs_2x": len(runs_2x),
+        "cpu_s_2x": sum(r["train_cpu_s"] + r.get("eval_cpu_s", 0.0) for r in records),
+        "machines": dict(Counter(r.get("machine", "?") for r in records).most_common()),
+    }
+    return entry
+
+
+def runs_to_check(experiments: Sequence[Experiment]) -> list:
+    """Every run the check reads: the claims' plans at the report's scale and at the check's two."""
+    at_1x, at_2x = scales()
+    report = Scale("default", SEEDS)
+    plans = [
+        s
+        for e in experiments
+        for sc in (report, at_1x, at_2x)
+        if e.number not in NOT_RUN or sc is report
+        for s in e.plan(sc)
+    ]
+    return all_runs(plans)
+
+
+def check(
+    out: Path,
+    experiments: Sequence[Experiment],
+    dev: torch.device,
+    train: Callable[[list], None],
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Train what the check lacks (`train`: the runs not in `out`'s cache), check each claim, and merge the entries
+    into `out`/budget_check.json (an entry of a claim not checked now is kept); writes budget_check.md beside it."""
+    cache = RunCache(out / "cache")
+    todo = [s for s in runs_to_check(experiments) if not cache.has(s)]
+    if todo:
+        train(todo)
+    results = Results(cache, dev)
+    path = out / "budget_check.json"
+    record = json.loads(path.read_text()) if path.is_file() else {"seeds": list(SEEDS), "claims": {}}
+    for e in experiments:
+        entry = check_claim(e, results, Scale("default", SEEDS))
+        record["claims"][str(e.number)] = entry
+        b, f = entry["budget"], entry["fragile"]
+        log(
+            f"  claim {e.number} {e.name:12s} budget {b['status']}"
+            + (f" ({' -> '.join(b['verdict'])})" if "verdict" in b else "")
+            + f"; {f['status']}"
+        )
+    record["claims"] = dict(sorted(record["claims"].items(), key=lambda kv: int(kv[0])))
+    write_json(path, record, indent=1)
+    write_text(out / "budget_check.md", render(record))
+    log(f"wrote {path} and budget_check.md; to make it the report's, copy budget_check.json to {RECORD}")
+    return record
+
+
+def load_record() -> dict | None:
+    """The committed check (budget_check.json beside this module), or None when there is none."""
+    return json.loads(RECORD.read_text()) if RECORD.is_file() else None
+
+
+def marks(e: Experiment, scale: Scale, record: dict | None) -> dict:
+    """A verdict row's budget and fragile marks from the committed check, where it is of the code's plan: {"budget":
+    CHECKED / FAILED / NOT_CHECKED, "fragile": FRAGILE / ROBUST / UNTESTED, "why": ...}."""
+    entry = (record or {}).get("claims", {}).get(str(e.number))
+    if scale.name != "default" or entry is None:
+        return {"budget": NOT_CHECKED, "fragile": UNTESTED, "why": "no check of this claim"}
+    current = entry["plan"] == fingerprint(e, Scale("default", SEEDS))
+    b = entry["budget"]
+    budget_current = "plan_1x" not in b or (
+        b["plan_1x"] == fingerprint(e, scales()[0]) and b["plan_2x"] == fingerprint(e, scales()[1])
+    )
+    budget = b["status"] if budget_current else NOT_CHECKED
+    why = b.get("why") or ("" if budget_current else "the check is of other runs than the code's")
+    return {"budget": budget, "fragile": entry["fragile"]["status"] if current else UNTESTED, "why": why}
+
+
+def render(record: dict) -> str:
+    """The check's record as Markdown: each claim's budget check, part by part, and its fragility."""
+    lines = ["# The budget check and the leave-one-seed-out test", "", __doc__.split("\n\n", 1)[1].strip(), ""]
+    for number, entry in record["claims"].items():
+        b, f = entry["budget"], entry["fragile"]
+        lines += [
+            f"## {number}. {entry['title']}",
+            "",
+            f"Budget: **{b['status']}**" + (f" ({b['why']})" if b.get("why") else ""),
+        ]
+        if "parts" in b:
+            lines[-1] += (
+                f"; verdict {b['verdict'][0]} at the budget, {b['verdict'][1]} at twice it; {b['runs_2x']} runs "
+                f"at twice the budget, {b['cpu_s_2x'] / 60:.1f} CPU-min on "
+                + ", ".join(f"{m} ({n})" for m, n in b["machines"].items())
+            )
+            lines += ["", "| part | d at 1x | d at 2x | moved | allowed | within |", "|---|---|---|---|---|---|"]
+            for p in b["parts"]:
+                lines.append(
+                    f"| {p['what']} | {_fmt(p['d'][0])} | {_fmt(p['d'][1])} | {_fmt(p['moved'])} | "
+                    + f"{_fmt(p['allowed'])} | "
+                    + ("yes" if p["within"] else "**no**")
+                    + " |"
+                )
+        without = ", ".join(f"seed {s}: {v}" for s, v in f.get("without", {}).items())
+        reps = "; ".join(f"{r['cpu']} ({r['folder']}): {r['verdict']}" for r in f.get("replicates", []))
+        lines += [
+            "",
+            f"Fragile: **{f['status']}** (the report's verdict: {f['verdict']}"
+            + (f"; each seed left out: {without}" if without else f"; {f.get('why', '')}")
+            + (f"; replicates: {reps}" if reps else "")
+            + ")",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.4g}"
