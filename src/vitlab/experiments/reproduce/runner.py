@@ -37,7 +37,16 @@ from vitlab.experiments.reproduce.claims.shared import (
     seeds_at,
 )
 from vitlab.experiments.reproduce.report import duration, render_html, render_markdown
-from vitlab.experiments.reproduce.runs import VAL_PER_EPOCH, Run, RunCache, all_runs, build_model, train_on, transforms
+from vitlab.experiments.reproduce.runs import (
+    VAL_PER_EPOCH,
+    Run,
+    RunCache,
+    all_runs,
+    build_model,
+    machine_of,
+    train_on,
+    transforms,
+)
 from vitlab.experiments.reproduce.search import arm_label, load_record
 from vitlab.experiments.reproduce.search import render as render_search
 from vitlab.experiments.reproduce.verdicts import stats
@@ -111,15 +120,6 @@ def claim_costs(experiments, scale: Scale, costs: dict[str, float]) -> list[tupl
     return [(e, sum(costs.get(k, 0.0) for k in keys)) for e, keys in claim_runs(experiments, scale)]
 
 
-def _machine_of_plan(record: dict) -> str:
-    """What a run's record says of the machine that trained it, where it predates naming it: its fast path's source
-    names the CPU's kind and vendor ("rules (amx, intel): a small model")."""
-    source = record["fast_path"]["source"]
-    if source.startswith("rules (") and ")" in source:
-        return f"a CPU of kind {source[len('rules (') : source.index(')')]} (its fast path's source)"
-    return f"{record['device']} (not recorded)"
-
-
 def time_by_claim(experiments, scale: Scale, cache: RunCache, dev: torch.device) -> dict:
     """Where the time went, read from the runs' records: per claim (a shared run in the first claim that plans it)
     its runs, the time they took to train and evaluate, and the time the invocation that trained them estimated,
@@ -142,7 +142,7 @@ def time_by_claim(experiments, scale: Scale, cache: RunCache, dev: torch.device)
                 "estimate_s": sum(estimates) if None not in estimates else None,
             }
         )
-    machines = Counter(r.get("machine") or _machine_of_plan(r) for r in records.values())
+    machines = Counter(machine_of(r) for r in records.values())
     return {
         "clock": clock,
         "machines": dict(machines.most_common()),
@@ -356,12 +356,13 @@ def _reproduce(
     fig_dir.mkdir(exist_ok=True)
     res_dir.mkdir(exist_ok=True)
     results = Results(cache, dev)
-    record = load_record()
+    record, checked = load_record(), budgetcheck.load_record()
     outcomes = []
     for e in experiments:
         with num_threads(1 if dev.type == "cpu" else None):
             outcome = e.analyze(scale, results, fig_dir)
         budget_table(e, outcome, scale, record)
+        outcome.marks = budgetcheck.marks(e, scale, checked)
         write_csv(res_dir / f"claim{e.number}_{e.name}.csv", outcome.csv_rows, outcome.csv_header)
         outcomes.append((e, outcome))
     write_csv(  # the v2 rules' verdict (the report's), and beside it the v1 rules' (the v1 report's)
@@ -389,6 +390,7 @@ def _reproduce(
         "cluster": ex.describe() if todo else None,
         "nodes": dict(sorted(nodes.items())),
         "only": ",".join(str(e.number) for e in experiments) if len(experiments) < len(select(None)) else None,
+        "claims": [e.number for e in experiments],
         "time": time_by_claim(experiments, scale, cache, dev),
         "search": render_search(record, heading="###") if record and scale_name != "quick" else None,
         "quality": quality(results, runs, scale) if scale_name != "quick" else None,

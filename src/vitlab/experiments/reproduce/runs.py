@@ -327,6 +327,17 @@ def train_on(
         yield runs[i], node
 
 
+def machine_of(record: dict) -> str:
+    """The machine that trained a run, from its record; where the record predates naming it, what its fast path's
+    source says of the CPU ("rules (amx, intel): a small model")."""
+    if record.get("machine"):
+        return record["machine"]
+    source = record["fast_path"]["source"]
+    if source.startswith("rules (") and ")" in source:
+        return f"a CPU of kind {source[len('rules (') : source.index(')')]} (its fast path's source)"
+    return f"{record['device']} (not recorded)"
+
+
 def all_runs(runs: Sequence[Run]) -> list[Run]:
     """The runs and their parents in execution order, parents first, each once."""
     seen, out = set(), []

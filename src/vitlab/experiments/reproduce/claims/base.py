@@ -75,6 +75,9 @@ class Outcome:
     convergence: list[dict] = field(default_factory=list)
     convergence_note: str = ""
     convergence_complete: bool = True  # False: the table covers only some of the claim's arms and sizes
+    # The verdict row's marks from the committed budget check (budgetcheck.marks): "budget" (checked / failed / not
+    # checked), "fragile" (fragile / robust / untested) and "text" (the check's result in a sentence).
+    marks: dict = field(default_factory=dict)
 
 
 def convergence_row(
