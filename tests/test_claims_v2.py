@@ -216,8 +216,8 @@ def test_the_report_shows_v1_beside_v2_and_each_claims_record(tmp_path):
         "train_s": 1.0,
     }
     md, html = render_markdown([(e, o)], meta), render_html([(e, o)], meta, tmp_path)
-    assert "| # | claim | source | verdict | v1 |" in md
-    assert f"| **{REPRODUCED}** | {INCONCLUSIVE} |" in md
+    assert "| # | claim | source | verdict | budget | fragile | changed after results | v1 |" in md
+    assert f"| **{REPRODUCED}** | not checked | untested | [yes](#history-{e.number}) | {INCONCLUSIVE} |" in md
     assert f"**Verdict: {REPRODUCED}.** by v2" in md and f"rules, for the record): {INCONCLUSIVE}.** by v1" in md
     assert "**Probe.**" in md and "| 5 | 50.0 [40.0, 60.0] |" in md
     record = load()[e.number]
