@@ -34,7 +34,7 @@ TOL_IS = (
     "2's runs (the same 1,000 training images and seeds, the same measure): a third of a contrast the paper counts as "
     "large (Table 8)"
 )
-EFFECT = f"claim 2's {claim2.EFFECT}, on its runs of the same seeds"
+EFFECT = "the effect of having a position embedding on claim 2's runs of the same seeds (claim 2's E)"
 SAME = Rule("close", claim2.ABOUT_EQUAL, paired=True, floor=CHANCE + MARGIN, relative_to=EFFECT)
 PROBE_SAME = Rule("close", claim2.ABOUT_EQUAL, paired=True, floor=CHANCE + MARGIN, relative_to=EFFECT)
 
