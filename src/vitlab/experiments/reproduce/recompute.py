@@ -1,7 +1,8 @@
 """The v2 verdicts of a report from its per-seed CSV files alone (`results/claim*.csv`), without its run cache: the
-claims' own `Rule` objects applied to the numbers the report wrote. What needs the models is left out and said so
-(claims 2's and 3's probe parts; claim 8's position-embedding part, whose numbers are in report.md's table, not in
-a CSV: read from there).
+claims' own `Rule` objects applied to the numbers the report wrote, every part of all eleven claims (the probe parts
+of claims 2 and 3 from their probe columns). A report written before a CSV had a column is read as it can be: the v1
+report's have no probe columns (those parts are left out) and no claim 8 similarities (read from its table in
+report.md), and no claims 10 and 11.
 
     PYTHONPATH=src python -m vitlab.experiments.reproduce.recompute docs/reproduce
 """
@@ -25,6 +26,8 @@ from vitlab.experiments.reproduce.claims import (
     claim7_hybrid,
     claim8_attention,
     claim9_recipe,
+    claim10_compute,
+    claim11_resolution,
 )
 from vitlab.experiments.reproduce.verdicts import NOT_REPRODUCED, REPRODUCED, Verdict, combine, log_error_ratio, stats
 
@@ -52,17 +55,37 @@ def claim1(folder: Path) -> Verdict:
     )
 
 
+def _probe_by(rows: list[dict], key: str) -> dict[str, list[float]] | None:
+    """{arm: per-seed 5-shot probe accuracy in seed order}, or None where the CSV has no probe column (v1 reports)."""
+    column = next((c for c in rows[0] if c.startswith("probe_")), None)
+    if column is None:
+        return None
+    out: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in rows:
+        out[r[key]].append((int(r["seed"]), float(r[column])))
+    return {k: [a for _, a in sorted(v)] for k, v in out.items()}
+
+
 def claim2(folder: Path) -> Verdict:
-    acc = {k[0]: v for k, v in _by(_rows(folder, "claim2_pos_embed.csv"), "pos_embed").items()}
+    rows = _rows(folder, "claim2_pos_embed.csv")
+    acc = {k[0]: v for k, v in _by(rows, "pos_embed").items()}
     m = claim2_pos_embed
-    return m.decide(acc, "test acc", m.BEATS_NONE, m.KINDS_CLOSE)
+    test = m.decide(acc, "test acc", m.BEATS_NONE, m.KINDS_CLOSE)
+    probe = _probe_by(rows, "pos_embed")
+    return test if probe is None else combine(test, m.decide(probe, "probe", m.PROBE_BEATS_NONE, m.PROBE_KINDS_CLOSE))
 
 
 def claim3(folder: Path) -> Verdict:
-    acc = {k[0]: v for k, v in _by(_rows(folder, "claim3_cls_vs_gap.csv"), "pool").items()}
-    pe = {k[0]: v for k, v in _by(_rows(folder, "claim2_pos_embed.csv"), "pos_embed").items()}
-    tol = claim3_cls_vs_gap.SAME.scaled(claim2_pos_embed.position_effect(pe))
-    return tol.decide(acc["cls"], acc["mean"], what="test acc: class token - GAP")
+    rows, pe_rows = _rows(folder, "claim3_cls_vs_gap.csv"), _rows(folder, "claim2_pos_embed.csv")
+    acc = {k[0]: v for k, v in _by(rows, "pool").items()}
+    pe = {k[0]: v for k, v in _by(pe_rows, "pos_embed").items()}
+    m, effect = claim3_cls_vs_gap, claim2_pos_embed.position_effect
+    test = m.SAME.scaled(effect(pe)).decide(acc["cls"], acc["mean"], what="test acc: class token - GAP")
+    probe, pe_probe = _probe_by(rows, "pool"), _probe_by(pe_rows, "pos_embed")
+    if probe is None or pe_probe is None:
+        return test
+    close = m.PROBE_SAME.scaled(effect(pe_probe))
+    return combine(test, close.decide(probe["cls"], probe["mean"], what="probe: class token - GAP"))
 
 
 def claim4(folder: Path) -> Verdict:
@@ -115,12 +138,16 @@ def claim8(folder: Path) -> Verdict:
     for r in _rows(folder, "claim8_attention.csv"):
         per[int(r["seed"])][int(r["layer"])] = float(r["mean_distance_px"])
     rise = [d[max(d)] - d[min(d)] for _, d in sorted(per.items())]
-    # the position-embedding similarities: the last two columns of claim 8's table in report.md, one row per seed
-    section = (folder / "report.md").read_text().split("## 8. ")[1].split("\n## ")[0]
-    locality = [
-        float(m.group(2)) - float(m.group(3))
-        for m in re.finditer(r"^\| (\d+) \|.*\| ([0-9.-]+) \| ([0-9.-]+) \|$", section, flags=re.M)
-    ]
+    rows = _rows(folder, "claim8_attention.csv")
+    if "pe_vertical_cos" in rows[0]:  # the position-embedding similarities, per seed
+        pe = {int(r["seed"]): float(r["pe_vertical_cos"]) - float(r["pe_far_cos"]) for r in rows}
+        locality = [d for _, d in sorted(pe.items())]
+    else:  # a report before they were kept in the CSV: the last two columns of claim 8's table, one row per seed
+        section = (folder / "report.md").read_text().split("## 8. ")[1].split("\n## ")[0]
+        locality = [
+            float(m.group(2)) - float(m.group(3))
+            for m in re.finditer(r"^\| (\d+) \|.*\| ([0-9.-]+) \| ([0-9.-]+) \|$", section, flags=re.M)
+        ]
     m8 = claim8_attention
     return combine(
         m8.RISES.decide(rise, what="last layer - first layer (px)"),
@@ -148,13 +175,49 @@ def claim9(folder: Path) -> Verdict:
     )
 
 
-CLAIMS = {1: claim1, 2: claim2, 3: claim3, 4: claim4, 5: claim5, 6: claim6, 7: claim7, 8: claim8, 9: claim9}
-LEFT_OUT = {2: "the probe part needs the models", 3: "the probe part needs the models"}
+def claim10(folder: Path) -> Verdict:
+    per: dict[str, dict] = {}
+    for r in _rows(folder, "claim10_compute.csv"):
+        p = per.setdefault(r["model"], {"family": r["family"], "flops": float(r["train_flops"]), "acc": []})
+        p["acc"].append((int(r["seed"]), float(r["val_acc"])))
+        p["params"] = int(r["params"])
+    m = claim10_compute
+    points = [
+        m.Point(label, p["family"], p["flops"], [a for _, a in sorted(p["acc"])], p["params"])
+        for label, p in per.items()
+    ]
+    return m.verdict_of(points)
+
+
+def claim11(folder: Path) -> Verdict:
+    acc = {k[0]: v for k, v in _by(_rows(folder, "claim11_resolution.csv"), "arm").items()}
+    m = claim11_resolution
+    a, b, c = (name for name, _, _ in m.ARMS)
+    return combine(
+        m.BEATS.decide(acc[a], acc[b], what="(a) interpolated - (b) re-initialised"),
+        m.AT_LEAST_AS_GOOD.decide(acc[a], acc[c], what="(a) 56 px interpolated - (c) 28 px"),
+    )
+
+
+CLAIMS = {
+    1: claim1, 2: claim2, 3: claim3, 4: claim4, 5: claim5, 6: claim6, 7: claim7, 8: claim8, 9: claim9, 10: claim10,
+    11: claim11,
+}  # fmt: skip
+
+
+_NAMES = {10: "compute", 11: "resolution"}
 
 
 def recompute(folder: str | Path) -> dict[int, Verdict]:
-    """{claim: its v2 verdict from the report folder's CSV files} (claims 2 and 3: the test-accuracy part only)."""
-    return {n: f(Path(folder)) for n, f in CLAIMS.items()}
+    """{claim: its v2 verdict from the report folder's CSV files}: every part, the probe parts of claims 2 and 3 where
+    the CSVs have the probe column (a v1 report's do not: the test-accuracy part alone); claims 10 and 11 where the
+    folder has their CSVs."""
+    folder = Path(folder)
+    return {
+        n: f(folder)
+        for n, f in CLAIMS.items()
+        if n <= 9 or (folder / "results" / f"claim{n}_{_NAMES[n]}.csv").is_file()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| # | v1 (the report's) | v2 (recomputed) | v2's detail |")
     print("|---|---|---|---|")
     for n, v in recompute(folder).items():
-        note = f" ({LEFT_OUT[n]})" if n in LEFT_OUT else ""
-        print(f"| {n} | {v1.get(n, '-')} | {v.status}{note} | {v.detail} |")
+        print(f"| {n} | {v1.get(n, '-')} | {v.status} | {v.detail} |")
     return 0
 
 

@@ -24,6 +24,7 @@ from vitlab.experiments.reproduce.verdicts import (
     NOT_REPRODUCED,
     REPRODUCED,
     Estimate,
+    Part,
     Verdict,
     combine,
     mean_std,
@@ -158,7 +159,7 @@ def decide(est: Estimate | None, margin: float, *, what: str, unit: str) -> Verd
         f"({est.method}), needed above {scale * margin:g}"
     )
     status = REPRODUCED if lo > margin else NOT_REPRODUCED if hi < margin else INCONCLUSIVE
-    return Verdict(status, text)
+    return Verdict(status, text, (Part(what, status, "greater", est.d, lo, hi, margin, est.n),))
 
 
 def log_err(acc: float) -> float:
@@ -210,16 +211,14 @@ def below_cheaper(fronts: dict[str, list[Point]]) -> str:
     return text
 
 
-def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
-    seed0 = scale.seeds[0]
-    points = []
-    for label, (family, _, _) in POINTS.items():
-        runs = [_run(label, s, scale) for s in (scale.seeds if label == SHARED else (seed0,))]
-        with torch.device("meta"):  # shapes only: the count needs no weights (and a hybrid's run folder does not load)
-            model = build_model(runs[0], res[runs[0]]["num_classes"])
-        points.append(Point(label, family, run_flops(runs[0], model), res.acc(runs), res[runs[0]]["params"]))
-    by_family = {f: [p for p in points if p.family == f] for f in FAMILIES}
-    fronts = {f: sorted(ps, key=lambda p: p.flops) for f, ps in by_family.items()}
+def frontiers(points: list[Point]) -> dict[str, list[Point]]:
+    """Each family's points in order of compute."""
+    return {f: sorted((p for p in points if p.family == f), key=lambda p: p.flops) for f in FAMILIES}
+
+
+def verdict_of(points: list[Point]) -> Verdict:
+    """The rule (RULE) on the models' points: (a) the hybrid's lead shrinks, (b) the ViT's frontier above the CNN's."""
+    fronts = frontiers(points)
     acc0 = {p.label: p.acc[0] for p in points}
     shared = next(p for p in points if p.label == SHARED)
 
@@ -259,6 +258,19 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         )
     else:
         part_b = Verdict(INCONCLUSIVE, "the ViT's and the CNN's frontiers reach no common compute")
+    return combine(part_a, part_b)
+
+
+def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
+    seed0 = scale.seeds[0]
+    points = []
+    for label, (family, _, _) in POINTS.items():
+        runs = [_run(label, s, scale) for s in (scale.seeds if label == SHARED else (seed0,))]
+        with torch.device("meta"):  # shapes only: the count needs no weights (and a hybrid's run folder does not load)
+            model = build_model(runs[0], res[runs[0]]["num_classes"])
+        points.append(Point(label, family, run_flops(runs[0], model), res.acc(runs), res[runs[0]]["params"]))
+    fronts = frontiers(points)
+    shared = next(p for p in points if p.label == SHARED)
     fig = compute_figure(
         fig_dir / "claim10_compute.png",
         {f: [(p.flops, p.acc, p.label.split(" ", 1)[1]) for p in fronts[f]] for f in FAMILIES},
@@ -283,7 +295,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
             [p.label, p.family, f"{p.params:,}", f"{p.flops / 1e12:.3g}", mean_std(p.acc)]
             for p in sorted(points, key=lambda p: (FAMILIES.index(p.family), p.flops))
         ],
-        verdict=combine(part_a, part_b),
+        verdict=verdict_of(points),
         figures=[fig],
         csv_header=["model", "family", "seed", "params", "train_flops", "val_acc"],
         csv_rows=[

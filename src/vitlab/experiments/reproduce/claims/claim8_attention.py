@@ -49,7 +49,7 @@ def pe_structure(sim: torch.Tensor, grid_size: tuple[int, int]) -> tuple[float, 
 
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     runs = _plan(scale)
-    rise, locality, per_layer, rows, figures = [], [], [], [], []
+    rise, locality, per_layer, rows, figures, similarity = [], [], [], [], [], []
     for spec in runs:
         model = res.model(spec)
         _, val, _ = experiment_splits(spec.data, spec.seed)
@@ -60,6 +60,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         vertical, far = pe_structure(sim, model.cfg.grid_size)
         rise.append(float(layer_mean[-1] - layer_mean[0]))
         locality.append(vertical - far)
+        similarity.append((vertical, far))
         per_layer.append(layer_mean.tolist())
         if spec is runs[0]:
             uniform = float(patch_distances(model.cfg.grid_size, model.cfg.patch_size).mean())
@@ -117,8 +118,9 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
             "attends globally. Its position embeddings show row and column structure; its filters resemble "
             "plausible basis functions for a low-dimensional representation of each patch."
         ),
-        csv_header=["seed", "layer", "mean_distance_px"],
-        csv_rows=[[r.seed, i + 1, per_layer[j][i]] for j, r in enumerate(runs) for i in range(L)],
+        # per layer the attention distance; per seed (on each of its rows) the position embeddings' two similarities
+        csv_header=["seed", "layer", "mean_distance_px", "pe_vertical_cos", "pe_far_cos"],
+        csv_rows=[[r.seed, i + 1, per_layer[j][i], *similarity[j]] for j, r in enumerate(runs) for i in range(L)],
     )
 
 
