@@ -296,6 +296,9 @@ def test_pretrained_true_loads_the_default_weights_from_the_local_hub_cache_only
     model = create_model(name, pretrained=True, **{k: v for k, v in small_args(name).items()})
     assert model.num_classes == 5 and not model.training
     assert model.pretrained_cfg.source == f"hf-hub:{hub_id(name)}"
+    assert model.pretrained_cfg["hf_hub_id"] == model.pretrained_cfg.hf_hub_id == hub_id(name)  # as timm's
+    by_id = create_model(name, pretrained=f"hf-hub:{hub_id(name)}", **small_args(name))  # the same weights by their id
+    assert by_id.pretrained_cfg.hf_hub_id == hub_id(name)
     x = images(model)
     with torch.no_grad():
         torch.testing.assert_close(model(x), ref.eval()(x))

@@ -37,7 +37,7 @@ from vitlab.models.registry import get_config, get_variant
 from vitlab.models.size import check_fits
 from vitlab.models.vit import VisionTransformer, ViTConfig
 from vitlab.weights import checkpoint as ckpt_format
-from vitlab.weights.formats import find_in_hub_cache
+from vitlab.weights.formats import find_in_hub_cache, is_hub_id
 from vitlab.weights.infer import diff_keys
 from vitlab.weights.plan import plan_load
 from vitlab.weights.source import load_checkpoint
@@ -191,6 +191,8 @@ def _from_weights(name, source, label: str, num_classes, img_size, overrides) ->
     model = _build(plan.config)
     model.load_state_dict(plan.state_dict, strict=plan.strict)
     model.pretrained_cfg = plan.pretrained_cfg
+    if is_hub_id(label):  # weights from the hub (pretrained=True too): timm's key names the repository
+        model.pretrained_cfg = model.pretrained_cfg.replace(hf_hub_id=label.removeprefix("hf-hub:"))
     return model.eval()
 
 
