@@ -207,12 +207,20 @@ def test_other_in_chans(name):
 
 
 @pytest.mark.parametrize("name", VITS)
-def test_dynamic_img_size_is_refused_by_name_and_another_size_says_what_to_do(name):
-    with pytest.raises(VitlabError, match="dynamic_img_size=True: .*img_size="):
-        create_model(name, dynamic_img_size=True, **small_args(name))
+def test_dynamic_img_size_takes_other_sizes_and_a_fixed_model_says_what_to_do(name):
+    cfg = VARIANTS[name].config
+    P = cfg.patch_size
+    if cfg.pos_embed not in ("learned", "none") or cfg.stem != "patch":
+        with pytest.raises(VitlabError, match="dynamic_img_size=True resamples the 1-D position table"):
+            create_model(name, dynamic_img_size=True, **small_args(name))
+    else:
+        model = small(name, dynamic_img_size=True).eval()
+        assert model.pretrained_cfg["fixed_input_size"] is False
+        with torch.no_grad():
+            assert model(torch.zeros(1, model.cfg.in_chans, 4 * P, 3 * P)).shape == (1, out_width(model))
     model = small(name)
-    P = model.cfg.patch_size
-    with pytest.raises(VitlabError, match="build the model with img_size"):
+    assert model.pretrained_cfg["fixed_input_size"] is True
+    with pytest.raises(VitlabError, match="build the model with img_size.*or dynamic_img_size=True"):
         model(torch.zeros(1, 3, 4 * P, 4 * P))
 
 

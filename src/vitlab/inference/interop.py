@@ -153,6 +153,10 @@ def timm_config(model: nn.Module) -> dict:
     # num_classes at the top level only, as timm's hub writer puts it: transformers' TimmWrapper passes
     # num_labels as num_classes beside **model_args, so a second one there is a TypeError.
     model_args.pop("num_classes")
+    if cfg.dynamic_img_size:  # timm's loader then reads fixed_input_size False, as vitlab's pretrained_cfg says
+        model_args["dynamic_img_size"] = True
+        if cfg.dynamic_img_pad:
+            model_args["dynamic_img_pad"] = True
     pcfg = model_pretrained_cfg(model).to_timm()
     for key in ("architecture", "hf_hub_id", "label_names"):
         pcfg.pop(key, None)

@@ -7,15 +7,16 @@
     create_model("vit_mini", num_classes=5, img_size=64, drop_path=0.1)  # checked overrides
     create_model("vit_small_patch16_224", pretrained=True)               # timm's default weights, local cache
     create_model("vit_small_patch16_224", drop_path_rate=0.1, embed_dim=192, num_heads=3)  # timm's keywords
+    create_model("vit_base_patch16_224", dynamic_img_size=True)          # any image size, as timm's
 
 The arguments mean the same whatever the source: `name` is a registered model (vitlab.model_names()),
 checked field by field against the weights when both are given; `num_classes` different from the
 weights' gives a new zero-initialised head (paper Section 3.2); `img_size` different from the weights'
 resamples the position embedding (Section 3.2); `in_chans` different from the weights' adapts the patch
 projection (`vitlab.weights.plan.adapt_input_conv`); `overrides` are other config fields, by vitlab's
-names or timm's (`TIMM_KEYWORDS`). As in timm, `pretrained=False` is a random init and `pretrained=True`
-the variant's default weights (its `pretrained_cfg.hf_hub_id`), read from the local Hugging Face cache
-only. Every model comes
+names or timm's (`TIMM_KEYWORDS`; `dynamic_img_size` and `dynamic_img_pad` are fields). As in timm,
+`pretrained=False` is a random init and `pretrained=True` the variant's default weights (its
+`pretrained_cfg.hf_hub_id`), read from the local Hugging Face cache only. Every model comes
 with a typed `model.pretrained_cfg` (vitlab.models.pretrained_cfg.PretrainedCfg): its preprocessing,
 class names and provenance. Loaded weights come in eval mode; a new model in train mode.
 
@@ -72,7 +73,13 @@ def create_model(
     checkpoint: a vitlab checkpoint: a run folder (its last.json), a last.json/best.json pointer, a
         checkpoint folder, or an exported .safetensors with its .json.
     """
-    overrides = timm_keywords(overrides)
+    model = _create(name, pretrained, checkpoint, num_classes, img_size, timm_keywords(overrides))
+    if isinstance(model, VisionTransformer):  # what the built model takes, whatever the source said
+        model.pretrained_cfg = model.pretrained_cfg.replace(fixed_input_size=not model.cfg.dynamic_img_size)
+    return model
+
+
+def _create(name, pretrained, checkpoint, num_classes, img_size, overrides) -> nn.Module:
     label = pretrained
     if isinstance(pretrained, bool):
         pretrained, label = default_weights(name, checkpoint) if pretrained else (None, None)
@@ -97,14 +104,8 @@ def create_model(
 
 def timm_keywords(overrides: dict) -> dict:
     """`overrides` with timm's keyword names (TIMM_KEYWORDS) in vitlab's; a timm name and its vitlab field
-    both given with different values is refused, naming both, and so is timm's dynamic_img_size=True."""
-    if overrides.get("dynamic_img_size"):
-        raise VitlabError(
-            "dynamic_img_size=True: vitlab's ViT takes the img_size it was built for (its position table is "
-            "resampled once, when the model is built); give img_size=... instead",
-            arg="dynamic_img_size",
-        )
-    out = {k: v for k, v in overrides.items() if k not in TIMM_KEYWORDS and k != "dynamic_img_size"}
+    both given with different values is refused, naming both."""
+    out = {k: v for k, v in overrides.items() if k not in TIMM_KEYWORDS}
     for timm_name, field in TIMM_KEYWORDS.items():
         if overrides.get(timm_name) is None:
             continue

@@ -124,6 +124,7 @@ class PretrainedCfg(Mapping):
     notes: tuple[str, ...] = ()  # what loading changed: resampled position tables, dropped parts
     hf_hub_id: str | None = None  # the hub repository of the variant's default weights (timm's), for pretrained=True
     first_conv: str = TIMM_FIRST_CONV  # the module the input channels go into (timm's key of the same name)
+    fixed_input_size: bool = True  # the model takes input_size only; False with dynamic_img_size (any size)
 
     def __post_init__(self) -> None:
         # Lists from JSON become tuples, so a config read back from disk equals the one written.
@@ -170,6 +171,8 @@ class PretrainedCfg(Mapping):
             fail("label_names", "a list of strings or null")
         if not (isinstance(self.notes, tuple) and all(isinstance(n, str) for n in self.notes)):
             fail("notes", "a list of strings")
+        if not isinstance(self.fixed_input_size, bool):
+            fail("fixed_input_size", "true or false")
 
     @property
     def img_size(self) -> tuple[int, int]:
@@ -193,7 +196,7 @@ class PretrainedCfg(Mapping):
             "architecture": self.architecture,
             "hf_hub_id": self.hf_hub_id,
             "input_size": self.input_size,
-            "fixed_input_size": True,  # vitlab's ViT takes the size it was built for (no dynamic_img_size)
+            "fixed_input_size": self.fixed_input_size,  # timm's tests feed other sizes where False
             "interpolation": self.interpolation,
             "crop_pct": self.crop_pct,
             "crop_mode": self.crop_mode,

@@ -49,14 +49,18 @@ Prefix tokens come first, in the order [class, distillation, registers], then th
 `cfg.num_prefix_tokens` counts them all.
 
 `VisionTransformer` has timm's interface (`forward_features`, `forward_head`, `forward_intermediates`,
-`reset_classifier`, `get_classifier`, `num_features`, `group_matcher`, ...), so code written for timm's
-ViT runs on it. It is traced with `torch.jit.trace` or `torch.export`; `torch.jit.script` and
+`set_input_size`, `reset_classifier`, `get_classifier`,
+`num_features`, `group_matcher`, ...), so code written for timm's ViT runs on it. `dynamic_img_size=True`
+takes any image size whose sides are multiples of P (any size at all with `dynamic_img_pad=True`, which
+zero-pads the right and bottom), the position table resampled per call (Section 3.2's 2-D interpolation),
+as timm does. It is traced with `torch.jit.trace` or `torch.export`; `torch.jit.script` and
 `torch.fx.symbolic_trace` are refused in one line (the forward takes Python options and checks its input
 in Python).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 
@@ -113,6 +117,8 @@ class ViTConfig:
     patch_bias: bool = True  # False for CLIP's patch embedding
     no_embed_class: bool = False  # the 1-D position table covers the patches only (DeiT III, DINOv2 + registers)
     act: str = "gelu"  # the MLP's non-linearity: "gelu" (Section 3.1) or "quick_gelu" (OpenAI CLIP)
+    dynamic_img_size: bool = False  # timm's: any H x W (multiples of P), the position table resampled per call
+    dynamic_img_pad: bool = False  # timm's, with dynamic_img_size: other sides zero-padded to multiples of P
 
     def __post_init__(self) -> None:
         # Every field is checked for its type and range before any arithmetic, in the field's own name, so a
@@ -135,7 +141,16 @@ class ViTConfig:
         )
         for name in ("dropout", "attn_dropout", "drop_path"):
             check_range(name, getattr(self, name), low=0, high=1, high_open=True)
-        for name in ("qkv_bias", "class_token", "dist_token", "pre_norm", "patch_bias", "no_embed_class"):
+        for name in (
+            "qkv_bias",
+            "class_token",
+            "dist_token",
+            "pre_norm",
+            "patch_bias",
+            "no_embed_class",
+            "dynamic_img_size",
+            "dynamic_img_pad",
+        ):
             _check_bool(name, getattr(self, name))
         for name in ("fc_norm", "dist_head"):
             _check_bool(name, getattr(self, name), optional=True)
@@ -178,6 +193,17 @@ class ViTConfig:
             )
         if self.stem == "hybrid" and (P & (P - 1)):
             raise VitlabError(f"stem 'hybrid' downsamples by powers of 2: patch_size must be one, found {P}")
+        if self.dynamic_img_size and (self.pos_embed not in ("learned", "none") or self.stem != "patch"):
+            raise VitlabError(
+                "dynamic_img_size=True resamples the 1-D position table per image (pos_embed 'learned' or 'none', "
+                f"stem 'patch'); found pos_embed {self.pos_embed!r}, stem {self.stem!r}",
+                arg="dynamic_img_size",
+            )
+        if self.dynamic_img_pad and not self.dynamic_img_size:
+            raise VitlabError(
+                "dynamic_img_pad=True pads images of other sizes, which only dynamic_img_size=True takes; give both",
+                arg="dynamic_img_pad",
+            )
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -229,6 +255,7 @@ class ViTConfig:
             "no qkv bias" if not self.qkv_bias else "",
             "QuickGELU" if self.act == "quick_gelu" else "",
             "no head" if self.num_classes == 0 else "",
+            "any image size" if self.dynamic_img_size else "",
         ]
         extras = [e for e in extras if e]
         return text + (f" ({', '.join(extras)})" if extras else "")
@@ -288,6 +315,40 @@ def sincos_2d_embedding(grid_size: tuple[int, int], dim: int, temperature: float
     return torch.cat([y.sin(), y.cos(), x.sin(), x.cos()], dim=1).float()  # (N, D)
 
 
+def resample_pos_embed(
+    pos_embed: torch.Tensor,
+    new_grid: tuple[int, int],
+    *,
+    old_grid: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 1,
+    interpolation: str = "bicubic",
+    antialias: bool = True,
+) -> torch.Tensor:
+    """Section 3.2: "we perform 2D interpolation of the pre-trained position embeddings, according to
+    their location in the original image". (1, prefix + gh*gw, D) -> (1, prefix + new_gh*new_gw, D).
+
+    The prefix rows (class, distillation and register tokens; none with `no_embed_class`) are kept as
+    they are; only the patch rows are resampled, as a D-channel image of the old grid (bicubic with
+    antialiasing, as timm's resample_abs_pos_embed). Grids may be non-square; `old_grid` defaults to a
+    square one. The same grid returns the table itself.
+    """
+    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    n, D = patches.shape[1], patches.shape[2]
+    gh, gw = old_grid if old_grid is not None else (math.isqrt(n), math.isqrt(n))
+    if old_grid is None and gh * gw != n:
+        raise VitlabError(f"the position table has {n} patch rows, which is not a square grid; give old_grid")
+    if gh * gw != n:
+        raise VitlabError(f"old_grid {gh}x{gw} = {gh * gw} does not match the {n} patch rows of the position table")
+    new_grid = (int(new_grid[0]), int(new_grid[1]))
+    if (gh, gw) == new_grid:
+        return pos_embed
+    dtype = patches.dtype
+    grid = patches.reshape(1, gh, gw, D).permute(0, 3, 1, 2).float()  # (1, D, gh, gw)
+    grid = F.interpolate(grid, size=new_grid, mode=interpolation, antialias=antialias, align_corners=False)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(dtype)  # (1, N', D)
+    return torch.cat([prefix, grid], dim=1)
+
+
 def relative_position_index(grid_size: tuple[int, int]) -> torch.Tensor:
     """For every pair of patches (i, j), the index of their offset (dy, dx) in a (2gh-1)(2gw-1) table.
 
@@ -341,31 +402,61 @@ class PatchEmbed(nn.Module):
         dim: int,
         mode: str = "conv",
         bias: bool = True,
+        dynamic: bool = False,
+        pad: bool = False,
     ):
         super().__init__()
-        self.img_size, self.patch_size, self.mode = img_size, patch_size, mode
-        self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
+        self.patch_size, self.mode, self.dynamic, self.pad = patch_size, mode, dynamic, pad
+        self.set_input_size(img_size)
         P = patch_size
         if mode == "conv":
             self.proj = nn.Conv2d(in_chans, dim, kernel_size=P, stride=P, bias=bias)
         else:
             self.proj = nn.Linear(in_chans * P * P, dim, bias=bias)
 
+    def set_input_size(self, img_size: tuple[int, int]) -> None:
+        self.img_size = tuple(img_size)
+        self.grid_size = (img_size[0] // self.patch_size, img_size[1] // self.patch_size)
+
+    def feat_size(self, H, W) -> tuple:
+        """The patch grid of an H x W image (timm's dynamic_feat_size): sides rounded up with `pad`."""
+        P = self.patch_size
+        return (-(-H // P), -(-W // P)) if self.pad else (H // P, W // P)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_images(x, self.proj.in_channels if self.mode == "conv" else self.proj.in_features // self.patch_size**2)
-        B, C, H, W = x.shape
-        if (H, W) != tuple(self.img_size):
-            raise VitlabError(
-                f"input image is {H}x{W} but the model was built for {self.img_size[0]}x{self.img_size[1]}; "
-                f"resize the input, or build the model with img_size=({H}, {W}) and resample the position embedding"
-            )
+        chans = self.proj.in_channels if self.mode == "conv" else self.proj.in_features // self.patch_size**2
+        x = checked_images(x, chans, 1 if self.pad else self.patch_size, None if self.dynamic else self.img_size)
+        if self.pad:  # timm's dynamic_img_pad: zeros on the right and at the bottom, up to multiples of P
+            H, W = x.shape[-2:]
+            x = F.pad(x, (0, (-W) % self.patch_size, 0, (-H) % self.patch_size))
         if self.mode == "conv":
             return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, gh, gw) -> (B, N, D)
+        B, C, H, W = x.shape
         P = self.patch_size
-        gh, gw = self.grid_size
+        gh, gw = H // P, W // P
         x = x.reshape(B, C, gh, P, gw, P)  # (B, C, gh, P, gw, P)
         x = x.permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * P * P)  # (B, N, C*P*P), raster order
         return self.proj(x)  # (B, N, D)
+
+
+def checked_images(
+    x: torch.Tensor, chans: int, patch_size: int, img_size: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """`x` itself, once it is a float batch (B, chans, H, W) of the size the model takes: `img_size`, or
+    (None, dynamic_img_size) any sides that are multiples of the patch size. Else one line saying what to do."""
+    check_images(x, chans)
+    H, W = x.shape[-2:]
+    if img_size is not None and (H, W) != tuple(img_size):
+        raise VitlabError(
+            f"input image is {H}x{W} but the model was built for {img_size[0]}x{img_size[1]}; resize the input, "
+            f"or build the model with img_size=({H}, {W}) (or dynamic_img_size=True) to resample the position embedding"
+        )
+    if H % patch_size or W % patch_size:
+        raise VitlabError(
+            f"input image is {H}x{W}: dynamic_img_size takes sides that are multiples of patch_size {patch_size}; "
+            "resize the input, or add dynamic_img_pad=True to pad it"
+        )
+    return x
 
 
 class HybridEmbed(nn.Module):
@@ -549,6 +640,8 @@ class VisionTransformer(nn.Module):
                 dim=D,
                 mode=cfg.patch_embed,
                 bias=cfg.patch_bias,
+                dynamic=cfg.dynamic_img_size,
+                pad=cfg.dynamic_img_pad,
             )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None  # x_class
         self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.dist_token else None  # DeiT's x_dist
@@ -657,19 +750,26 @@ class VisionTransformer(nn.Module):
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos. (B, C, H, W) -> (B, p+N, D), p prefix
         tokens ([class, distillation, registers]; p = 1 in the paper)."""
+        H, W = x.shape[-2:]
         x = self.patch_embed(x)  # (B, N, D)
         B, N, D = x.shape
-        if self.pos_embed is None or self.cfg.no_embed_class:  # tables of the patches only: the 2-D ones, and
-            patch_pos = self.patch_pos_embed()  # the 1-D one without prefix rows (DeiT III, DINOv2 + registers)
+        pos = self.pos_embed  # (1, p+N, D): the 1-D table, p = 0 with no_embed_class
+        if pos is not None and self.cfg.dynamic_img_size:  # timm's dynamic_img_size: the table at this image's grid
+            pos = resample_pos_embed(
+                pos,
+                self.patch_embed.feat_size(H, W),
+                old_grid=self.cfg.grid_size,
+                num_prefix_tokens=self.cfg.num_pos_prefix_tokens,
+            )
+        if pos is None or self.cfg.no_embed_class:  # tables of the patches only: the 2-D ones, and the
+            patch_pos = pos if pos is not None else self.patch_pos_embed()  # 1-D one without prefix rows
             if patch_pos is not None:
                 x = x + patch_pos
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if prefix:
             x = torch.cat([*prefix, x], dim=1)  # (B, p+N, D)
-        if (
-            self.pos_embed is not None and not self.cfg.no_embed_class
-        ):  # the paper's 1-D table covers the class token too
-            x = x + self.pos_embed
+        if pos is not None and not self.cfg.no_embed_class:  # the paper's 1-D table covers the class token too
+            x = x + pos
         return self.norm_pre(self.pos_drop(x))
 
     def patch_pos_embed(self) -> torch.Tensor | None:
@@ -779,9 +879,10 @@ class VisionTransformer(nn.Module):
         if output_fmt not in ("NCHW", "NLC"):
             raise VitlabError(f"output_fmt must be 'NCHW' or 'NLC'; found {output_fmt!r}", arg="output_fmt")
         take = self._block_indices(indices)
+        H, W = x.shape[-2:]
+        gh, gw = self.patch_embed.feat_size(H, W) if self.cfg.dynamic_img_size else self.cfg.grid_size
         x = self.embed(x)  # (B, p+N, D)
         B, p = x.shape[0], self.cfg.num_prefix_tokens
-        gh, gw = self.cfg.grid_size
         outs = []
         last = max(take) if stop_early else len(self.blocks) - 1
         for i, block in enumerate(self.blocks[: last + 1]):
@@ -799,6 +900,37 @@ class VisionTransformer(nn.Module):
         if intermediates_only:
             return outs
         return self.norm(x), outs
+
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None) -> None:
+        """timm's set_input_size: build for another image size, the 1-D position table resampled once
+        (Section 3.2), as create_model(..., img_size=...) does when it loads weights."""
+        if patch_size is not None and patch_size != self.cfg.patch_size:
+            raise VitlabError(
+                f"patch_size {patch_size}: set_input_size changes the image size only (the patch size is "
+                f"{self.cfg.patch_size}); build the model with patch_size={patch_size}",
+                arg="patch_size",
+            )
+        if img_size is None:
+            return
+        if self.cfg.pos_embed not in ("learned", "none") or self.cfg.stem != "patch":
+            raise VitlabError(
+                f"set_input_size resamples the 1-D position table (pos_embed 'learned' or 'none', stem 'patch'); "
+                f"found pos_embed {self.cfg.pos_embed!r}, stem {self.cfg.stem!r}: build the model at img_size instead",
+                arg="img_size",
+            )
+        old_grid = self.cfg.grid_size
+        self.cfg = self.cfg.replace(img_size=img_size)  # checked: sides that are multiples of the patch size
+        self.patch_embed.set_input_size(self.cfg.img_size)
+        if self.pos_embed is not None:
+            table = resample_pos_embed(
+                self.pos_embed.data,
+                self.cfg.grid_size,
+                old_grid=old_grid,
+                num_prefix_tokens=self.cfg.num_pos_prefix_tokens,
+            )
+            self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
+        if self.pretrained_cfg is not None:
+            self.pretrained_cfg = self.pretrained_cfg.replace(input_size=(self.cfg.in_chans, *self.cfg.img_size))
 
     def _block_indices(self, indices: int | Sequence[int] | None) -> set[int]:
         """timm's feature_take_indices: None all blocks, n the last n, a sequence those (negative from the end)."""

@@ -15,7 +15,6 @@ keys are checked against the tensors a model of the config holds (`model_tensors
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
 from dataclasses import dataclass, fields, replace
@@ -28,7 +27,7 @@ from vitlab.errors import VitlabError
 from vitlab.models.pretrained_cfg import PretrainedCfg
 from vitlab.models.registry import VARIANTS, get_config
 from vitlab.models.size import check_fits
-from vitlab.models.vit import ViTConfig
+from vitlab.models.vit import ViTConfig, resample_pos_embed  # the one resampling, the model's own
 from vitlab.weights.infer import (
     FAMILY_RULES,
     STRUCTURAL_FIELDS,
@@ -429,37 +428,6 @@ def _warn(message: str) -> None:
 # Position tables resampled to a new grid (Section 3.2)
 
 
-def resample_pos_embed(
-    pos_embed: torch.Tensor,
-    new_grid: tuple[int, int],
-    *,
-    old_grid: tuple[int, int] | None = None,
-    num_prefix_tokens: int = 1,
-    interpolation: str = "bicubic",
-    antialias: bool = True,
-) -> torch.Tensor:
-    """Section 3.2: "we perform 2D interpolation of the pre-trained position embeddings, according to
-    their location in the original image". (1, prefix + gh*gw, D) -> (1, prefix + new_gh*new_gw, D).
-
-    The prefix rows (class, distillation and register tokens; none with `no_embed_class`) are kept as
-    they are; only the patch rows are resampled, as a D-channel image of the old grid. Grids may be
-    non-square; `old_grid` defaults to a square one.
-    """
-    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
-    n, D = patches.shape[1], patches.shape[2]
-    gh, gw = old_grid if old_grid is not None else _grid_of(n)
-    if gh * gw != n:
-        raise VitlabError(f"old_grid {gh}x{gw} = {gh * gw} does not match the {n} patch rows of the position table")
-    new_grid = tuple(new_grid)
-    if (gh, gw) == new_grid:
-        return pos_embed
-    dtype = patches.dtype
-    grid = patches.reshape(1, gh, gw, D).permute(0, 3, 1, 2).float()  # (1, D, gh, gw)
-    grid = F.interpolate(grid, size=new_grid, mode=interpolation, antialias=antialias, align_corners=False)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(dtype)  # (1, N', D)
-    return torch.cat([prefix, grid], dim=1)
-
-
 def resample_position_tables(
     sd: dict, old_grid: tuple[int, int], new_grid: tuple[int, int], *, num_prefix_tokens: int
 ) -> dict:
@@ -481,13 +449,6 @@ def resample_position_tables(
         table = F.interpolate(table, size=(2 * nh - 1, 2 * nw - 1), mode="bicubic", align_corners=False)
         sd[key] = table.reshape(table.shape[1], -1).to(sd[key].dtype)
     return sd
-
-
-def _grid_of(n: int) -> tuple[int, int]:
-    s = math.isqrt(n)
-    if s * s != n:
-        raise VitlabError(f"the position table has {n} patch rows, which is not a square grid; give old_grid")
-    return s, s
 
 
 __all__ = [
