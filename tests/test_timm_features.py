@@ -1,6 +1,6 @@
 """What a timm user's detection, segmentation and deployment code calls next, against timm's own results on the
-same weights: dynamic_img_size, dynamic_img_pad and set_input_size. Small models (width 64, 3
-blocks, a 4x4 grid), so the file runs in seconds.
+same weights: forward_intermediates and features_only (timm's FeatureGetterNet), dynamic_img_size and
+set_input_size. Small models (width 64, 3 blocks, a 4x4 grid), so the file runs in seconds.
 """
 
 from __future__ import annotations
@@ -38,6 +38,87 @@ def pair(kind: str, **kw):
 
 def batch(*hw: int) -> torch.Tensor:
     return torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(1))
+
+
+def flat(outs) -> list[torch.Tensor]:
+    return [t for o in outs for t in (o if isinstance(o, tuple) else (o,))]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Feature maps: forward_intermediates, features_only, feature_info
+
+
+INTERMEDIATES = [
+    dict(),
+    dict(indices=2),
+    dict(indices=[0, -1], norm=True),
+    dict(indices=[1, 2], output_fmt="NLC"),
+    dict(indices=2, return_prefix_tokens=True),
+    dict(indices=[1], stop_early=True, intermediates_only=True),
+]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_forward_intermediates_equals_timms_on_the_same_weights(kind):
+    theirs, ours = pair(kind)
+    x = batch(*ours.cfg.img_size)
+    with torch.no_grad():
+        for args in INTERMEDIATES:
+            a, b = theirs.forward_intermediates(x, **args), ours.forward_intermediates(x, **args)
+            if not args.get("intermediates_only"):
+                torch.testing.assert_close(b[0], a[0], atol=0, rtol=0)  # the final features
+                a, b = a[1], b[1]
+            assert [t.shape for t in flat(b)] == [t.shape for t in flat(a)], args
+            for t, o in zip(flat(a), flat(b)):
+                torch.testing.assert_close(o, t, atol=0, rtol=0)
+    assert ours.feature_info == theirs.feature_info
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize(
+    "options", [dict(), dict(out_indices=(0, 2)), dict(out_indices=2, output_fmt="NLC", norm=True)]
+)
+def test_features_only_equals_timms_feature_getter(kind, options):
+    """timm's create_model(features_only=True) takes out_indices; its ViTs take output_fmt and norm through
+    FeatureGetterNet itself (their feature_cfg is fixed), vitlab's through feature_cfg."""
+    from timm.models._features import FeatureGetterNet
+
+    name, extra = kind.split("-")[0], KINDS[kind]
+    P = 14 if "patch14" in name else 16
+    args = dict(embed_dim=64, depth=3, num_heads=2, img_size=4 * P, **extra)
+    getter = {k: options[k] for k in ("output_fmt", "norm") if k in options}
+    if getter:
+        theirs = FeatureGetterNet(timm.create_model(name, **args), out_indices=options["out_indices"], **getter)
+        ours = vitlab.create_model(
+            name, features_only=True, out_indices=options["out_indices"], feature_cfg=getter, **args
+        )
+    else:
+        theirs = timm.create_model(name, features_only=True, **args, **options)
+        ours = vitlab.create_model(name, features_only=True, **args, **options)
+    theirs, ours = theirs.eval(), ours.eval()
+    assert ours.state_dict().keys() == theirs.state_dict().keys()  # timm's "model." prefix, pruned alike
+    ours.load_state_dict(theirs.state_dict())
+    for what in ("channels", "reduction", "module_name"):
+        assert getattr(ours.feature_info, what)() == getattr(theirs.feature_info, what)(), what
+    assert ours.feature_info.get_dicts() == [
+        {k: d[k] for k in ("module", "num_chs", "reduction")} | {"index": d["index"]}
+        for d in theirs.feature_info.get_dicts()
+    ]
+    x = batch(4 * P, 4 * P)
+    with torch.no_grad():
+        a, b = theirs(x), ours(x)
+    assert [t.shape for t in b] == [t.shape for t in a]
+    for t, o in zip(a, b):
+        torch.testing.assert_close(o, t, atol=0, rtol=0)
+
+
+def test_feature_options_are_checked_by_name():
+    with pytest.raises(VitlabError, match="out_indices: feature options need features_only=True"):
+        vitlab.create_model("vit_mini", out_indices=(1, 2))
+    with pytest.raises(VitlabError, match="feature_cls must be 'getter'.*found 'fx'"):
+        vitlab.create_model("vit_mini", features_only=True, feature_cfg={"feature_cls": "fx"})
+    with pytest.raises(VitlabError, match=r"indices \[9\]: this model has blocks 0\.\.3"):
+        vitlab.create_model("vit_mini", features_only=True, out_indices=(9,))
 
 
 # ----------------------------------------------------------------------------------------------------

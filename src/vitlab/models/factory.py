@@ -8,13 +8,16 @@
     create_model("vit_small_patch16_224", pretrained=True)               # timm's default weights, local cache
     create_model("vit_small_patch16_224", drop_path_rate=0.1, embed_dim=192, num_heads=3)  # timm's keywords
     create_model("vit_base_patch16_224", dynamic_img_size=True)          # any image size, as timm's
+    create_model("vit_base_patch16_224", features_only=True, out_indices=(3, 7, 11))  # timm's feature maps
 
 The arguments mean the same whatever the source: `name` is a registered model (vitlab.model_names()),
 checked field by field against the weights when both are given; `num_classes` different from the
 weights' gives a new zero-initialised head (paper Section 3.2); `img_size` different from the weights'
 resamples the position embedding (Section 3.2); `in_chans` different from the weights' adapts the patch
 projection (`vitlab.weights.plan.adapt_input_conv`); `overrides` are other config fields, by vitlab's
-names or timm's (`TIMM_KEYWORDS`; `dynamic_img_size` and `dynamic_img_pad` are fields). As in timm,
+names or timm's (`TIMM_KEYWORDS`; `dynamic_img_size` and `dynamic_img_pad` are fields).
+`features_only=True` wraps the ViT in `FeatureGetter`, timm's FeatureGetterNet: a list of block outputs
+(`out_indices`, default the last 3) as maps, `feature_info` to describe them. As in timm,
 `pretrained=False` is a random init and `pretrained=True` the variant's default weights (its
 `pretrained_cfg.hf_hub_id`), read from the local Hugging Face cache only. Every model comes
 with a typed `model.pretrained_cfg` (vitlab.models.pretrained_cfg.PretrainedCfg): its preprocessing,
@@ -34,6 +37,7 @@ from torch import nn
 
 from vitlab.errors import VitlabError, check_range
 from vitlab.models.cnn import ResNetConfig, ResNetMini
+from vitlab.models.features import FeatureGetter, feature_options
 from vitlab.models.registry import get_config, get_variant
 from vitlab.models.size import check_fits
 from vitlab.models.vit import VisionTransformer, ViTConfig
@@ -73,9 +77,12 @@ def create_model(
     checkpoint: a vitlab checkpoint: a run folder (its last.json), a last.json/best.json pointer, a
         checkpoint folder, or an exported .safetensors with its .json.
     """
+    features = feature_options(overrides)  # timm's features_only keywords, taken out of the overrides
     model = _create(name, pretrained, checkpoint, num_classes, img_size, timm_keywords(overrides))
     if isinstance(model, VisionTransformer):  # what the built model takes, whatever the source said
         model.pretrained_cfg = model.pretrained_cfg.replace(fixed_input_size=not model.cfg.dynamic_img_size)
+    if features is not None:
+        return FeatureGetter(model, **features)
     return model
 
 

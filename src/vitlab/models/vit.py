@@ -49,7 +49,7 @@ Prefix tokens come first, in the order [class, distillation, registers], then th
 `cfg.num_prefix_tokens` counts them all.
 
 `VisionTransformer` has timm's interface (`forward_features`, `forward_head`, `forward_intermediates`,
-`set_input_size`, `reset_classifier`, `get_classifier`,
+`feature_info`, `prune_intermediate_layers`, `set_input_size`, `reset_classifier`, `get_classifier`,
 `num_features`, `group_matcher`, ...), so code written for timm's ViT runs on it. `dynamic_img_size=True`
 takes any image size whose sides are multiples of P (any size at all with `dynamic_img_pad=True`, which
 zero-pads the right and bottom), the position table resampled per call (Section 3.2's 2-D interpolation),
@@ -869,11 +869,13 @@ class VisionTransformer(nn.Module):
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
     ) -> list | tuple[torch.Tensor, list]:
-        """timm's forward_intermediates: the outputs of some blocks, z_l, for dense heads and probes.
+        """timm's forward_intermediates: the outputs of some blocks, z_l, for dense heads and probes
+        (timm's features_only models call it, `vitlab.create_model(name, features_only=True)` too).
 
         indices: the last n blocks (an int), the blocks named (negative from the end), or all (None).
         norm: pass each through the final LayerNorm. output_fmt: "NCHW", the patch tokens as a
         (B, D, gh, gw) map, or "NLC", (B, N, D). return_prefix_tokens: each as (patches, (B, p, D) prefix).
+        stop_early: run the blocks up to the last one taken only.
         Returns the list, with `intermediates_only`; else (forward_features' output, the list).
         """
         if output_fmt not in ("NCHW", "NLC"):
@@ -896,10 +898,40 @@ class VisionTransformer(nn.Module):
                 patches = y[:, p:]  # (B, N, D)
                 if output_fmt == "NCHW":
                     patches = patches.reshape(B, gh, gw, -1).permute(0, 3, 1, 2).contiguous()  # (B, D, gh, gw)
-                outs.append((patches, y[:, :p]) if return_prefix_tokens else patches)
+                outs.append((patches, y[:, :p]) if return_prefix_tokens and p else patches)  # timm's: no pairs at p=0
         if intermediates_only:
             return outs
         return self.norm(x), outs
+
+    @property
+    def feature_info(self) -> list[dict]:
+        """timm's feature_info: what each block gives forward_intermediates, D channels at stride P."""
+        return [
+            dict(module=f"blocks.{i}", num_chs=self.cfg.dim, reduction=self.cfg.patch_size)
+            for i in range(len(self.blocks))
+        ]
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's: drop the blocks after the last of `indices` (and the final norm with `prune_norm`, the
+        pooling's norm and the head with `prune_head`), for a model that only gives intermediates. Returns
+        the indices kept, from the first block, which forward_intermediates then takes."""
+        take = sorted(self._block_indices(indices))
+        depth = take[-1] + 1
+        self.blocks = self.blocks[:depth]
+        if self.rel_pos is not None:
+            self.rel_pos = self.rel_pos[:depth]
+        changes = {"depth": depth}
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.head = nn.Identity()
+            self.head_dist = nn.Identity() if self.head_dist is not None else None
+            changes["num_classes"] = 0
+        self.cfg = self.cfg.replace(**changes)
+        return take
 
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None) -> None:
         """timm's set_input_size: build for another image size, the 1-D position table resampled once
