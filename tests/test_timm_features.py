@@ -1,9 +1,12 @@
 """What a timm user's detection, segmentation and deployment code calls next, against timm's own results on the
 same weights: forward_intermediates and features_only (timm's FeatureGetterNet), dynamic_img_size and
-set_input_size. Small models (width 64, 3 blocks, a 4x4 grid), so the file runs in seconds.
+set_input_size, torch.fx (symbolic_trace, torchvision's create_feature_extractor with timm's tracer settings),
+torch.jit.script's refusal. Small models (width 64, 3 blocks, a 4x4 grid), so the file runs in seconds.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -12,6 +15,8 @@ import vitlab
 from vitlab.errors import VitlabError
 
 timm = pytest.importorskip("timm")
+feature_extraction = pytest.importorskip("torchvision.models.feature_extraction")
+from timm.models import get_notrace_functions, get_notrace_modules  # noqa: E402
 
 # One of each kind timm builds: plain (class token), DINOv2 with registers (patch 14, LayerScale, no class row in
 # the table), DeiT distilled (two prefix tokens, two heads), CLIP (pre-norm, eps 1e-5), GAP without class token.
@@ -22,6 +27,7 @@ KINDS = {
     "vit_base_patch16_clip_224": {},
     "vit_small_patch16_224-gap": dict(global_pool="avg", class_token=False),
 }
+TRACER = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())  # timm's tests'
 
 
 def pair(kind: str, **kw):
@@ -189,3 +195,68 @@ def test_fixed_input_size_follows_the_model_and_other_position_tables_are_refuse
         vitlab.create_model("vit_mini", pos_embed="sincos2d", dynamic_img_size=True)
     with pytest.raises(VitlabError, match="set_input_size resamples the 1-D position table.*'relative'"):
         vitlab.create_model("vit_mini", pos_embed="relative").set_input_size(img_size=64)
+
+
+# ----------------------------------------------------------------------------------------------------
+# torch.fx and TorchScript
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_fx_graph_is_the_models_forward_and_timms_feature_extractor_reads_its_blocks(kind, dynamic):
+    theirs, ours = pair(kind, dynamic_img_size=dynamic, dynamic_img_pad=dynamic)
+    x = batch(*ours.cfg.img_size)
+    graph = torch.fx.symbolic_trace(ours)
+    train_nodes, eval_nodes = feature_extraction.get_graph_node_names(ours, tracer_kwargs=TRACER)
+    assert "blocks.1.add_1" in eval_nodes and train_nodes[-1] == eval_nodes[-1]
+    extractor = feature_extraction.create_feature_extractor(
+        ours, return_nodes={"blocks.0": "b0", "blocks.1": "b1", eval_nodes[-1]: "logits"}, tracer_kwargs=TRACER
+    )
+    fixed = pair(kind)[0]  # timm's DeiT does not trace with dynamic_img_size (its _pos_embed branches on shapes)
+    fixed.load_state_dict(theirs.state_dict())
+    timms = feature_extraction.create_feature_extractor(
+        fixed, return_nodes={"blocks.0": "b0", "blocks.1": "b1"}, tracer_kwargs=TRACER
+    )
+    with torch.no_grad():
+        logits = ours(x)
+        assert torch.equal(graph(x), logits)  # the same computation, bit for bit (timm's test_model_forward_fx)
+        got, want = extractor(x), timms(x)
+    assert torch.equal(got["logits"], logits)
+    for key in ("b0", "b1"):
+        torch.testing.assert_close(got[key], want[key], atol=0, rtol=0)
+    if dynamic:  # the traced graph resamples the table for each input's grid, as the model does
+        P = ours.cfg.patch_size
+        y = batch(6 * P, 3 * P - 1)
+        with torch.no_grad():
+            torch.testing.assert_close(graph(y), theirs(y), atol=1e-6, rtol=0)
+    else:  # and checks each input, as the model does
+        with pytest.raises(VitlabError, match="build the model with img_size"):
+            graph(batch(8 * ours.cfg.patch_size, 4 * ours.cfg.patch_size))
+
+
+def test_fx_backward_reaches_every_parameter_in_train_mode():
+    _, ours = pair("vit_small_patch16_224")
+    graph = torch.fx.symbolic_trace(ours.train())
+    graph(batch(64, 64)).mean().backward()
+    assert all(p.grad is not None for p in graph.parameters())
+
+
+def test_fx_graph_with_return_attention_concrete_gives_the_maps():
+    _, ours = pair("vit_small_patch16_224")
+    graph = torch.fx.symbolic_trace(ours, concrete_args={"return_attention": True})
+    x = batch(64, 64)
+    with torch.no_grad():
+        logits, maps = graph(x, True)  # fx checks the concrete argument it was traced with
+        want_logits, want_maps = ours(x, return_attention=True)
+    assert torch.equal(logits, want_logits) and all(torch.equal(m, w) for m, w in zip(maps, want_maps))
+
+
+def test_torch_jit_script_is_refused_with_what_to_use_instead():
+    _, ours = pair("vit_small_patch16_224")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(VitlabError, match=r"^torch\.jit\.script: .*torch\.fx\.symbolic_trace"):
+            torch.jit.script(ours)
+        features = vitlab.create_model("vit_mini", features_only=True)
+        with pytest.raises(VitlabError, match=r"^torch\.jit\.script: "):
+            torch.jit.script(features)

@@ -53,9 +53,10 @@ Prefix tokens come first, in the order [class, distillation, registers], then th
 `num_features`, `group_matcher`, ...), so code written for timm's ViT runs on it. `dynamic_img_size=True`
 takes any image size whose sides are multiples of P (any size at all with `dynamic_img_pad=True`, which
 zero-pads the right and bottom), the position table resampled per call (Section 3.2's 2-D interpolation),
-as timm does. It is traced with `torch.jit.trace` or `torch.export`; `torch.jit.script` and
-`torch.fx.symbolic_trace` are refused in one line (the forward takes Python options and checks its input
-in Python).
+as timm does. It is traced with `torch.fx.symbolic_trace`, `torch.jit.trace` or
+`torch.export`: the input checks, the table's resampling and the explicit attention are `torch.fx.wrap`ped
+functions, so a traced graph still checks each input and runs them on real tensors. `torch.jit.script` is
+refused in one line (the forward takes Python options; docs/family.md says why it stays so).
 """
 
 from __future__ import annotations
@@ -315,6 +316,7 @@ def sincos_2d_embedding(grid_size: tuple[int, int], dim: int, temperature: float
     return torch.cat([y.sin(), y.cos(), x.sin(), x.cos()], dim=1).float()  # (N, D)
 
 
+@torch.fx.wrap  # torch.fx records a call: a traced graph resamples for each real input's grid
 def resample_pos_embed(
     pos_embed: torch.Tensor,
     new_grid: tuple[int, int],
@@ -439,6 +441,7 @@ class PatchEmbed(nn.Module):
         return self.proj(x)  # (B, N, D)
 
 
+@torch.fx.wrap  # a traced graph checks each real input too
 def checked_images(
     x: torch.Tensor, chans: int, patch_size: int, img_size: tuple[int, int] | None = None
 ) -> torch.Tensor:
@@ -484,6 +487,35 @@ class HybridEmbed(nn.Module):
 EXPLICIT_SLICE = 2**20  # logits per slice of the explicit path when no weights are returned (2 MiB in bf16)
 
 
+@torch.fx.wrap  # its slicing depends on the batch's shape: torch.fx records one call, run on real tensors
+def explicit_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    bias: torch.Tensor | None,
+    dropout: float,
+    whole: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 5-7: softmax(q k^T / sqrt(d) + bias) v, and the weights (of the last slice; of all with `whole`).
+    q (B, h, Q, d), k and v (B, h, N, d); `dropout` on the weights (0 at eval). Without `whole`, slices of
+    the batch whose (b, h, Q, N) logits fit in cache; a compiler schedules the products itself (and a loop
+    would only lengthen its graph)."""
+    B, heads, Q, _ = q.shape
+    N = k.shape[2]
+    whole = whole or torch.compiler.is_compiling()
+    rows = B if whole else max(1, EXPLICIT_SLICE // (heads * Q * N))
+    outs = []
+    for qs, ks, vs in zip(q.split(rows), k.split(rows), v.split(rows)):
+        logits = (qs * scale) @ ks.transpose(-2, -1)  # (b, h, Q, N)
+        if bias is not None:
+            logits = logits + bias
+        attn = logits.softmax(dim=-1)  # each row sums to 1 over the keys
+        outs.append((F.dropout(attn, dropout) if dropout else attn) @ vs)  # (b, h, Q, d)
+    return (torch.cat(outs) if len(outs) > 1 else outs[0]), attn  # (B, h, Q, d)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention (MSA), Appendix A Eq. 5-8.
 
@@ -518,23 +550,14 @@ class Attention(nn.Module):
             q = q[:, :, :queries]  # (B, h, Q, d)
             bias = bias[:, :queries] if bias is not None else None  # (h, Q, N)
         Q = q.shape[2]
+        drop = self.attn_drop.p if self.training else 0.0
         if return_attention or not self.fused:
-            # Without the weights wanted, slices of the batch whose (b, h, N, N) logits fit in cache;
-            # a compiler schedules the products itself (and a loop would only lengthen its graph).
-            whole = return_attention or torch.compiler.is_compiling()
-            rows = B if whole else max(1, EXPLICIT_SLICE // (self.heads * Q * N))
-            outs = []
-            for qs, ks, vs in zip(q.split(rows), k.split(rows), v.split(rows)):
-                logits = (qs * self.scale) @ ks.transpose(-2, -1)  # (b, h, N, N)
-                if bias is not None:
-                    logits = logits + bias
-                attn = logits.softmax(dim=-1)  # each row sums to 1 over the keys
-                outs.append(self.attn_drop(attn) @ vs)  # (b, h, N, d)
-            out = torch.cat(outs) if len(outs) > 1 else outs[0]  # (B, h, N, d)
+            out, attn = explicit_attention(
+                q, k, v, scale=self.scale, bias=bias, dropout=drop, whole=return_attention
+            )  # (B, h, Q, d), (B, h, Q, N)
             attn = attn if return_attention else None
         else:
             attn = None
-            drop = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)  # (B, h, N, d)
         out = out.transpose(1, 2).reshape(B, Q, D)  # concatenate the heads: (B, Q, h*d)
         return self.proj_drop(self.proj(out)), attn
@@ -834,12 +857,12 @@ class VisionTransformer(nn.Module):
     def forward(
         self, x: torch.Tensor, return_attention: bool | Iterable[int] = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        if isinstance(x, torch.fx.Proxy):  # fx traces the options too, and the input is checked in Python
-            raise VitlabError(
-                "torch.fx.symbolic_trace: vitlab's ViT takes Python options and checks its input's shape in "
-                "Python, so it cannot be traced symbolically; use torch.jit.trace(model, example) or "
-                "torch.export.export(model, (example,))"
+        if isinstance(return_attention, torch.fx.Proxy):  # torch.fx makes every argument an input of its graph:
+            torch._assert(  # the traced graph is the classifier (concrete_args={"return_attention": True}: the maps)
+                return_attention == False,  # noqa: E712 (an fx node, not a Python comparison)
+                "a graph traced by torch.fx returns logits; trace with concrete_args={'return_attention': True}",
             )
+            return_attention = False
         class_token_only = self.cfg.pool == "cls"  # Eq. 4 reads z_L^0 alone
         if return_attention is False:
             return self.forward_head(self.forward_features(x, class_token_only=class_token_only))
@@ -1066,7 +1089,8 @@ class VisionTransformer(nn.Module):
     def __prepare_scriptable__(self):
         raise VitlabError(
             "torch.jit.script: vitlab's ViT is not TorchScript (its forward takes Python options and checks its "
-            "input in Python); use torch.jit.trace(model, example) or torch.export.export(model, (example,))"
+            "input in Python); use torch.fx.symbolic_trace(model), torch.jit.trace(model, example) or "
+            "torch.export.export(model, (example,))"
         )
 
     # --- loading ------------------------------------------------------------------------------------
