@@ -25,7 +25,7 @@ from vitlab.experiments.reproduce.claims import claim10_compute as c10
 from vitlab.experiments.reproduce.claims import claim11_resolution as c11
 from vitlab.experiments.reproduce.claims.shared import CNN, STEPS, VIT, fashion_run
 from vitlab.experiments.reproduce.runs import Run, build_model, start_model
-from vitlab.experiments.reproduce.verdicts import NOT_REPRODUCED, REPRODUCED
+from vitlab.experiments.reproduce.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from vitlab.runtime import seed_everything
 from vitlab.weights.plan import resample_pos_embed
 
@@ -34,15 +34,13 @@ DEFAULT = Scale("default", (0, 1, 2))
 
 def test_claim10_trains_every_model_on_60000_images_for_the_same_steps_and_reuses_claim5s_shared_runs():
     plan = c10.EXPERIMENT.plan(DEFAULT)
-    assert len(plan) == len(c10.POINTS) + 2  # one seed per model, three at the shared ViT
+    assert len(plan) == len(c10.POINTS) + 4  # one seed per model, three at the shared ViT and CNN
     assert {r.n_train for r in plan} == {60_000} and len({r.steps for r in plan}) == 1
     assert abs(plan[0].steps - STEPS["default"][60_000]) < 60_000 / 64  # the shared budget, to the whole epoch
     families = {f: [lab for lab, (fam, _, _) in c10.POINTS.items() if fam == f] for f in c10.FAMILIES}
     assert all(3 <= len(labels) <= 5 for labels in families.values())
     claim5 = {r.key for r in claim5_data_scale.EXPERIMENT.plan(DEFAULT)}
-    shared = {fashion_run(VIT, 60_000, s, DEFAULT).key for s in DEFAULT.seeds} | {
-        fashion_run(CNN, 60_000, 0, DEFAULT).key
-    }
+    shared = {fashion_run(m, 60_000, s, DEFAULT).key for m in (VIT, CNN) for s in DEFAULT.seeds}
     assert shared <= {r.key for r in plan} and shared <= claim5  # claim 5's runs: trained once for both claims
     # claim 4's patch-size comparison at 60,000: the shared ViT and the same model at P=4, nothing else different
     p4 = c10._run("ViT P=4 D64 L6", 0, DEFAULT)
@@ -69,7 +67,7 @@ def test_a_runs_training_flops_are_the_counters_figure_per_image_times_the_image
     assert c10.run_flops(run, meta) == c10.run_flops(run, model)
 
 
-def test_the_frontier_is_read_off_on_log_compute_and_its_interval_spreads_as_the_shared_vits_seeds():
+def test_the_frontier_is_read_off_on_log_compute_and_each_models_interval_spreads_as_its_own_seeds():
     P = c10.Point
     front = [P("a", "ViT", 1e9, [0.80], 1), P("b", "ViT", 1e11, [0.90], 1)]
     w = c10.read_off(front, 1e10)  # halfway on log compute
@@ -79,10 +77,15 @@ def test_the_frontier_is_read_off_on_log_compute_and_its_interval_spreads_as_the
         c10.read_off(front, 1e12)
     diff = c10.combination([(1.0, w), (-1.0, {"a": 1.0})])  # the frontier at 1e10 less point a
     assert diff == pytest.approx({"a": -0.5, "b": 0.5})
-    est = c10.estimate_of(diff, {"a": 0.80, "b": 0.90}, [0.70, 0.71, 0.72])
-    assert est.d == pytest.approx(0.05) and est.df == 2
-    assert est.se == pytest.approx(0.01 * math.sqrt(0.5))  # std 0.01 x sqrt(0.25 + 0.25)
-    assert c10.estimate_of(diff, {"a": 0.8, "b": 0.9}, [0.7]) is None
+    est = c10.estimate_of(diff, {"a": [0.79, 0.80, 0.81], "b": [0.88, 0.90, 0.92]})
+    assert est.d == pytest.approx(0.05) and est.n == 3
+    # each model its own spread: (0.5 x 0.01)^2 / 3 + (0.5 x 0.02)^2 / 3, Welch-Satterthwaite df
+    v_a, v_b = (0.5 * 0.01) ** 2 / 3, (0.5 * 0.02) ** 2 / 3
+    assert est.se == pytest.approx(math.sqrt(v_a + v_b))
+    assert est.df == pytest.approx((v_a + v_b) ** 2 / (v_a**2 / 2 + v_b**2 / 2))
+    why = c10.estimate_of(diff, {"a": [0.8, 0.81, 0.82], "b": [0.9]})  # a model it reads has one seed
+    assert why == "fewer than 3 seeds at a model it reads: b (1)"
+    assert c10.estimate_of({"a": 1.0, "b": 0.0}, {"a": [0.8, 0.81, 0.82], "b": [0.9]}).d == pytest.approx(0.81)
 
 
 def test_a_model_below_a_cheaper_one_of_its_family_is_named_and_the_envelope_read_beside_the_rule():
@@ -120,7 +123,7 @@ class FakeResults:
 def test_claim10s_verdict_on_made_up_accuracies(tmp_path):
     """ViTs gaining 2 points per decade of compute, CNNs 3 points below them, hybrids ahead of the ViTs by a lead
     that shrinks by about 2 points (reproduced) or grows by about 2 (not reproduced) across the compute they share;
-    the shared ViT's seeds 0.1 points apart."""
+    every model's seeds 0.1 points apart."""
     flops = {}
     for label in c10.POINTS:
         with torch.device("meta"):
@@ -140,12 +143,20 @@ def test_claim10s_verdict_on_made_up_accuracies(tmp_path):
 
         return acc
 
+    def points(acc, seeds=(0, 1, 2)):
+        return [
+            c10.Point(label, c10.POINTS[label][0], flops[label], [acc(label, s) for s in seeds], 1) for label in flops
+        ]
+
+    verdict = c10.verdict_of(points(make(False)))  # three seeds at every model
+    assert verdict.status == REPRODUCED, verdict.detail
+    verdict = c10.verdict_of(points(make(True)))
+    assert verdict.status == NOT_REPRODUCED and verdict.detail.startswith(f"(1) {NOT_REPRODUCED}")
+    # the plan's one seed per model (three at the shared ViT): both parts inconclusive by rule, whatever the numbers
     out = c10.EXPERIMENT.analyze(DEFAULT, FakeResults(make(False), DEFAULT), tmp_path)
-    assert out.verdict.status == REPRODUCED, out.verdict.detail
+    assert out.verdict.status == INCONCLUSIVE and out.verdict.detail.count("inconclusive by rule") == 2
     assert (tmp_path / "claim10_compute.png").stat().st_size > 0
     assert len(out.rows) == len(c10.POINTS) and "P=4" in out.notes
-    out = c10.EXPERIMENT.analyze(DEFAULT, FakeResults(make(True), DEFAULT), tmp_path)
-    assert out.verdict.status == NOT_REPRODUCED and out.verdict.detail.startswith(f"(1) {NOT_REPRODUCED}")
 
 
 def _tiny_parent() -> tuple[Run, tuple[int, bytes]]:

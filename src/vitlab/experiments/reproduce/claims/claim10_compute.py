@@ -1,7 +1,9 @@
 """Claim 10, Section 4.4 and Figure 5 (the appendix's scaling table, Table 6): accuracy against training compute for
 three families, ViTs, hybrids and CNNs, each at several sizes. Tested on all 60,000 Fashion-MNIST images: every model
 trained for the shared budget at 60,000 (the same steps, so that the compute differs by the model's size alone),
-one seed per model as the paper's figure has, three at the shared ViT to show the spread."""
+one seed per model as the paper's figure has, the scale's seeds at the shared ViT and CNN (claim 5's runs). Each
+part of the verdict needs three seeds at every model it reads (its interval is each model's own spread), so with one
+seed per model both parts are inconclusive by rule until those seeds are trained."""
 
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ def _hybrid(stem_width: int, depth: int, dim: int) -> dict:
 # label -> (family, model, overrides). The shared ViT (D=64, 6 blocks, P=7) and the shared CNN are claim 5's runs at
 # 60,000; "ViT P=4" is the shared ViT at claim 4's smaller patch, its patch-size comparison at 60,000 images.
 SHARED = "ViT P=7 D64 L6"
+SHARED_CNN = "CNN w16"  # claim 5's CNN at 60,000: like the shared ViT, every seed of the scale at no cost of its own
+ALL_SEEDS = (SHARED, SHARED_CNN)
 POINTS = {
     "ViT P=7 D32 L2": (VIT_F, VIT, _vit(2, 32)),
     "ViT P=7 D48 L4": (VIT_F, VIT, _vit(4, 48)),
@@ -55,7 +59,7 @@ POINTS = {
     "hybrid w8 D48 L4": (HYBRID_F, VIT, _hybrid(8, 4, 48)),
     "hybrid w16 D64 L6": (HYBRID_F, VIT, _hybrid(16, 6, 64)),
     "CNN w8": (CNN_F, CNN, {"width": 8}),
-    "CNN w16": (CNN_F, CNN, {}),
+    SHARED_CNN: (CNN_F, CNN, {}),
     "CNN w24": (CNN_F, CNN, {"width": 24}),
 }
 FAMILIES = (VIT_F, HYBRID_F, CNN_F)
@@ -64,8 +68,9 @@ MATCHED = 5  # (b) compares the two frontiers at this many compute points, evenl
 # ---- the pre-registered rules (written before any default-scale run) ---------------------------------------------
 MARGIN_A = 0.0  # (a): the hybrid's lead, in log error ratio, must shrink by more than this
 MARGIN_B = 0.0  # (b): the ViT's frontier must lie above the CNN's by more than this (accuracy, points)
+MIN_SEEDS = 3  # seeds of its own that every model a part reads needs, or the part is inconclusive by rule
 RULE = (
-    "Each family's frontier: its models (one seed each; the shared ViT's seed 0) in order of compute, joined by "
+    "Each family's frontier: its models (each at the mean over its seeds) in order of compute, joined by "
     "straight lines in log10 compute; a family's accuracy at a compute c is read off that line. "
     "(a) the hybrid's advantage over the ViT shrinks as compute grows: g(c) = log(err_ViT(c) / err_hybrid(c)), "
     "err = 1 - accuracy (the error-ratio scale, on which the 100% ceiling does not squeeze a lead), at the smallest "
@@ -73,13 +78,11 @@ RULE = (
     "above {ma} (not reproduced if below). (b) the ViT's frontier stands above the CNN's at matched compute (the "
     "paper: ViTs use 2-4x less compute for the same accuracy): the mean of acc_ViT(c) - acc_CNN(c) over {k} computes "
     "evenly spaced on log compute across the range both reach; reproduced if its {lv} interval lies above {mb} "
-    "points (not reproduced if below). With one seed per model neither difference has a spread of its own: its "
-    "interval takes every model's seed-to-seed spread to be the shared ViT's (the sample std of its seeds, of log "
-    "err for (a) and of accuracy for (b); t with seeds - 1 df), each difference being a weighted sum of single-seed "
-    "accuracies, se = std x sqrt(sum of squared weights). So the verdict is descriptive unless that spread is small "
-    "beside the difference; with fewer than 2 seeds at the shared ViT it is inconclusive. Both parts: reproduced if "
-    "both are"
-).format(lv=f"{100 * LEVEL:g}%", ma=f"{MARGIN_A:g}", mb=f"{100 * MARGIN_B:g}", k=MATCHED)
+    "points (not reproduced if below). Each difference is a weighted sum of the models' means; its interval takes "
+    "each model's spread from that model's own seeds (se^2 = sum of (weight x std / sqrt(seeds))^2, of log err for "
+    "(a) and of accuracy for (b), Welch-Satterthwaite df). A part that reads a model with fewer than {m} seeds is "
+    "inconclusive by rule. Both parts: reproduced if both are"
+).format(lv=f"{100 * LEVEL:g}%", ma=f"{MARGIN_A:g}", mb=f"{100 * MARGIN_B:g}", k=MATCHED, m=MIN_SEEDS)
 
 
 def _run(label: str, seed: int, scale: Scale) -> Run:
@@ -89,7 +92,7 @@ def _run(label: str, seed: int, scale: Scale) -> Run:
 
 def _plan(scale: Scale) -> list[Run]:
     out = [_run(label, scale.seeds[0], scale) for label in POINTS]
-    return out + [_run(SHARED, s, scale) for s in scale.seeds[1:]]
+    return out + [_run(label, s, scale) for label in ALL_SEEDS for s in scale.seeds[1:]]
 
 
 def images_seen(run: Run) -> int:
@@ -137,21 +140,28 @@ def combination(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]
     return out
 
 
-def estimate_of(weights: dict[str, float], values: dict[str, float], spread: list[float]) -> Estimate | None:
-    """A weighted sum of single-seed values, with the se it has when every value spreads between seeds as `spread`
-    (the shared ViT's per-seed values) does; None with fewer than 2 of them."""
-    if len(spread) < 2:
-        return None
-    d = sum(w * values[label] for label, w in weights.items())
-    se = statistics.stdev(spread) * math.sqrt(sum(w * w for w in weights.values()))
-    method = f"one seed per model, each spread as the shared ViT's {len(spread)} seeds, df {len(spread) - 1}"
-    return Estimate(d, se, len(spread) - 1, 1, method)
+def estimate_of(weights: dict[str, float], per_seed: dict[str, list[float]]) -> Estimate | str:
+    """sum_i w_i x (model i's mean over its seeds), with the se each model's own seeds give it (se_i = std_i /
+    sqrt(n_i), se^2 = sum_i (w_i se_i)^2) and Welch-Satterthwaite degrees of freedom; or, where a model it reads has
+    fewer than MIN_SEEDS seeds, the reason it is not estimated (naming them)."""
+    read = {k: w for k, w in weights.items() if abs(w) > 1e-12}
+    few = [f"{k} ({len(per_seed[k])})" for k in read if len(per_seed[k]) < MIN_SEEDS]
+    if few:
+        return f"fewer than {MIN_SEEDS} seeds at a model it reads: " + ", ".join(few)
+    d = sum(w * statistics.fmean(per_seed[k]) for k, w in read.items())
+    var = {k: (w * statistics.stdev(per_seed[k])) ** 2 / len(per_seed[k]) for k, w in read.items()}
+    n = {k: len(per_seed[k]) for k in read}
+    total = sum(var.values())
+    df = total**2 / sum(v**2 / (n[k] - 1) for k, v in var.items()) if total > 0 else min(n.values()) - 1
+    method = f"each model's own seeds ({min(n.values())}-{max(n.values())}), Welch-Satterthwaite df {df:.1f}"
+    return Estimate(d, math.sqrt(total), df, min(n.values()), method)
 
 
-def decide(est: Estimate | None, margin: float, *, what: str, unit: str) -> Verdict:
-    """Reproduced if the LEVEL interval of `est` lies above `margin`, not reproduced if below, else inconclusive."""
-    if est is None:
-        return Verdict(INCONCLUSIVE, f"{what}: fewer than 2 seeds at the shared ViT, no spread to judge it by")
+def decide(est: Estimate | str, margin: float, *, what: str, unit: str) -> Verdict:
+    """Reproduced if the LEVEL interval of `est` lies above `margin`, not reproduced if below, else inconclusive;
+    inconclusive by rule where it could not be estimated (`est` says why)."""
+    if isinstance(est, str):
+        return Verdict(INCONCLUSIVE, f"{what}: {est}, inconclusive by rule", (Part(what, INCONCLUSIVE, "greater"),))
     lo, hi = est.interval(LEVEL)
     scale = 100 if unit == "points" else 1
     text = (
@@ -219,8 +229,8 @@ def frontiers(points: list[Point]) -> dict[str, list[Point]]:
 def verdict_of(points: list[Point]) -> Verdict:
     """The rule (RULE) on the models' points: (a) the hybrid's lead shrinks, (b) the ViT's frontier above the CNN's."""
     fronts = frontiers(points)
-    acc0 = {p.label: p.acc[0] for p in points}
-    shared = next(p for p in points if p.label == SHARED)
+    log_errs = {p.label: [log_err(a) for a in p.acc] for p in points}
+    accs = {p.label: p.acc for p in points}
 
     # (a) the hybrid's lead in log error ratio at the smallest and the largest compute both frontiers reach
     lo, hi = overlap(fronts, VIT_F, HYBRID_F)
@@ -228,11 +238,10 @@ def verdict_of(points: list[Point]) -> Verdict:
         lead = {
             c: combination([(1.0, read_off(fronts[VIT_F], c)), (-1.0, read_off(fronts[HYBRID_F], c))]) for c in (lo, hi)
         }
-        log_errs = {k: log_err(a) for k, a in acc0.items()}
-        gap_at = {c: sum(w * log_errs[k] for k, w in lead[c].items()) for c in (lo, hi)}
+        gap_at = {c: sum(w * statistics.fmean(log_errs[k]) for k, w in lead[c].items()) for c in (lo, hi)}
         shrink = combination([(1.0, lead[lo]), (-1.0, lead[hi])])
         part_a = decide(
-            estimate_of(shrink, log_errs, [log_err(a) for a in shared.acc]),
+            estimate_of(shrink, log_errs),
             MARGIN_A,
             what=(
                 f"hybrid's lead log(err_ViT / err_hybrid) at {lo:.3g} FLOPs ({gap_at[lo]:+.3f}) - at {hi:.3g} FLOPs "
@@ -251,7 +260,7 @@ def verdict_of(points: list[Point]) -> Verdict:
             + [(-1.0 / MATCHED, read_off(fronts[CNN_F], c)) for c in cs]
         )
         part_b = decide(
-            estimate_of(diff, acc0, shared.acc),
+            estimate_of(diff, accs),
             MARGIN_B,
             what=f"ViT - CNN, mean over {MATCHED} computes from {lo_b:.3g} to {hi_b:.3g} FLOPs",
             unit="points",
@@ -265,7 +274,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     seed0 = scale.seeds[0]
     points = []
     for label, (family, _, _) in POINTS.items():
-        runs = [_run(label, s, scale) for s in (scale.seeds if label == SHARED else (seed0,))]
+        runs = [_run(label, s, scale) for s in (scale.seeds if label in ALL_SEEDS else (seed0,))]
         with torch.device("meta"):  # shapes only: the count needs no weights (and a hybrid's run folder does not load)
             model = build_model(runs[0], res[runs[0]]["num_classes"])
         points.append(Point(label, family, run_flops(runs[0], model), res.acc(runs), res[runs[0]]["params"]))
@@ -288,7 +297,8 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
             "stem (3x3 conv + BasicBlock stages of width w, downsampling by 4: a 7x7 grid, then a 1x1 projection); "
             "CNNs: `resnet_mini` at first-stage widths w. Training compute: FLOPs per image of a forward and backward "
             "pass, 3x the forward pass counted by torch's FlopCounterMode (`vitlab.analysis.flops.training_flops`), "
-            f"times the images seen. One seed per model (seed {seed0}); the shared ViT with {len(scale.seeds)}."
+            f"times the images seen. One seed per model (seed {seed0}); the shared ViT and CNN (claim 5's) with "
+            f"{len(scale.seeds)}."
         ),
         header=["model", "family", "params", "training TFLOPs", "test acc % (mean +- std)"],
         rows=[
@@ -301,7 +311,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
         csv_rows=[
             [p.label, p.family, s, p.params, p.flops, a]
             for p in points
-            for s, a in zip(scale.seeds if p.label == SHARED else (seed0,), p.acc)
+            for s, a in zip(scale.seeds if p.label in ALL_SEEDS else (seed0,), p.acc)
         ],
         notes=(
             "Claim 4's patch sizes at this size (one seed of P=4 against the shared ViT's seed "
