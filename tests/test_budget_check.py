@@ -4,7 +4,9 @@ record is of the code's runs, and that every verdict row of the report carries t
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 
 import pytest
 import torch
@@ -135,3 +137,19 @@ def test_the_committed_check_is_the_one_beside_the_report():
     docs = budgetcheck.RECORD.parents[4] / "docs" / "reproduce"
     assert (docs / "budget_check.json").read_text() == budgetcheck.RECORD.read_text()
     assert (docs / "budget_check.md").read_text() == budgetcheck.render(budgetcheck.load_record())
+
+
+def test_a_replicate_is_pooled_seed_by_seed_and_its_verdict_read_from_its_csvs(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("pool,lr,seed,val_acc,probe_5shot_acc\ncls,0.001,0,0.70,0.60\ncls,0.001,1,0.80,0.70\n")
+    b.write_text("pool,lr,seed,val_acc,probe_5shot_acc\ncls,0.001,1,0.90,0.72\ncls,0.001,0,0.72,0.64\n")
+    rows = list(csv.DictReader(io.StringIO(budgetcheck._pooled(a, b))))
+    assert [(r["seed"], float(r["val_acc"]), float(r["probe_5shot_acc"])) for r in rows] == [
+        ("0", pytest.approx(0.71), pytest.approx(0.62)),
+        ("1", pytest.approx(0.85), pytest.approx(0.71)),
+    ]
+    docs = budgetcheck.RECORD.parents[4] / "docs" / "reproduce"
+    zen4 = budgetcheck.replicate_verdict(3, docs / "zen4-claim3", docs)  # the Zen 4 rerun under claim 3's rule now
+    assert zen4.status == INCONCLUSIVE and len(zen4.parts) == 2 and zen4.parts[0].d == pytest.approx(0.011, abs=5e-4)
+    pooled = budgetcheck.replicate_verdict(3, docs / "zen4-claim3", docs, pooled=True)
+    assert pooled.parts[0].d == pytest.approx((zen4.parts[0].d + 0.0128) / 2, abs=5e-4)  # the Xeon's is +1.28 points

@@ -22,17 +22,22 @@ one seed left out of every arm that trains it, for each seed whose arms keep thr
 on two seeds, at df 1, flips a verdict by its width alone: so the five seeds of the 1,000-image arms, and none of
 a claim whose arms all have three), is *fragile* when any of those verdicts differs from it, or when a replicate of
 the claim (the same code and seeds trained on another kind of CPU, REPLICATES) decides otherwise; *robust* when none
-does; *untested* where no seed can be left out and there is no replicate. Replicates are not pooled into the
-report's numbers (their per-run records are not kept): each is shown with its own verdict, and one that disagrees
-makes the verdict fragile.
+does; *untested* where no seed can be left out and there is no replicate. A replicate is pooled with the report's
+runs seed by seed (POOLING: each seed's number the mean of the two machines' runs of it), and the verdict is fragile
+when the replicate's own verdict or the pooled one differs from the report's. The report's verdict itself stays the
+one of its own runs (a replicate is kept as its CSVs, not as a run cache the report reads); the pooled one is in this
+record beside it.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import hashlib
+import io
 import json
 import math
+import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -40,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from vitlab.experiments.reproduce import recompute
 from vitlab.experiments.reproduce.claims.base import Experiment, Outcome, Results, Scale
 from vitlab.experiments.reproduce.runs import RunCache, all_runs, machine_of
 from vitlab.experiments.reproduce.verdicts import Part, Verdict
@@ -54,9 +60,46 @@ NOT_RUN = {
     10: "its points do not all have three seeds yet (the P=4 ViT has one)",
     11: "its setup fine-tunes upsampled images, which adds no detail to test Sec. 3.2 by",
 }
-# Replicates: a claim trained again, the same code and seeds, on another kind of CPU (docs/reproduce/<folder>):
-# {claim: [(the CPU, the folder, its verdict)]}. The report's own runs are a 2-core Intel Xeon with AMX's.
-REPLICATES: dict[int, list[tuple[str, str, str]]] = {3: [("a 2-core AMD EPYC (Zen 4)", "zen4-claim3", "inconclusive")]}
+# Replicates: a claim trained again, the same code and seeds, on another kind of CPU, kept as a report folder beside
+# the report's (its results/*.csv): {claim: [(the CPU, the folder)]}. The report's own runs are a 2-core Intel Xeon
+# with AMX's. A replicate's verdict is the claim's rule on its per-seed numbers (`recompute`), a claim it did not train
+# (claim 3 reads claim 2's runs for its tolerance) read from the report's.
+REPLICATES: dict[int, list[tuple[str, str]]] = {3: [("a 2-core AMD EPYC (Zen 4)", "zen4-claim3")]}
+
+
+def replicate_verdict(number: int, replicate: Path, report: Path, pooled: bool = False) -> Verdict:
+    """The claim's verdict on the replicate folder's CSVs, the others' from the report folder's; `pooled`: on each
+    seed's numbers averaged over the report's runs and the replicate's (POOLING)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp) / "results"
+        shutil.copytree(report / "results", results)
+        for f in (replicate / "results").glob("claim*.csv"):
+            rows = _pooled(report / "results" / f.name, f) if pooled else f.read_text()
+            (results / f.name).write_text(rows)
+        return recompute.CLAIMS[number](Path(tmp))
+
+
+POOLING = (
+    "a replicate trains the same seeds on another CPU, whose rounding sends each run elsewhere: a second draw of "
+    "the same seed's noise, not a new seed; pooled, each seed's number (accuracy, probe accuracy) is the mean of the "
+    "machines' runs of that seed, and the rule is applied to those, with the seeds' count as its n"
+)
+
+
+def _pooled(a: Path, b: Path) -> str:
+    """CSV text: the rows of `a`, each numeric column the mean of `a`'s and `b`'s rows of the same key (every
+    column that is not a measurement: the arm, its learning rate, the seed)."""
+    ra, rb = list(csv.DictReader(a.open())), list(csv.DictReader(b.open()))
+    measured = [c for c in ra[0] if c.endswith("_acc")]
+    key = [c for c in ra[0] if c not in measured]
+    other = {tuple(r[c] for c in key): r for r in rb}
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=list(ra[0]))
+    w.writeheader()
+    for r in ra:
+        twin = other[tuple(r[c] for c in key)]
+        w.writerow({**r, **{c: (float(r[c]) + float(twin[c])) / 2 for c in measured}})
+    return out.getvalue()
 
 
 def scales() -> tuple[Scale, Scale]:
@@ -139,24 +182,27 @@ def leave_one_out(e: Experiment, scale: Scale, results: Results, verdict: Verdic
     return {"status": FRAGILE if flips else ROBUST, "flips": flips, "without": without}
 
 
-def fragility(number: int, loo: dict, verdict: str) -> dict:
-    """The fragile mark from the leave-one-seed-out verdicts and the replicates."""
-    replicates = [
-        {"cpu": cpu, "folder": folder, "verdict": v, "flips": v != verdict}
-        for cpu, folder, v in REPLICATES.get(number, [])
-    ]
+def fragility(number: int, loo: dict, verdict: str, report: Path) -> dict:
+    """The fragile mark from the leave-one-seed-out verdicts and the replicates (folders beside `report`)."""
+    replicates = []
+    for cpu, folder in REPLICATES.get(number, []):
+        v = replicate_verdict(number, report / folder, report).status
+        both = replicate_verdict(number, report / folder, report, pooled=True).status
+        replicates.append(
+            {"cpu": cpu, "folder": folder, "verdict": v, "pooled": both, "flips": verdict not in (v, both)}
+        )
     flipped = loo["status"] == FRAGILE or any(r["flips"] for r in replicates)
     status = FRAGILE if flipped else (UNTESTED if loo["status"] == UNTESTED and not replicates else ROBUST)
     return {**loo, "status": status, "verdict": verdict, "replicates": replicates}
 
 
-def check_claim(e: Experiment, results: Results, report_scale: Scale) -> dict:
+def check_claim(e: Experiment, results: Results, report_scale: Scale, report: Path) -> dict:
     """One claim's record: its budget check (where it runs) and its fragility at the report's scale."""
     at_1x, at_2x = scales()
     entry: dict = {"title": e.title, "plan": fingerprint(e, report_scale)}
     report_verdict = analyze(e, report_scale, results).verdict
     entry["fragile"] = fragility(
-        e.number, leave_one_out(e, report_scale, results, report_verdict), report_verdict.status
+        e.number, leave_one_out(e, report_scale, results, report_verdict), report_verdict.status, report
     )
     if e.number in NOT_RUN:
         entry["budget"] = {"status": NOT_CHECKED, "why": NOT_RUN[e.number]}
@@ -209,7 +255,7 @@ def check(
     path = out / "budget_check.json"
     record = json.loads(path.read_text()) if path.is_file() else {"seeds": list(SEEDS), "claims": {}}
     for e in experiments:
-        entry = check_claim(e, results, Scale("default", SEEDS))
+        entry = check_claim(e, results, Scale("default", SEEDS), out)
         record["claims"][str(e.number)] = entry
         b, f = entry["budget"], entry["fragile"]
         log(
@@ -280,7 +326,10 @@ def render(record: dict) -> str:
                     + " |"
                 )
         without = ", ".join(f"seed {s}: {v}" for s, v in f.get("without", {}).items())
-        reps = "; ".join(f"{r['cpu']} ({r['folder']}): {r['verdict']}" for r in f.get("replicates", []))
+        reps = "; ".join(
+            f"{r['cpu']} ({r['folder']}): {r['verdict']}, pooled with the report's runs {r['pooled']}"
+            for r in f.get("replicates", [])
+        )
         lines += [
             "",
             f"Fragile: **{f['status']}** (the report's verdict: {f['verdict']}"
