@@ -289,16 +289,30 @@ def marks(e: Experiment, scale: Scale, record: dict | None) -> dict:
     elif "parts" in b:
         worst = max(b["parts"], key=lambda p: (p["moved"] or 0) / (p["allowed"] or float("inf")))
         budget = b["status"]
+        moved = (
+            f"the part that moved most, {worst['what']}, moved by {_fmt(worst['moved'])} against "
+            f"{_fmt(worst['allowed'])} allowed (in the contrast's own unit)"
+            if worst["moved"]
+            else "no part moved"
+        )
         text = (
             f"{budget.capitalize()}: at twice the budget on seeds {', '.join(map(str, SEEDS))} the verdict is "
-            f"{b['verdict'][1]} ({b['verdict'][0]} at the budget on those seeds); the part that moved most, "
-            f"{worst['what']}, moved by {_fmt(worst['moved'])} against {_fmt(worst['allowed'])} allowed "
-            f"({b['cpu_s_2x'] / 3600:.2f} CPU-hours at twice the budget)."
+            f"{b['verdict'][1]} ({b['verdict'][0]} at the budget on those seeds); {moved} "
+            f"(the {b['runs_2x']} runs it reads at twice the budget: {b['cpu_s_2x'] / 3600:.2f} CPU-hours; "
+            "budget_check.md)."
         )
     else:
         budget, text = b["status"], f"{b['status'].capitalize()}: {b.get('why', '')}."
     fragile = f["status"] if entry["plan"] == fingerprint(e, Scale("default", SEEDS)) else UNTESTED
-    return {"budget": budget, "fragile": fragile, "text": text}
+    flips = [f"seed {s} left out gives {f['without'][s]}" for s in f.get("flips", [])]
+    flips += [f"the {r['cpu']} replicate gives {r['verdict']}" for r in f.get("replicates", []) if r["flips"]]
+    why = "; ".join(flips) if fragile == FRAGILE else f.get("why", "") if fragile == UNTESTED else "nothing flips it"
+    return {
+        "budget": budget,
+        "fragile": fragile,
+        "text": text,
+        "fragile_text": f"{fragile} ({why})" if why else fragile,
+    }
 
 
 def render(record: dict) -> str:
@@ -342,4 +356,4 @@ def render(record: dict) -> str:
 
 
 def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:+.4g}"
+    return "-" if x is None else f"{x:+.3g}"

@@ -285,7 +285,8 @@ def render_markdown(outcomes, meta: dict) -> str:
             "",
             f"**Verdict: {o.verdict.status}.** {o.verdict.detail}",
             "",
-            f"**Budget check.** {o.marks.get('text', 'Not checked.')} Fragile: {_marks(e, o)[1]}.",
+            f"**Budget check.** {o.marks.get('text', 'Not checked.')} "
+            f"Fragile: {o.marks.get('fragile_text', 'untested')}.",
             "",
             f"**v1 verdict (the v1 report's rules, for the record): {_v1(o)}.** "
             + (o.verdict_v1.detail if o.verdict_v1 else ""),
@@ -435,7 +436,8 @@ def render_html(outcomes, meta: dict, out: Path) -> str:
             f"<p><b>Verdict:</b> {badge(o.verdict.status)} {esc(o.verdict.detail)}</p>",
             f"<p><b>v1 verdict (the v1 report's rules, for the record):</b> {esc(_v1(o))}. "
             f"{esc(o.verdict_v1.detail if o.verdict_v1 else '')}</p>",
-            f"<p><b>Budget check.</b> {esc(o.marks.get('text', 'Not checked.'))} Fragile: {esc(_marks(e, o)[1])}.</p>",
+            f"<p><b>Budget check.</b> {esc(o.marks.get('text', 'Not checked.'))} "
+            f"Fragile: {esc(o.marks.get('fragile_text', 'untested'))}.</p>",
             f"<p id='history-{e.number}'><b>{esc(RECORD)}</b></p>",
             _md_to_html(_record(e.number)),
         ]
