@@ -78,6 +78,7 @@ def test_a_row_is_not_checked_without_a_record_of_the_codes_runs():
             "plan_1x": budgetcheck.fingerprint(e, at_1x),
             "plan_2x": budgetcheck.fingerprint(e, at_2x),
             "cpu_s_2x": 60.0,
+            "runs_2x": 2,
         },
     }
     record = {"claims": {"4": entry}}
