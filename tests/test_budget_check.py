@@ -154,3 +154,20 @@ def test_a_replicate_is_pooled_seed_by_seed_and_its_verdict_read_from_its_csvs(t
     assert zen4.status == INCONCLUSIVE and len(zen4.parts) == 2 and zen4.parts[0].d == pytest.approx(0.011, abs=5e-4)
     pooled = budgetcheck.replicate_verdict(3, docs / "zen4-claim3", docs, pooled=True)
     assert pooled.parts[0].d == pytest.approx((zen4.parts[0].d + 0.0128) / 2, abs=5e-4)  # the Xeon's is +1.28 points
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/claims.md"])
+def test_the_readme_and_the_claims_page_show_the_reports_verdicts_and_marks(page):
+    root = budgetcheck.RECORD.parents[4]
+
+    def rows(text: str) -> list[list[str]]:  # (number, verdict, budget, fragile, changed after results, v1)
+        out = []
+        for line in text.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("| ") and cells[0].isdigit() and len(cells) >= 7:
+                out.append([cells[0]] + [c.split("](")[0].lstrip("[") for c in cells[-5:]])
+        return out
+
+    report = (root / "docs" / "reproduce" / "report.md").read_text().split("## Verdicts")[1].split("\n## ")[0]
+    shown = (root / page).read_text().split("| # | claim | verdict (v2 rules) | budget |")[1].split("\n\n")[0]
+    assert rows(shown) == rows(report) and len(rows(report)) == len(EXPERIMENTS)
