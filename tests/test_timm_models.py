@@ -32,6 +32,27 @@ _VIT_NAMES = [n for n, v in _VARIANTS.items() if v.is_vit]
 _TIMM_MODULES = ("vision_transformer", "deit")  # the modules of timm that hold these names
 
 
+# The failures that stay, by cause (docs/family.md, "timm's own tests"): expected, strictly (a pass would fail), so that
+# the slow suite fails on anything new. {test: why}; and the tests the 2-block mini-experiment model fails.
+_STAYS = {
+    "test_model_forward_torchscript": "torch.jit.script is refused (docs/family.md: TorchScript)",
+    "test_model_forward_fx_torchscript": "TorchScript cannot compile the fx graph (docs/family.md: TorchScript)",
+    "test_model_forward_torchscript_with_features_fx": "feature_cls='fx' is refused, then the model is scripted",
+}
+_TWO_BLOCKS = ("test_model_forward_intermediates", "test_model_forward_intermediates_features")
+
+
+@pytest.fixture(autouse=True)
+def _failures_that_stay(request):
+    name = getattr(request.node, "originalname", request.node.name)
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    if name in _STAYS:
+        request.applymarker(pytest.mark.xfail(reason=_STAYS[name], strict=True))
+    elif name in _TWO_BLOCKS and params.get("model_name") == "vit_mini_x":
+        reason = "vit_mini_x has 2 blocks; timm asserts 3 feature levels (its own depth-2 ViT fails the same)"
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+
+
 def create_model(model_name, pretrained=False, **kwargs):
     """The model factory: vitlab's, every ViT able to take any image size."""
     kwargs.setdefault("dynamic_img_size", True)
