@@ -23,7 +23,8 @@ on two seeds, at df 1, flips a verdict by its width alone: so the five seeds of 
 a claim whose arms all have three), is *fragile* when any of those verdicts differs from it, or when a replicate of
 the claim (the same code and seeds trained on another kind of CPU, REPLICATES) decides otherwise; *robust* when none
 does; *untested* where no seed can be left out and there is no replicate. A replicate is pooled with the report's
-runs seed by seed (POOLING: each seed's number the mean of the two machines' runs of it), and the verdict is fragile
+runs seed by seed (each seed's number the mean of the two machines' runs of it: another CPU's rounding is a
+second draw of the same seed's noise, not a new seed), and the verdict is fragile
 when the replicate's own verdict or the pooled one differs from the report's. The report's verdict itself stays the
 one of its own runs (a replicate is kept as its CSVs, not as a run cache the report reads); the pooled one is in this
 record beside it.
@@ -69,7 +70,7 @@ REPLICATES: dict[int, list[tuple[str, str]]] = {3: [("a 2-core AMD EPYC (Zen 4)"
 
 def replicate_verdict(number: int, replicate: Path, report: Path, pooled: bool = False) -> Verdict:
     """The claim's verdict on the replicate folder's CSVs, the others' from the report folder's; `pooled`: on each
-    seed's numbers averaged over the report's runs and the replicate's (POOLING)."""
+    seed's numbers averaged over the report's runs and the replicate's."""
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results"
         shutil.copytree(report / "results", results)
@@ -77,13 +78,6 @@ def replicate_verdict(number: int, replicate: Path, report: Path, pooled: bool =
             rows = _pooled(report / "results" / f.name, f) if pooled else f.read_text()
             (results / f.name).write_text(rows)
         return recompute.CLAIMS[number](Path(tmp))
-
-
-POOLING = (
-    "a replicate trains the same seeds on another CPU, whose rounding sends each run elsewhere: a second draw of "
-    "the same seed's noise, not a new seed; pooled, each seed's number (accuracy, probe accuracy) is the mean of the "
-    "machines' runs of that seed, and the rule is applied to those, with the seeds' count as its n"
-)
 
 
 def _pooled(a: Path, b: Path) -> str:
