@@ -235,6 +235,8 @@ def test_quick_only_10_11_end_to_end(tmp_path, capsys):
     assert re.search(r"!\[claim 10\]\(figures/claim10_compute\.png\)", md)
     assert re.search(r"!\[claim 11\]\(figures/claim11_resolution\.png\)", md)
     rows = list(csv.DictReader((out / "results" / "claim10_compute.csv").open()))
-    assert len(rows) == len(c10.POINTS) + 1 and all(float(r["train_flops"]) > 0 for r in rows)
+    # one row per model at seed 0, and the shared ViT's and CNN's second quick seed
+    assert len(rows) == len(c10.POINTS) + len(c10.ALL_SEEDS) and all(float(r["train_flops"]) > 0 for r in rows)
+    assert sorted(r["seed"] for r in rows if r["model"] in c10.ALL_SEEDS) == ["0", "0", "1", "1"]
     rows = list(csv.DictReader((out / "results" / "claim11_resolution.csv").open()))
     assert sorted({r["img_size"] for r in rows}) == ["28", "56"] and len(rows) == 4 * 2
