@@ -1,5 +1,5 @@
-"""`vitlab reproduce [--quick | --scale large | --tune | --check-budgets] [--only NAME,...] [--seeds K] [--device D]
-[--executor ray [--address HOST:PORT]] --out DIR`: the paper's claims, each tested at laptop scale with seeds and
+"""`vitlab reproduce [--quick | --scale large | --tune | --check-budgets [--fragile-only]] [--only NAME,...]
+[--seeds K] [--device D] [--executor ray [--address HOST:PORT]] --out DIR`: the paper's claims, each tested at laptop scale with seeds and
 error bars, in one report (vitlab.experiments.reproduce).
 
 Cost: --quick about 3 minutes on 2 CPU cores (smoke scale); the default scale (151 runs) about 3.5 hours on 2
@@ -65,6 +65,12 @@ def register(subparsers, summary: str) -> None:
         "report's folder, whose runs it reads (up to 16 CPU-hours for all claims; resumable)",
     )
     p.add_argument(
+        "--fragile-only",
+        action="store_true",
+        help="with --check-budgets: only the leave-one-seed-out test (the fragile mark), on the report's runs; "
+        "nothing at twice the budget is trained, and a claim's budget check on record is kept (minutes)",
+    )
+    p.add_argument(
         "--only", metavar="NAME,...", default=None, help=f"run only these experiments, by name or number: {names}"
     )
     p.add_argument(
@@ -112,6 +118,8 @@ def run(args) -> int:
 
     if args.tune and args.check_budgets:
         raise VitlabError("--tune and --check-budgets are two stages; run one at a time", arg="tune")
+    if args.fragile_only and not args.check_budgets:
+        raise VitlabError("--fragile-only is a part of --check-budgets; add --check-budgets", arg="fragile_only")
     if args.check_budgets:
         for flag, given in (("--dry-run", args.dry_run), ("--seeds", args.seeds is not None)):
             if given:
@@ -134,6 +142,7 @@ def run(args) -> int:
             fast_path=args.fast_path,
             executor=args.executor,
             address=args.address,
+            budgets=not args.fragile_only,
         )
         return 0
     if args.tune:

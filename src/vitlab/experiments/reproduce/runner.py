@@ -294,11 +294,13 @@ def check_budgets(
     fast_path: str = "auto",
     executor: str = "pool",
     address: str | None = None,
+    budgets: bool = True,
 ) -> dict:
     """The budget check and the leave-one-seed-out test of the selected claims (`vitlab.experiments.reproduce.
     budgetcheck`): train, into `out_dir`'s run cache, every run they read that it lacks (the report's runs at seeds
     0-2, and the same at twice the budget: resumable, like the report), and merge each claim's entry into
-    `out_dir`/budget_check.json. `out_dir` may be the report's own folder (its runs are then read, not trained)."""
+    `out_dir`/budget_check.json. `out_dir` may be the report's own folder (its runs are then read, not trained).
+    Without `budgets`, only the leave-one-seed-out test: nothing at twice the budget is trained or read."""
     check_fast_path(fast_path)
     check_executor(executor, address, workers, device)
     dev = resolve_device("auto" if executor == "ray" and str(device) == "cuda" else device)
@@ -308,16 +310,17 @@ def check_budgets(
         cache = RunCache(out / "cache")
 
         def train(todo: list[Run]) -> None:
-            runs = budgetcheck.runs_to_check(experiments)
+            runs = budgetcheck.runs_to_check(experiments, budgets)
+            scale = budgetcheck.scales()[1] if budgets else Scale("default", budgetcheck.SEEDS)
             with (
                 num_threads(1 if dev.type == "cpu" else None),
                 open_executor(executor, device=device, workers=workers, address=address, n_items=len(todo)) as ex,
             ):
-                costs, _, _ = _estimate(experiments, runs, todo, budgetcheck.scales()[1], ex, dev, log, fast_path)
+                costs, _, _ = _estimate(experiments, runs, todo, scale, ex, dev, log, fast_path)
                 _train(todo, ex, cache, costs, fast_path, progress)
 
         with num_threads(1 if dev.type == "cpu" else None):
-            return budgetcheck.check(out, experiments, dev, train, log)
+            return budgetcheck.check(out, experiments, dev, train, log, budgets=budgets)
 
 
 def _reproduce(
