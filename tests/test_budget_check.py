@@ -151,9 +151,7 @@ def test_fragile_only_reads_the_reports_runs_alone_and_keeps_a_budget_check_on_r
 
     (tmp_path / "cache").mkdir()
     kept = budgetcheck.load_record()["claims"]["4"]["budget"]  # a check on record (claim 4's: failed)
-    (tmp_path / "budget_check.json").write_text(
-        '{"seeds": [0, 1, 2], "claims": {"5": {"budget": %s}}}' % json.dumps(kept)
-    )
+    (tmp_path / "budget_check.json").write_text(json.dumps({"seeds": [0, 1, 2], "claims": {"5": {"budget": kept}}}))
 
     def train(todo):
         raise AssertionError(f"trained {len(todo)} runs")

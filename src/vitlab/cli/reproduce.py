@@ -1,6 +1,6 @@
 """`vitlab reproduce [--quick | --scale large | --tune | --check-budgets [--fragile-only]] [--only NAME,...]
-[--seeds K] [--device D] [--executor ray [--address HOST:PORT]] --out DIR`: the paper's claims, each tested at laptop scale with seeds and
-error bars, in one report (vitlab.experiments.reproduce).
+[--seeds K] [--device D] [--executor ray [--address HOST:PORT]] --out DIR`: the paper's claims, each tested at
+laptop scale with seeds and error bars, in one report (vitlab.experiments.reproduce).
 
 Cost: --quick about 3 minutes on 2 CPU cores (smoke scale); the default scale (151 runs) about 3.5 hours on 2
 cores of a Xeon with AMX (estimated at 6.0 CPU-hours, its runs took 6.9) and 4.5-6.5 on 2 of an AMD Zen 4 (estimated

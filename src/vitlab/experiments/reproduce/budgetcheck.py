@@ -191,9 +191,7 @@ def fragility(number: int, loo: dict, verdict: str, report: Path) -> dict:
     return {**loo, "status": status, "verdict": verdict, "replicates": replicates}
 
 
-def check_claim(
-    e: Experiment, results: Results, report_scale: Scale, report: Path, budget: dict | None = None
-) -> dict:
+def check_claim(e: Experiment, results: Results, report_scale: Scale, report: Path, budget: dict | None = None) -> dict:
     """One claim's record: its budget check (where it runs; `budget`, when given, is kept as its budget entry
     instead) and its fragility at the report's scale."""
     at_1x, at_2x = scales()
