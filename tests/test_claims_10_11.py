@@ -161,7 +161,8 @@ def test_claim10s_verdict_on_made_up_accuracies(tmp_path):
 
 def _tiny_parent() -> tuple[Run, tuple[int, bytes]]:
     quick = Scale("quick", (0, 1))
-    parent = fashion_run(VIT, 400, 0, quick, overrides={"depth": 1, "dim": 16, "mlp_dim": 32})
+    parent = fashion_run(VIT, 400, 0, quick, overrides={"depth": 1, "dim": 16, "mlp_dim": 32, "patch_size": c11.PATCH})
+    parent = dataclasses.replace(parent, data=dataclasses.replace(parent.data, img_size=c11.LOW))
     seed_everything(0)
     model = build_model(parent, 10)
     with torch.no_grad():  # a table unlike any fresh one, as a trained one is
@@ -172,14 +173,14 @@ def _tiny_parent() -> tuple[Run, tuple[int, bytes]]:
 def test_claim11s_arms_differ_only_in_how_the_parents_position_table_comes_over():
     parent, weights = _tiny_parent()
     quick = Scale("quick", (0, 1))
-    runs = {carry if size == 56 else "28 px": c11._finetune(parent, size, carry, quick) for _, size, carry in c11.ARMS}
+    runs = {carry if size == 28 else "16 px": c11._finetune(parent, size, carry, quick) for _, size, carry in c11.ARMS}
     models = {}
     for name, run in runs.items():
         seed_everything(run.seed)  # as train_run does
         models[name] = start_model(run, weights, 10)
     sd = {name: m.state_dict() for name, m in models.items()}
     parent_sd = load(weights[1])
-    a, b, c = sd["interpolate"], sd["reinit"], sd["28 px"]
+    a, b, c = sd["interpolate"], sd["reinit"], sd["16 px"]
     assert a.keys() == b.keys() == c.keys()
     for k in a:
         if k != "pos_embed":
@@ -187,13 +188,14 @@ def test_claim11s_arms_differ_only_in_how_the_parents_position_table_comes_over(
             if not k.startswith("head."):
                 assert torch.equal(a[k], parent_sd[k]), k  # loaded from the parent
     assert not models["interpolate"].head.weight.any()  # a new zero head (Section 3.2)
-    assert a["pos_embed"].shape == (1, 1 + 8 * 8, 16) and c["pos_embed"].shape == (1, 1 + 4 * 4, 16)
-    assert torch.equal(a["pos_embed"], resample_pos_embed(parent_sd["pos_embed"], (8, 8)))  # (a) interpolated
+    assert a["pos_embed"].shape == (1, 1 + 7 * 7, 16) and c["pos_embed"].shape == (1, 1 + 4 * 4, 16)
+    assert torch.equal(a["pos_embed"], resample_pos_embed(parent_sd["pos_embed"], (7, 7)))  # (a) interpolated
     assert torch.equal(c["pos_embed"], parent_sd["pos_embed"])  # (c) the parent's own
     fresh = b["pos_embed"]  # (b) a new table: truncated normal, std 0.02, nothing of the parent's
     assert fresh.shape == a["pos_embed"].shape and not torch.allclose(fresh, a["pos_embed"])
     assert 0.015 < fresh.std().item() < 0.025 and fresh.abs().max().item() < 0.1
-    assert models["interpolate"].cfg.img_size == (56, 56) and models["28 px"].cfg.img_size == (28, 28)
+    assert models["interpolate"].cfg.img_size == (28, 28) and models["16 px"].cfg.img_size == (16, 16)
+    assert models["interpolate"].cfg.patch_size == models["16 px"].cfg.patch_size == 4  # Section 3.2: kept
     assert {r.recipe for r in runs.values()} == {runs["reinit"].recipe}  # the same budget, lr and batch for each
 
 
@@ -209,9 +211,13 @@ def test_pos_embed_keeps_every_earlier_runs_key_and_is_checked():
     with pytest.raises(VitlabError, match="without a parent"):
         dataclasses.replace(ft, parent=None, pos_embed="reinit")
     plan = c11.EXPERIMENT.plan(DEFAULT)
-    assert {r.parent.key for r in plan} == {fashion_run(VIT, 60_000, s, DEFAULT).key for s in DEFAULT.seeds}
+    assert {r.parent.key for r in plan} == {p.key for p in c11.parents(DEFAULT)} and len(c11.parents(DEFAULT)) == 3
+    for p in c11.parents(DEFAULT):  # the shared ViT at patch 4 on the 60,000 images at 16 px, the shared budget
+        shared = fashion_run(VIT, 60_000, p.seed, DEFAULT)
+        assert (p.data.img_size, p.data.n_train, build_model(p, 10).cfg.patch_size) == (16, 60_000, 4)
+        assert p.recipe == shared.recipe and p.key != shared.key
     assert sorted((r.data.img_size, r.pos_embed) for r in plan) == sorted(
-        [(56, "interpolate"), (56, "reinit"), (28, "interpolate")] * 3
+        [(28, "interpolate"), (28, "reinit"), (16, "interpolate")] * 3
     )
 
 
@@ -239,4 +245,4 @@ def test_quick_only_10_11_end_to_end(tmp_path, capsys):
     assert len(rows) == len(c10.POINTS) + len(c10.ALL_SEEDS) and all(float(r["train_flops"]) > 0 for r in rows)
     assert sorted(r["seed"] for r in rows if r["model"] in c10.ALL_SEEDS) == ["0", "0", "1", "1"]
     rows = list(csv.DictReader((out / "results" / "claim11_resolution.csv").open()))
-    assert sorted({r["img_size"] for r in rows}) == ["28", "56"] and len(rows) == 4 * 2
+    assert sorted({r["img_size"] for r in rows}) == ["16", "28"] and len(rows) == 4 * 2

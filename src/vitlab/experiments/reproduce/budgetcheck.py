@@ -13,9 +13,8 @@ budget doubled) on seeds 0, 1 and 2, and the same arms at the budget on the same
 A contrast that does not move at all is within, however narrow its interval (added after claim 1's first check
 read "failed": its every seed at 100% at both budgets, so its interval had no width to move in).
 It *failed* when either does not hold, and is *not checked* where it has not run for the code's plan (its
-record is of other runs) or cannot run (claim 10, whose points do not all have three seeds, and claim 11,
-whose setup does not yet test what its claim says). Each arm's accuracy at the budget and at twice it stays in
-the claim's Budget table as information; it decides nothing.
+record is of other runs) or cannot run (claim 10, whose points do not all have three seeds). Each arm's accuracy
+at the budget and at twice it stays in the claim's Budget table as information; it decides nothing.
 
 **Fragile** (fixed before the leave-one-seed-out verdicts were seen). The report's verdict, recomputed with
 one seed left out of every arm that trains it, for each seed whose arms keep three or more without it (a t-interval
@@ -59,7 +58,6 @@ FRAGILE, ROBUST, UNTESTED = "fragile", "robust", "untested"
 # Claims the check does not run, and why (their verdict row reads "not checked").
 NOT_RUN = {
     10: "its points do not all have three seeds yet (the P=4 ViT has one)",
-    11: "its setup fine-tunes upsampled images, which adds no detail to test Sec. 3.2 by",
 }
 NOT_YET = "its runs at twice the budget are not trained yet (only its leave-one-seed-out test has run)"
 # Replicates: a claim trained again, the same code and seeds, on another kind of CPU, kept as a report folder beside

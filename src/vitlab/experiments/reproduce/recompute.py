@@ -191,12 +191,7 @@ def claim10(folder: Path) -> Verdict:
 
 def claim11(folder: Path) -> Verdict:
     acc = {k[0]: v for k, v in _by(_rows(folder, "claim11_resolution.csv"), "arm").items()}
-    m = claim11_resolution
-    a, b, c = (name for name, _, _ in m.ARMS)
-    return combine(
-        m.BEATS.decide(acc[a], acc[b], what="(a) interpolated - (b) re-initialised"),
-        m.AT_LEAST_AS_GOOD.decide(acc[a], acc[c], what="(a) 56 px interpolated - (c) 28 px"),
-    )
+    return claim11_resolution.verdict_of(acc)
 
 
 CLAIMS = {
