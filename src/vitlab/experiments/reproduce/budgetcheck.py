@@ -56,9 +56,7 @@ SEEDS = (0, 1, 2)  # the check's seeds, every arm's (its arms at 1,000 images ha
 CHECKED, FAILED, NOT_CHECKED = "checked", "failed", "not checked"
 FRAGILE, ROBUST, UNTESTED = "fragile", "robust", "untested"
 # Claims the check does not run, and why (their verdict row reads "not checked").
-NOT_RUN = {
-    10: "its points do not all have three seeds yet (the P=4 ViT has one)",
-}
+NOT_RUN = {10: "its points do not all have three seeds yet (the P=4 ViT has one)"}
 NOT_YET = "its runs at twice the budget are not trained yet (only its leave-one-seed-out test has run)"
 # Replicates: a claim trained again, the same code and seeds, on another kind of CPU, kept as a report folder beside
 # the report's (its results/*.csv): {claim: [(the CPU, the folder)]}. The report's own runs are a 2-core Intel Xeon
