@@ -68,7 +68,8 @@ def register(subparsers, summary: str) -> None:
         "--fragile-only",
         action="store_true",
         help="with --check-budgets: only the leave-one-seed-out test (the fragile mark), on the report's runs; "
-        "nothing at twice the budget is trained, and a claim's budget check on record is kept (minutes)",
+        "nothing at twice the budget is trained, and a claim's budget check on record is kept (seconds where the "
+        "report's runs are cached)",
     )
     p.add_argument(
         "--only", metavar="NAME,...", default=None, help=f"run only these experiments, by name or number: {names}"
