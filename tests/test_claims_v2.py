@@ -354,4 +354,7 @@ def test_every_verdict_part_of_the_committed_report_recomputes_from_its_csvs(tmp
         assert len(a) == len(b), e.number
         for p, q in zip(a, b, strict=True):  # a part without numbers (claim 4's count) has nan for them on both sides
             assert p.status == q.status and p.rule == q.rule and p.bound == pytest.approx(q.bound), (e.number, q.what)
-            assert (p.d, p.lo, p.hi) == pytest.approx((q.d, q.lo, q.hi), abs=1e-12, nan_ok=True), (e.number, q.what)
+            # claim 8's numbers come from a forward pass of the kept weights, which another CPU kind rounds differently
+            # (AVX2 against AVX-512: 8e-7 px); every other claim's from recorded accuracies, exactly
+            tol = 1e-5 if e.number == 8 else 1e-12
+            assert (p.d, p.lo, p.hi) == pytest.approx((q.d, q.lo, q.hi), abs=tol, nan_ok=True), (e.number, q.what)
