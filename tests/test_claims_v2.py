@@ -133,6 +133,9 @@ class FakeResults:
         a = self._probe(spec)
         return {k: {"test_acc": a - 0.01 * (k == 1), "test_acc_per_draw": [a] * 5, "l2": 1.0} for k in (1, 5, 10, 25)}
 
+    def transfer_probes(self, specs, digits, scale):  # a report kept without weights: no transfer probe
+        return None, ""
+
 
 @pytest.fixture
 def no_figures(monkeypatch):
@@ -358,3 +361,44 @@ def test_every_verdict_part_of_the_committed_report_recomputes_from_its_csvs(tmp
             # (AVX2 against AVX-512: 8e-7 px); every other claim's from recorded accuracies, exactly
             tol = 1e-5 if e.number == 8 else 1e-12
             assert (p.d, p.lo, p.hi) == pytest.approx((q.d, q.lo, q.hi), abs=tol, nan_ok=True), (e.number, q.what)
+
+
+def test_the_transfer_probe_reads_one_source_the_report_or_a_replicate_that_has_every_run(tmp_path, monkeypatch):
+    """A report kept as records (no weights) reads its transfer probes from a replicate of the same runs; never a mix
+    of sources, and none where no source has every run's weights or probe."""
+    from vitlab.experiments.reproduce.claims import base
+    from vitlab.experiments.reproduce.claims.shared import digits_data
+
+    scale = Scale("default", (0, 1))
+    runs = [fashion_run(VIT, 1000, s, scale) for s in (0, 1)]
+    digits = digits_data(scale)
+    seen = []
+
+    def fake_probe(cache, run, data, device, *, random_init, quick):
+        seen.append(Path(cache.cache_dir).parent.name)
+        return {5: {"test_acc": 0.5, "test_acc_per_draw": [0.5], "l2": 1.0}}
+
+    monkeypatch.setattr(base, "digits_probe", fake_probe)
+
+    def cache(name, weights=(), probed=()):
+        c = RunCache(tmp_path / name / "cache")
+        for r in runs:
+            c.folder(r).mkdir(parents=True)
+            (c.folder(r) / "result.json").write_text("{}")
+            if r.seed in weights:
+                (c.folder(r) / "checkpoints").mkdir()
+            if r.seed in probed:
+                what = probes_module._digits_what(r, digits, random_init=False, quick=False)
+                probes_module._cached(c, what, lambda: {5: {"test_acc": 0.4, "test_acc_per_draw": [0.4], "l2": 1.0}})
+        return c
+
+    report = cache("report", weights=(0,))  # one run's weights only: not a source for both
+    assert Results(report).transfer_probes(runs, digits, scale) == (None, "")
+    half = cache("half", weights=(1,))
+    full = cache("full", weights=(0,), probed=(1,))  # a kept probe stands in for the weights
+    probes, cpu = Results(report, replicates=[("CPU A", half), ("CPU B", full)]).transfer_probes(runs, digits, scale)
+    assert cpu == "CPU B" and len(probes) == 2 and seen == ["full", "full"]
+    seen.clear()
+    own = cache("own", weights=(0, 1))
+    assert Results(own, replicates=[("CPU B", full)]).transfer_probes(runs, digits, scale)[1] == ""
+    assert seen == ["own", "own"]

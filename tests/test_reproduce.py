@@ -265,6 +265,20 @@ def test_a_report_kept_as_records_renders_again_and_says_which_weights_it_lacks(
     assert not any(own.has_weights(s) for s in claim1) and all(own.has_weights(s) for s in claim8)
 
 
+def test_claims_2_and_3_report_a_transfer_probe_beside_the_same_dataset_one(quick_report):
+    """Each of their models' features probed on the digits, per seed in the CSV, and a table saying the models are
+    the report's own and what decides."""
+    md = (quick_report / "report.md").read_text()
+    for number, name in ((2, "pos_embed"), (3, "cls_vs_gap")):
+        rows = list(csv.DictReader((quick_report / "results" / f"claim{number}_{name}.csv").open()))
+        transfer = [float(r["digits_probe_2shot_acc"]) for r in rows]
+        same = [float(r["probe_2shot_acc"]) for r in rows]
+        assert all(0.0 < t <= 1.0 for t in transfer) and transfer != same  # another dataset, another number
+        section = md.split(f"## {number}. ")[1].split("\n## ")[0]
+        assert "**Transfer probe (not part of the rule)" in section and "the models: this report's runs" in section
+        assert "What decides: the rule's two parts" in section
+
+
 def test_the_generic_code_names_no_claim():
     """runner.py and search.py import no claim module and compare nothing with a claim's name: what is particular
     to a claim is a hook on its Experiment."""

@@ -65,6 +65,15 @@ NOT_YET = "its runs at twice the budget are not trained yet (only its leave-one-
 REPLICATES: dict[int, list[tuple[str, str]]] = {3: [("a 2-core AMD EPYC (Zen 4)", "zen4-claim3")]}
 
 
+def replicate_caches(report: Path) -> list[tuple[str, RunCache]]:
+    """(CPU, run cache) of each replicate folder beside `report` that keeps its run records (cache/runs), once each:
+    where a claim's analysis reads the probe of a run the report keeps without its weights (`Results`)."""
+    folders = dict(sorted({(f, cpu) for reps in REPLICATES.values() for cpu, f in reps}))
+    return [
+        (cpu, RunCache(report / f / "cache")) for f, cpu in folders.items() if (report / f / "cache" / "runs").is_dir()
+    ]
+
+
 def replicate_verdict(number: int, replicate: Path, report: Path, pooled: bool = False) -> Verdict:
     """The claim's verdict on the replicate folder's CSVs, the others' from the report folder's; `pooled`: on each
     seed's numbers averaged over the report's runs and the replicate's."""
@@ -249,7 +258,7 @@ def check(
     todo = [s for s in runs_to_check(experiments, budgets) if not cache.has(s)]
     if todo:
         train(todo)
-    results = Results(cache, dev)
+    results = Results(cache, dev, replicate_caches(out))
     path = out / "budget_check.json"
     record = json.loads(path.read_text()) if path.is_file() else {"seeds": list(SEEDS), "claims": {}}
     for e in experiments:

@@ -78,10 +78,15 @@ def _probe(model: nn.Module, run: Run, sets: Sequence[ImageTensors], *, quick: b
     }
 
 
+def _path(cache: RunCache, what: dict) -> Path:
+    """Where the probe named by `what` is kept: `<cache>/probes/<hash of what>.json`."""
+    name = hashlib.sha256(json.dumps({**what, "version": PROBE_VERSION}, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cache.cache_dir) / "probes" / f"{name}.json"
+
+
 def _cached(cache: RunCache, what: dict, compute) -> dict[int, dict]:
     """The probe named by `what` from `<cache>/probes/`, or computed and kept there."""
-    name = hashlib.sha256(json.dumps({**what, "version": PROBE_VERSION}, sort_keys=True).encode()).hexdigest()[:16]
-    path = Path(cache.cache_dir) / "probes" / f"{name}.json"
+    path = _path(cache, what)
     if path.is_file():
         return {int(k): v for k, v in json.loads(path.read_text())["probe"].items()}
     result = compute()
@@ -105,6 +110,16 @@ def fashion_probe(cache: RunCache, run: Run, device: torch.device, *, quick: boo
     return _cached(cache, {"run": run.key, "held_out": n_held, "shots": shots(quick), "draws": DRAWS}, compute)
 
 
+def _digits_what(run: Run, digits: ExperimentData, *, random_init: bool, quick: bool) -> dict:
+    what = {"run": run.key, "digits": [digits.n_train, digits.n_val], "random_init": random_init}
+    return {**what, "shots": shots(quick), "draws": DRAWS}
+
+
+def has_digits_probe(cache: RunCache, run: Run, digits: ExperimentData, *, quick: bool) -> bool:
+    """Whether `cache` keeps the run's trained model's `digits_probe`, so that it needs no weights."""
+    return _path(cache, _digits_what(run, digits, random_init=False, quick=quick)).is_file()
+
+
 def digits_probe(
     cache: RunCache, run: Run, digits: ExperimentData, device: torch.device, *, random_init: bool, quick: bool
 ) -> dict[int, dict]:
@@ -126,8 +141,7 @@ def digits_probe(
         sets = (train, experiment_splits(held, run.seed)[1], test)
         return _probe(model, run, sets, quick=quick, seed=1000 * run.seed)
 
-    what = {"run": run.key, "digits": [digits.n_train, digits.n_val], "random_init": random_init}
-    return _cached(cache, {**what, "shots": shots(quick), "draws": DRAWS}, compute)
+    return _cached(cache, _digits_what(run, digits, random_init=random_init, quick=quick), compute)
 
 
 def probe_acc(probes: Sequence[dict[int, dict]], k: int) -> list[float]:
@@ -165,6 +179,7 @@ __all__ = [
     "deciding_shots",
     "digits_probe",
     "fashion_probe",
+    "has_digits_probe",
     "held_out_images",
     "mean_interval",
     "probe_acc",

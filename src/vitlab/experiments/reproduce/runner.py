@@ -358,7 +358,7 @@ def _reproduce(
     fig_dir, res_dir = out / "figures", out / "results"
     fig_dir.mkdir(exist_ok=True)
     res_dir.mkdir(exist_ok=True)
-    results = Results(cache, dev)
+    results = Results(cache, dev, budgetcheck.replicate_caches(out))
     record, checked = load_record(), budgetcheck.load_record()
     outcomes = []
     for e in experiments:

@@ -21,7 +21,7 @@ from torch import nn
 
 from vitlab.data.subsets import ExperimentData
 from vitlab.errors import VitlabError
-from vitlab.experiments.reproduce.probes import digits_probe, fashion_probe
+from vitlab.experiments.reproduce.probes import digits_probe, fashion_probe, has_digits_probe
 from vitlab.experiments.reproduce.runs import Run, RunCache
 from vitlab.experiments.reproduce.verdicts import Verdict
 from vitlab.options import SCALES
@@ -150,11 +150,19 @@ class Experiment:
 
 
 class Results:
-    """Cached results of a plan's runs, looked up by spec; `device` is where analyses run their models."""
+    """Cached results of a plan's runs, looked up by spec; `device` is where analyses run their models.
+    `replicates`: (CPU, run cache) of the same runs trained again on another kind of CPU, where a probe of a run
+    this cache keeps without its weights is read (`transfer_probe`)."""
 
-    def __init__(self, cache: RunCache, device: torch.device = torch.device("cpu")):
+    def __init__(
+        self,
+        cache: RunCache,
+        device: torch.device = torch.device("cpu"),
+        replicates: Sequence[tuple[str, RunCache]] = (),
+    ):
         self.cache = cache
         self.device = device
+        self.replicates = tuple(replicates)
 
     def __getitem__(self, spec: Run) -> dict:
         return self.cache.result(spec)
@@ -172,3 +180,20 @@ class Results:
     def digits_probe(self, spec: Run, digits: ExperimentData, scale: Scale, *, random_init: bool) -> dict[int, dict]:
         """The run's model (or its architecture at initialisation) probed on the digits (`probes.digits_probe`)."""
         return digits_probe(self.cache, spec, digits, self.device, random_init=random_init, quick=scale.quick)
+
+    def transfer_probes(
+        self, specs: Sequence[Run], digits: ExperimentData, scale: Scale
+    ) -> tuple[list[dict[int, dict]] | None, str]:
+        """The runs' trained features probed on the digits (`probes.digits_probe`), all from one source: this
+        cache's models where it keeps every run's weights or probe, else the first replicate that does. (probes,
+        "" or that replicate's CPU); (None, "") where no source has them all (records kept without weights)."""
+        for cpu, cache in (("", self.cache), *self.replicates):
+            if all(
+                cache.has(s) and (cache.has_weights(s) or has_digits_probe(cache, s, digits, quick=scale.quick))
+                for s in specs
+            ):
+                probes = [
+                    digits_probe(cache, s, digits, self.device, random_init=False, quick=scale.quick) for s in specs
+                ]
+                return probes, cpu
+        return None, ""

@@ -14,6 +14,7 @@ from vitlab.experiments.reproduce.claims.shared import (
     fashion_run,
     n_small,
     seeds_at,
+    transfer_probes,
 )
 from vitlab.experiments.reproduce.figures import bar_figure
 from vitlab.experiments.reproduce.probes import DECIDING_SHOTS, deciding_shots, probe_acc, probe_table
@@ -95,6 +96,7 @@ def numbers(scale: Scale, res: Results) -> tuple[dict, dict, dict, dict]:
 def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
     by, acc, probes, probe = numbers(scale, res)
     k = deciding_shots(scale.quick)
+    transfer, transfer_table, transfer_note = transfer_probes(res, by, scale)
     verdict = combine(
         decide(acc, "test acc", BEATS_NONE, KINDS_CLOSE),
         decide(probe, f"{k}-shot probe acc", PROBE_BEATS_NONE, PROBE_KINDS_CLOSE),
@@ -120,6 +122,7 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
             "test acc % (mean +- std)",
             "per seed",
             f"{k}-shot probe acc % (mean +- std)",
+            f"{k}-shot transfer probe acc % (digits)",
             "paper Table 8: ImageNet 5-shot linear-probe acc %",
         ],
         rows=[
@@ -128,20 +131,28 @@ def _analyze(scale: Scale, res: Results, fig_dir: Path) -> Outcome:
                 mean_std(acc[pe]),
                 ", ".join(f"{100 * a:.1f}" for a in acc[pe]),
                 mean_std(probe[pe]),
+                mean_std(transfer[pe]) if transfer else "-",
                 f"{PAPER[pe]:.2f}" if pe in PAPER else "-",
             ]
             for pe in PE_KINDS
         ],
-        tables=[("Few-shot linear probes of each kind's model (frozen features)", *probe_table(probes))],
+        tables=[
+            ("Few-shot linear probes of each kind's model (frozen features), on Fashion-MNIST", *probe_table(probes)),
+            *transfer_table,
+        ],
         verdict=verdict,
         verdict_v1=verdict_v1(acc),
         figures=[fig],
-        csv_header=["pos_embed", "seed", "val_acc", f"probe_{k}shot_acc"],
-        csv_rows=[[pe, r.seed, res[r]["val_acc"], p] for pe in PE_KINDS for r, p in zip(by[pe], probe[pe])],
+        csv_header=["pos_embed", "seed", "val_acc", f"probe_{k}shot_acc", f"digits_probe_{k}shot_acc"],
+        csv_rows=[
+            [pe, r.seed, res[r]["val_acc"], p, transfer[pe][i] if transfer else ""]
+            for pe in PE_KINDS
+            for i, (r, p) in enumerate(zip(by[pe], probe[pe]))
+        ],
         notes=(
             f"Paper: none {PAPER['none']:.2f} against {PAPER['learned']:.2f}-{PAPER['learned2d']:.2f} with one: "
             "about 3 points for having one, 0.2 between kinds (ImageNet 5-shot linear-probe accuracy of ViT-B/16, "
-            "the measure of the probe columns here, on Fashion-MNIST)."
+            "the measure of the probe columns here, on Fashion-MNIST). " + transfer_note
         ),
     )
 
@@ -158,7 +169,8 @@ EXPERIMENT = Experiment(
     f"({BEATS_NONE.text()}; the paper's 3 points are ImageNet's size of the effect, not 28x28 clothing's), and the "
     f"best and worst of the four kinds are about equal ({KINDS_CLOSE.text()}). (2) {SHOTS}-shot linear-probe "
     "accuracy (the quick scale: 2-shot), the same comparisons: every kind beats none "
-    f"({PROBE_BEATS_NONE.text()}), and the best and worst are about equal ({PROBE_KINDS_CLOSE.text()})",
+    f"({PROBE_BEATS_NONE.text()}), and the best and worst are about equal ({PROBE_KINDS_CLOSE.text()}). Not part "
+    "of the rule: the transfer probe (the same models' features probed on the digits), reported beside",
     plan=plan,
     analyze=_analyze,
     loads_models=True,

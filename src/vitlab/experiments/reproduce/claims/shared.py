@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import math
 
-from vitlab.data.subsets import HELD_OUT, ExperimentData
-from vitlab.experiments.reproduce.claims.base import Scale, convergence_row
+from vitlab.data.subsets import DIGITS_HELD_OUT, HELD_OUT, ExperimentData
+from vitlab.experiments.reproduce.claims.base import Results, Scale, convergence_row
+from vitlab.experiments.reproduce.probes import deciding_shots, probe_acc, probe_table
 from vitlab.experiments.reproduce.runs import BASE_RECIPE, Run
 from vitlab.models.registry import get_config
 
@@ -130,6 +131,56 @@ def by_arm(runs: list[Run], arms: list, k: int) -> dict:
 
 def fashion_data(n: int, scale: Scale) -> ExperimentData:
     return ExperimentData("fashion-mnist", n_train=n, n_val=250 if scale.quick else 10_000, img_size=28, channels=1)
+
+
+def digits_data(scale: Scale, held_out: bool = False) -> ExperimentData:
+    """scikit-learn's digits at the Fashion-MNIST models' input (28x28, one grey channel): claim 6 fine-tunes on
+    them, and claims 2, 3 and 6 probe frozen Fashion-MNIST features on them (the transfer probe). Of the 1,797
+    digits, 500 (100 at the quick scale, stratified) to train on or draw the shots from; of the rest, DIGITS_HELD_OUT
+    (drawn per seed) to choose on (`held_out`: split "held_out"), the others for the verdict."""
+    n_train = 100 if scale.quick else 500
+    n_val = DIGITS_HELD_OUT if held_out else 1797 - n_train - DIGITS_HELD_OUT
+    split = "held_out" if held_out else "test"
+    return ExperimentData("digits", n_train=n_train, n_val=n_val, img_size=28, channels=1, split=split)
+
+
+def transfer_probes(
+    res: Results, arms: dict[str, list[Run]], scale: Scale
+) -> tuple[dict[str, list[float]] | None, list[tuple[str, list[str], list[list[str]]]], str]:
+    """Claims 2 and 3's transfer probe, not part of their rules: each arm's trained Fashion-MNIST models, frozen,
+    probed on the digits (`digits_data`: the shots from its training digits, the ridge strength chosen on its held-out
+    digits, accuracy on the others), as Table 8 and Figure 9 probe ImageNet-trained features on other datasets.
+    Returns ({arm: per-seed accuracy at the deciding shot count}, the report's table, a sentence for the notes);
+    (None, [], why) where the report keeps these runs without weights and no replicate probed them."""
+    digits = digits_data(scale)
+    specs = [r for runs in arms.values() for r in runs]
+    probes, cpu = res.transfer_probes(specs, digits, scale)
+    if probes is None:
+        why = (
+            "No transfer probe: this report keeps these runs without their weights, and no replicate beside it has "
+            "probed them."
+        )
+        return None, [], why
+    by, i = {}, 0
+    for arm, runs in arms.items():
+        by[arm], i = probes[i : i + len(runs)], i + len(runs)
+    k = deciding_shots(scale.quick)
+    source = (
+        f"the same runs trained again on {cpu} (this report keeps its own without weights)"
+        if cpu
+        else "this report's runs"
+    )
+    title = (
+        "Transfer probe (not part of the rule): each model's frozen features probed on scikit-learn's digits, "
+        f"{digits.n_train} training digits to draw the shots from, the ridge strength chosen on {DIGITS_HELD_OUT} "
+        f"held-out digits, accuracy on the other {digits.n_val:,}; the models: {source}"
+    )
+    table = [(title, *probe_table(by))]
+    note = (
+        "What decides: the rule's two parts, the test accuracy and the same-dataset probe (fixed before the transfer "
+        f"probe existed); the {k}-shot transfer probe is reported beside them, from {source}."
+    )
+    return {arm: probe_acc(p, k) for arm, p in by.items()}, table, note
 
 
 def steps_per_epoch(n: int, batch: int, drop_last: bool = False) -> int:
