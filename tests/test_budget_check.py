@@ -174,13 +174,16 @@ def test_the_committed_check_is_the_one_beside_the_report():
 
 def test_a_replicate_is_pooled_seed_by_seed_and_its_verdict_read_from_its_csvs(tmp_path):
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
-    a.write_text("pool,lr,seed,val_acc,probe_5shot_acc\ncls,0.001,0,0.70,0.60\ncls,0.001,1,0.80,0.70\n")
+    a.write_text(
+        "pool,lr,seed,val_acc,probe_5shot_acc,digits_probe_5shot_acc\ncls,0.001,0,0.70,0.60,0.4\ncls,0.001,1,0.80,0.70,0.5\n"
+    )
     b.write_text("pool,lr,seed,val_acc,probe_5shot_acc\ncls,0.001,1,0.90,0.72\ncls,0.001,0,0.72,0.64\n")
     rows = list(csv.DictReader(io.StringIO(budgetcheck._pooled(a, b))))
     assert [(r["seed"], float(r["val_acc"]), float(r["probe_5shot_acc"])) for r in rows] == [
         ("0", pytest.approx(0.71), pytest.approx(0.62)),
         ("1", pytest.approx(0.85), pytest.approx(0.71)),
     ]
+    assert [r["digits_probe_5shot_acc"] for r in rows] == ["", ""]  # measured by one of the two: not pooled
     docs = budgetcheck.RECORD.parents[4] / "docs" / "reproduce"
     zen4 = budgetcheck.replicate_verdict(3, docs / "zen4-claim3", docs)  # the Zen 4 rerun under claim 3's rule now
     assert zen4.status == INCONCLUSIVE and len(zen4.parts) == 2 and zen4.parts[0].d == pytest.approx(0.011, abs=5e-4)

@@ -62,7 +62,10 @@ NOT_YET = "its runs at twice the budget are not trained yet (only its leave-one-
 # the report's (its results/*.csv): {claim: [(the CPU, the folder)]}. The report's own runs are a 2-core Intel Xeon
 # with AMX's. A replicate's verdict is the claim's rule on its per-seed numbers (`recompute`), a claim it did not train
 # (claim 3 reads claim 2's runs for its tolerance) read from the report's.
-REPLICATES: dict[int, list[tuple[str, str]]] = {3: [("a 2-core AMD EPYC (Zen 4)", "zen4-claim3")]}
+# The AVX-512 EPYC's rerun of claims 2 and 3 (kept with their probes, so that the report reads the transfer probes of
+# those runs from it) gives claim 3's numbers of the Zen 4 rerun bit for bit.
+EPYC = ("a 2-core AMD EPYC with AVX-512 and bf16", "epyc-claims2-3")
+REPLICATES: dict[int, list[tuple[str, str]]] = {2: [EPYC], 3: [("a 2-core AMD EPYC (Zen 4)", "zen4-claim3"), EPYC]}
 
 
 def replicate_caches(report: Path) -> list[tuple[str, RunCache]]:
@@ -88,17 +91,19 @@ def replicate_verdict(number: int, replicate: Path, report: Path, pooled: bool =
 
 def _pooled(a: Path, b: Path) -> str:
     """CSV text: the rows of `a`, each numeric column the mean of `a`'s and `b`'s rows of the same key (every
-    column that is not a measurement: the arm, its learning rate, the seed)."""
+    column that is not a measurement: the arm, its learning rate, the seed); a measurement `b` lacks is left empty
+    (no rule reads one: a replicate older than the column)."""
     ra, rb = list(csv.DictReader(a.open())), list(csv.DictReader(b.open()))
-    measured = [c for c in ra[0] if c.endswith("_acc")]
-    key = [c for c in ra[0] if c not in measured]
+    measured = [c for c in ra[0] if c.endswith("_acc") and c in rb[0]]
+    key = [c for c in ra[0] if not c.endswith("_acc")]
+    lacking = {c: "" for c in ra[0] if c.endswith("_acc") and c not in rb[0]}
     other = {tuple(r[c] for c in key): r for r in rb}
     out = io.StringIO()
     w = csv.DictWriter(out, fieldnames=list(ra[0]))
     w.writeheader()
     for r in ra:
         twin = other[tuple(r[c] for c in key)]
-        w.writerow({**r, **{c: (float(r[c]) + float(twin[c])) / 2 for c in measured}})
+        w.writerow({**r, **lacking, **{c: (float(r[c]) + float(twin[c])) / 2 for c in measured}})
     return out.getvalue()
 
 
