@@ -35,7 +35,7 @@ from vitlab.experiments.reproduce import (
     search,
 )
 from vitlab.experiments.reproduce.claims import claim6_pretrain as claim6
-from vitlab.experiments.reproduce.claims.shared import FASHION_VIT
+from vitlab.experiments.reproduce.claims.shared import FASHION_VIT, digits_data
 from vitlab.experiments.reproduce.records import keep_records
 from vitlab.experiments.reproduce.runner import claim_costs
 from vitlab.experiments.reproduce.runs import RunCache, all_runs, transforms
@@ -171,6 +171,20 @@ def test_quick_report_has_every_claim_with_a_verdict(quick_report):
     )
 
 
+def test_claims_2_and_3_report_a_transfer_probe_beside_the_same_dataset_one(quick_report):
+    """Each of their models' features probed on the digits, per seed in the CSV, and a table saying the models are
+    the report's own and what decides. (Before test_second_run_reads_the_cache renders claims 1 and 8 alone.)"""
+    md = (quick_report / "report.md").read_text()
+    for number, name in ((2, "pos_embed"), (3, "cls_vs_gap")):
+        rows = list(csv.DictReader((quick_report / "results" / f"claim{number}_{name}.csv").open()))
+        transfer = [float(r["digits_probe_2shot_acc"]) for r in rows]
+        same = [float(r["probe_2shot_acc"]) for r in rows]
+        assert all(0.0 < t <= 1.0 for t in transfer) and transfer != same  # another dataset, another number
+        section = md.split(f"## {number}. ")[1].split("\n## ")[0]
+        assert "**Transfer probe (not part of the rule)" in section and "the models: this report's runs" in section
+        assert "What decides: the rule's two parts" in section
+
+
 def test_the_report_says_where_the_time_went_from_the_runs_own_records(quick_report):
     """Each run keeps the seconds the invocation priced it at beside the time it took (training and the final
     evaluation); the report's table adds them up per claim, each run once, in the first claim that plans it."""
@@ -265,20 +279,6 @@ def test_a_report_kept_as_records_renders_again_and_says_which_weights_it_lacks(
     assert not any(own.has_weights(s) for s in claim1) and all(own.has_weights(s) for s in claim8)
 
 
-def test_claims_2_and_3_report_a_transfer_probe_beside_the_same_dataset_one(quick_report):
-    """Each of their models' features probed on the digits, per seed in the CSV, and a table saying the models are
-    the report's own and what decides."""
-    md = (quick_report / "report.md").read_text()
-    for number, name in ((2, "pos_embed"), (3, "cls_vs_gap")):
-        rows = list(csv.DictReader((quick_report / "results" / f"claim{number}_{name}.csv").open()))
-        transfer = [float(r["digits_probe_2shot_acc"]) for r in rows]
-        same = [float(r["probe_2shot_acc"]) for r in rows]
-        assert all(0.0 < t <= 1.0 for t in transfer) and transfer != same  # another dataset, another number
-        section = md.split(f"## {number}. ")[1].split("\n## ")[0]
-        assert "**Transfer probe (not part of the rule)" in section and "the models: this report's runs" in section
-        assert "What decides: the rule's two parts" in section
-
-
 def test_the_generic_code_names_no_claim():
     """runner.py and search.py import no claim module and compare nothing with a claim's name: what is particular
     to a claim is a hook on its Experiment."""
@@ -331,8 +331,8 @@ def test_the_estimate_by_claim_counts_each_run_once_in_the_first_claim_that_plan
 
 def test_claim6_chooses_each_arms_lr_on_held_out_digits_never_on_the_verdicts(tmp_path):
     scale = Scale("default", (0, 1, 2))
-    train, verdict, _ = experiment_splits(claim6._digits_data(scale), 1)
-    train2, held, _ = experiment_splits(claim6._digits_data(scale, held_out=True), 1)
+    train, verdict, _ = experiment_splits(digits_data(scale), 1)
+    train2, held, _ = experiment_splits(digits_data(scale, held_out=True), 1)
     rows = lambda t: {bytes(x.numpy().tobytes()) for x in t.images}  # noqa: E731
     assert len(held) == DIGITS_HELD_OUT and len(verdict) == 1797 - 500 - DIGITS_HELD_OUT
     assert torch.equal(train.images, train2.images) and not rows(held) & rows(verdict) and not rows(train) & rows(held)
