@@ -5,7 +5,8 @@ features (`vitlab.analysis.probe`).
 For a run's model, three sets of images:
 
     shots      the pool the k images per class are drawn from: the run's own training images (on the digits, the
-               digit training images of claim 6's fine-tuning runs)
+               transfer probe of claims 2, 3 and 6, the training digits of `shared.digits_data`, claim 6's
+               fine-tuning set)
     held out   where the ridge strength is chosen: Fashion-MNIST's 10,000 training images held out for the recipe
                search (`search_split`), less any the run trained on (the first HELD_OUT_QUICK at the quick scale);
                on the digits, the DIGITS_HELD_OUT digits claims choose on
