@@ -33,22 +33,21 @@ N, STEPS_60K = search_size(60_000), STEPS["default"][60_000]
 # The shared ViT at this size and budget, held out: the search's budget stage (search.json, "budgets"), seed 0.
 SHARED = search.load_record()["budgets"][str(N)]
 # The shared ViT itself (on this CPU), at the budget and twice it, and one change each to it: (overrides of the model,
-# fields of the recipe).
+# fields of the recipe, times the budget).
 CANDIDATES = {
-    "the shared ViT, twice the steps": ({}, {}),
-    "the shared ViT": ({}, {}),
-    "D=128 (MLP 256), 6 blocks": ({"dim": 128, "mlp_dim": 256}, {}),
-    "P=4, 4 blocks": ({"patch_size": 4, "depth": 4}, {}),
-    "label smoothing 0.1": ({}, {"label_smoothing": 0.1}),
-    "RandAugment 2/9 + label smoothing 0.1": ({}, {"auto_augment": "rand", "label_smoothing": 0.1}),
+    "the shared ViT, twice the steps": ({}, {}, 2),
+    "the shared ViT": ({}, {}, 1),
+    "D=128 (MLP 256), 6 blocks": ({"dim": 128, "mlp_dim": 256}, {}, 1),
+    "P=4, 4 blocks": ({"patch_size": 4, "depth": 4}, {}, 1),
+    "label smoothing 0.1": ({}, {"label_smoothing": 0.1}, 1),
+    "RandAugment 2/9 + label smoothing 0.1": ({}, {"auto_augment": "rand", "label_smoothing": 0.1}, 1),
 }
 
 
 def candidate_run(name: str):
     """The candidate's run: the search's run of the shared ViT at 50,000 images and the 60,000-image budget, changed."""
-    overrides, recipe = CANDIDATES[name]
-    steps = 2 * STEPS_60K if name.endswith("twice the steps") else STEPS_60K
-    run = search.at_steps(VIT, search.code_recipe()[VIT], N, steps)
+    overrides, recipe, factor = CANDIDATES[name]
+    run = search.at_steps(VIT, search.code_recipe()[VIT], N, factor * STEPS_60K)
     ov = own_overrides(VIT, {**dict(run.overrides), **overrides})
     return dataclasses.replace(run, recipe=run.recipe.replace(**recipe), overrides=ov)
 

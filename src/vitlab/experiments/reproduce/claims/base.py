@@ -152,7 +152,7 @@ class Experiment:
 class Results:
     """Cached results of a plan's runs, looked up by spec; `device` is where analyses run their models.
     `replicates`: (CPU, run cache) of the same runs trained again on another kind of CPU, where a probe of a run
-    this cache keeps without its weights is read (`transfer_probe`)."""
+    this cache keeps without its weights is read (`transfer_probes`)."""
 
     def __init__(
         self,
