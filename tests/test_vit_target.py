@@ -58,4 +58,15 @@ def test_a_tested_candidate_is_its_runs_on_the_test_images_and_the_docs_quote_it
         assert run.n_train == 60_000 and run.data.split != "search" and run.data.n_val == 10_000
         assert CACHE.result(run)["val_acc"] == acc
         assert report.result(vit_target.test_run("the shared ViT", seed))["val_acc"] == base
-    assert f"{tested['interval']}" in section()
+    assert f"{tested['interval']}" in section() and f"a mean of {100 * tested['mean']:.2f}%" in section()
+
+
+def test_the_held_out_winner_is_tested_and_the_docs_say_whether_it_reaches_the_target():
+    """The candidate with the best held-out accuracy is the one tested at 60,000 images, and the docs' "reached"
+    follows its mean test accuracy."""
+    best = max(RECORD["rows"], key=lambda row: row["acc"])["candidate"]
+    tested = RECORD["tested"][best]
+    reached = tested["mean"] >= vit_target.TARGET
+    assert ("the target of 90.5% is reached" in section()) == reached
+    if reached:  # and the README quotes it
+        assert f"reaches {tested['interval']} % on 60,000" in (ROOT / "README.md").read_text()
